@@ -1,0 +1,158 @@
+"""The sharing plan's data: what each advertised resource is made of.
+
+A plan is computed once per (inventory, config) pair by `gpuslice.core.sharing.plan` and
+then only read: the kubelet servers stream it, Allocate answers from it, the labels and the
+MPS daemon manager are derived from it. Keeping it frozen data makes "what does this node
+advertise?" a value that can be printed, diffed and tested without any I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NewType
+
+from gpuslice.core.devices import GpuUuid
+
+ResourceName = NewType("ResourceName", str)
+"""Fully qualified extended resource name, e.g. `nvidia.com/gpu.shared`."""
+
+DeviceId = NewType("DeviceId", str)
+"""The ID advertised to the kubelet: a UUID, or a replica ID `<uuid>::<n>`."""
+
+SharingStrategy = Literal["none", "time-slicing", "mps"]
+MigStrategy = Literal["none", "single", "mixed"]
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+DeviceIdStrategy = Literal["uuid", "index"]
+AllocationPolicy = Literal["distributed", "packed"]
+
+REPLICA_SEPARATOR = "::"
+
+
+def replica_id(base: str, n: int) -> DeviceId:
+    return DeviceId(f"{base}{REPLICA_SEPARATOR}{n}")
+
+
+def split_replica_id(device_id: str) -> tuple[str, int | None]:
+    """`GPU-a::3` -> (`GPU-a`, 3); a plain UUID -> (uuid, None). Splits at the first `::`."""
+    base, sep, rest = device_id.partition(REPLICA_SEPARATOR)
+    if not sep:
+        return device_id, None
+    try:
+        return base, int(rest)
+    except ValueError:
+        return base, None
+
+
+@dataclass(frozen=True, slots=True)
+class PhysicalDevice:
+    """What stands behind an advertised device: a whole GPU or one MIG device."""
+
+    uuid: str
+    """`GPU-...` for a whole GPU, `MIG-...` for a MIG device."""
+    index_id: str
+    """`"0"` for a whole GPU, `"0:1"` for a MIG device (NVIDIA's index strategy)."""
+    gpu_uuid: GpuUuid
+    """The physical GPU (the parent, for a MIG device)."""
+    gpu_index: int
+    kind: Literal["gpu", "mig"]
+    product_name: str
+    memory_mib: int
+    multiprocessors: int
+    minor: int
+    numa_node: int | None = None
+    profile: str | None = None
+    """MIG profile (`1g.10gb`), None for a whole GPU."""
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MpsShare:
+    """Per-replica MPS limits, applied as daemon defaults and shown by `describe`."""
+
+    active_thread_percentage: int
+    """`set_default_active_thread_percentage`: 100 // replicas (integer division, as NVIDIA)."""
+    pinned_memory_limit_mib: int
+    """`set_default_device_pinned_mem_limit <index> <MiB>M`: memory // replicas."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedDevice:
+    id: DeviceId
+    physical: PhysicalDevice
+    replica: int | None
+    """Replica number, or None when the physical device is handed out whole."""
+    replicas: int
+    """How many advertised devices of this resource share `physical` (1 = exclusive)."""
+    mps: MpsShare | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePlan:
+    name: ResourceName
+    """Advertised name (after rename / renameByDefault)."""
+    label_name: ResourceName
+    """Name before renaming; GFD keys its labels by it."""
+    strategy: SharingStrategy
+    fail_requests_greater_than_one: bool
+    devices: tuple[AdvertisedDevice, ...]
+
+    @property
+    def renamed(self) -> bool:
+        return self.name != self.label_name
+
+    @property
+    def short_name(self) -> str:
+        """`nvidia.com/gpu.shared` -> `gpu.shared`: what NVIDIA puts in socket file names."""
+        return self.name.split("/", 1)[1] if "/" in self.name else self.name
+
+    @property
+    def socket_name(self) -> str:
+        """`nvidia-gpu.shared.sock`, the file name NVIDIA's plugin uses."""
+        return f"nvidia-{self.short_name}.sock"
+
+    def physical_devices(self) -> tuple[PhysicalDevice, ...]:
+        seen: dict[str, PhysicalDevice] = {}
+        for dev in self.devices:
+            seen.setdefault(dev.physical.uuid, dev.physical)
+        return tuple(seen.values())
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateSettings:
+    """The config flags that shape Allocate responses (NVIDIA's names in the comments)."""
+
+    device_list_strategies: tuple[DeviceListStrategy, ...] = ("envvar",)
+    """`flags.plugin.deviceListStrategy`."""
+    device_id_strategy: DeviceIdStrategy = "uuid"
+    """`flags.plugin.deviceIDStrategy`."""
+    pass_device_specs: bool = False
+    """`flags.plugin.passDeviceSpecs`: add `/dev/nvidia*` device specs."""
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    """`flags.plugin.cdiAnnotationPrefix`."""
+    nvidia_dev_root: str = "/"
+    """`flags.nvidiaDevRoot` (falls back to `nvidiaDriverRoot`): host prefix of `/dev`."""
+    mps_root: str = ""
+    """`flags.mpsRoot`: host directory holding each MPS resource's pipe and shm dirs."""
+    allocation_policy: AllocationPolicy = "distributed"
+    """`flags.plugin.sharedDevicesAllocationPolicy`."""
+    gdrcopy_enabled: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    resources: tuple[ResourcePlan, ...]
+    allocate: AllocateSettings = field(default_factory=AllocateSettings)
+    mig_strategy: MigStrategy = "none"
+    warnings: tuple[str, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        return {r.name: len(r.devices) for r in self.resources}
+
+    def resource(self, name: str) -> ResourcePlan | None:
+        for r in self.resources:
+            if r.name == name:
+                return r
+        return None

@@ -1,0 +1,106 @@
+"""The small interfaces the adapters implement and the agent composes.
+
+The core never imports these adapters; it receives plain data (`Inventory`, events,
+samples). Each Protocol here has a real implementation and a fake shipped beside it
+(`backends.simulated`, `emulator`, a fake MPS control program), so tests and the demo
+exercise the same code paths as production.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from gpuslice.core.devices import Inventory
+
+HealthEventKind = Literal["xid", "recovered", "lost"]
+
+NO_INSTANCE = 0xFFFFFFFF
+"""NVML's marker for "not attributable to a MIG GPU/compute instance"."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """Something the backend observed about one GPU's health.
+
+    `xid` events carry the XID number; under MIG, `gi_id`/`ci_id` say which instance the
+    error belongs to, or are None when NVML could not attribute it (the whole GPU then).
+    `recovered` says the device answers normally again (NVIDIA never recovers; we do).
+    `lost` is a device that stopped answering at all.
+    """
+
+    kind: HealthEventKind
+    gpu_uuid: str
+    xid: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process with a context on a GPU (or on one MIG device of it)."""
+
+    pid: int
+    """Host PID: NVML is not PID-namespace aware."""
+    gpu_uuid: str
+    used_memory_bytes: int | None
+    mig_uuid: str | None = None
+    sm_util_percent: int | None = None
+    """Recent SM utilisation sample where NVML gives one (not on MIG)."""
+    is_mps_client: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """Device-level telemetry for one GPU, read in one pass for the metrics snapshot."""
+
+    gpu_uuid: str
+    memory_used_mib: int
+    memory_free_mib: int
+    gpu_util_percent: int | None
+    memory_util_percent: int | None
+    temperature_c: int | None
+    power_w: float | None
+    last_xid: int | None = None
+
+
+class GpuBackend(Protocol):
+    """A source of GPU facts. Calls may block (NVML does): the agent runs them off the loop."""
+
+    @property
+    def name(self) -> str:
+        """`nvml` or `simulated`, for logs and `describe`."""
+        ...
+
+    def inventory(self) -> Inventory: ...
+
+    def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
+        """Block up to `timeout_s` for the next health event; None on timeout."""
+        ...
+
+    def processes(self) -> tuple[GpuProcess, ...]: ...
+
+    def statuses(self) -> tuple[GpuStatus, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class BackendError(Exception):
+    """A backend could not start or answer (no driver, no library, bad simulated spec)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    """Which device IDs of one resource a container holds, as the kubelet's PodResources says."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+class PodAssignments(Protocol):
+    """Who holds which advertised device: the PodResources client, or the emulator's books."""
+
+    async def list_assignments(self) -> tuple[ContainerDevices, ...]: ...
