@@ -11,6 +11,17 @@ from pathlib import Path
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/backends/conftest.py: only root conftests may add options when
+    # pytest runs from the repository root.
+    parser.addoption(
+        "--with-gpu",
+        action="store_true",
+        default=False,
+        help="also run tests that need an NVIDIA GPU and driver (NVML backend contract)",
+    )
+
+
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     """A short temp dir for unix sockets: socket paths must stay under ~107 bytes."""

@@ -1,0 +1,79 @@
+{{- define "gpuslice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuslice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
+{{- define "gpuslice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuslice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpuslice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "gpuslice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpuslice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap holding the named configs: the user's (config.name) or ours. */}}
+{{- define "gpuslice.configMapName" -}}
+{{- if .Values.config.name }}
+{{- .Values.config.name }}
+{{- else if .Values.config.map }}
+{{- printf "%s-configs" (include "gpuslice.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Checks NVIDIA's chart makes, plus ours; each message says what to change. */}}
+{{- define "gpuslice.validate" -}}
+{{- if and .Values.config.name .Values.config.map }}
+{{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
+{{- end }}
+{{- if and (eq (include "gpuslice.namespace" .) "default") (not .Values.allowDefaultNamespace) }}
+{{- fail "installing into the 'default' namespace: choose a namespace (-n gpuslice) or set allowDefaultNamespace=true" }}
+{{- end }}
+{{- if not (has .Values.labels.mode (list "file" "api" "off")) }}
+{{- fail (printf "labels.mode=%v: must be one of file, api, off" .Values.labels.mode) }}
+{{- end }}
+{{- range .Values.config.fallbackStrategies }}
+{{- if not (has . (list "named" "single" "empty")) }}
+{{- fail (printf "config.fallbackStrategies: unknown fallback strategy %v (accepted: named, single, empty)" .) }}
+{{- end }}
+{{- end }}
+{{- if .Values.config.map }}
+{{- if and .Values.config.default (not (hasKey .Values.config.map .Values.config.default)) }}
+{{- fail (printf "config.default=%v is not a key of config.map (keys: %s)" .Values.config.default (keys .Values.config.map | sortAlpha | join ", ")) }}
+{{- end }}
+{{- if and (gt (len .Values.config.map) 1) (not .Values.config.default) }}
+{{- $named := and (has "named" .Values.config.fallbackStrategies) (hasKey .Values.config.map "default") }}
+{{- $empty := has "empty" .Values.config.fallbackStrategies }}
+{{- if not (or $named $empty) }}
+{{- fail "config.map has several configs but no config.default, no config named 'default' with the 'named' fallback, and no 'empty' fallback: unlabelled nodes would have no config" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

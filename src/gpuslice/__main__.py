@@ -1,0 +1,3 @@
+from gpuslice.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Composition: the one package that knows every concrete class (see docs/architecture.md)."""

@@ -1,0 +1,62 @@
+"""Settings of the node agent: everything `gpuslice plugin` can be told, with NVIDIA's names.
+
+Each field documents its unit, default and why. The CLI fills these from flags and the
+environment variables NVIDIA's plugin and config-manager use, so existing DaemonSet
+manifests keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node: str = "nvml"
+    """GPU backend: `nvml` (real GPUs) or a simulated node spec (`sim:2xt4`, a YAML file)."""
+    config_path: Path | None = None
+    """`CONFIG_FILE`: one config file, or a directory / ConfigMap / Helm values of named configs."""
+    config_name: str = ""
+    """Pin one named config (wins over the node label)."""
+    node_name: str = ""
+    """`NODE_NAME`: this node, for the label watch and Events. Empty: no Kubernetes API use."""
+    node_label: str = DEFAULT_NODE_LABEL
+    """`NODE_LABEL`: the node label whose value names the config to use."""
+    default_config: str = ""
+    """`DEFAULT_CONFIG`: config used when the node has no label."""
+    fallback_strategies: tuple[str, ...] = ("named", "single")
+    """`FALLBACK_STRATEGIES`, NVIDIA's Helm default."""
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    """Config paths set by flags or environment (`flags.migStrategy` -> "single"): they win
+    over the file, as NVIDIA's precedence rules say."""
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    """Where plugin sockets live and the kubelet's `kubelet.sock` is."""
+    kubelet_socket: Path | None = DEFAULT_PLUGIN_DIR / "kubelet.sock"
+    """`KUBELET_SOCKET`; None skips registration (standalone runs)."""
+    reload_interval_s: float = 1.0
+    """How often config files are checked for changes (seconds). ConfigMap volumes update
+    within about a minute; one second keeps the agent's own delay negligible."""
+    health_poll_s: float = 0.5
+    """Longest wait of one blocking health-event call (seconds); bounds shutdown latency."""
+    disable_healthchecks: str | None = None
+    """`DP_DISABLE_HEALTHCHECKS`."""
+    enable_healthchecks: str | None = None
+    """`DP_ENABLE_HEALTHCHECKS`."""
+    labels_file: Path | None = None
+    """Where GFD labels are written (NFD features.d); None: `flags.gfd.outputFile` of the config,
+    or no file when labels are disabled."""
+    write_labels: bool = True
+    metrics_port: int | None = None
+    """Prometheus exporter port; None disables it. 0 picks a free port (tests)."""
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
+    """Command that runs the MPS control program (tests use the fake one)."""
+    set_compute_mode: bool = True
+    """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
+    kubeconfig: Path | None = None

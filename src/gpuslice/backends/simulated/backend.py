@@ -1,0 +1,344 @@
+"""The simulated GPU backend: a node of modelled GPUs whose health and load tests control.
+
+The agent calls backends from worker threads (`asyncio.to_thread`), and a test injects from
+another thread or, through the control directory, from another process; so every piece of
+state here sits behind one lock, and health events travel through a thread-safe queue that
+hands each event to exactly one `wait_health_event` call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gpuslice.backends.simulated.control import done, reject, take_commands
+from gpuslice.backends.simulated.node import build_inventory
+from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
+from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.ports import BackendError, GpuProcess, GpuStatus, HealthEvent
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """Telemetry a test set for one GPU; defaults are an idle card."""
+
+    gpu_util_percent: int | None = 0
+    memory_util_percent: int | None = 0
+    temperature_c: int | None = 34
+    power_w: float | None = 25.0
+
+
+class SimulatedBackend:
+    """Implements `gpuslice.ports.GpuBackend` for a `NodeSpec`, plus injection methods."""
+
+    def __init__(
+        self,
+        node: NodeSpec,
+        *,
+        control_dir: Path | None = None,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self._node = node
+        self._inventory = build_inventory(node)
+        self._lock = threading.Lock()
+        self._control_lock = threading.Lock()
+        self._events: queue.Queue[HealthEvent | None] = queue.Queue()
+        self._processes: list[GpuProcess] = []
+        self._load: dict[str, _Load] = {g.uuid: _Load() for g in self._inventory.gpus}
+        self._last_xid: dict[str, int] = {}
+        self._closed = False
+        self._poll_interval_s = poll_interval_s
+        control = control_dir if control_dir is not None else node.control_dir
+        self._events_dir: Path | None = None
+        if control is not None:
+            self._events_dir = control / "events"
+            try:
+                self._events_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendError(f"simulated control directory {control}: {exc}") from None
+        for spec in node.processes:
+            self.add_process(self._process_from_spec(spec))
+
+    @property
+    def name(self) -> str:
+        return "simulated"
+
+    @property
+    def control_dir(self) -> Path | None:
+        return None if self._events_dir is None else self._events_dir.parent
+
+    # -- GpuBackend ----------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        self._poll_control()
+        return self._inventory
+
+    def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            self._poll_control()
+            if self._closed:
+                return None
+            remaining = deadline - time.monotonic()
+            if self._events_dir is not None:
+                remaining_wait = min(remaining, self._poll_interval_s)
+            else:
+                remaining_wait = remaining
+            try:
+                if remaining_wait > 0:
+                    event = self._events.get(timeout=remaining_wait)
+                else:
+                    event = self._events.get_nowait()
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            if event is None:  # close() woke us
+                return None
+            return event
+
+    def processes(self) -> tuple[GpuProcess, ...]:
+        self._poll_control()
+        with self._lock:
+            return tuple(self._processes)
+
+    def statuses(self) -> tuple[GpuStatus, ...]:
+        self._poll_control()
+        with self._lock:
+            out = []
+            for gpu in self._inventory.gpus:
+                used = sum(
+                    math.ceil(p.used_memory_bytes / MIB)
+                    for p in self._processes
+                    if p.gpu_uuid == gpu.uuid and p.used_memory_bytes is not None
+                )
+                load = self._load[gpu.uuid]
+                out.append(
+                    GpuStatus(
+                        gpu_uuid=gpu.uuid,
+                        memory_used_mib=used,
+                        memory_free_mib=max(0, gpu.memory_mib - used),
+                        gpu_util_percent=load.gpu_util_percent,
+                        memory_util_percent=load.memory_util_percent,
+                        temperature_c=load.temperature_c,
+                        power_w=load.power_w,
+                        last_xid=self._last_xid.get(gpu.uuid),
+                    )
+                )
+            return tuple(out)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._events.put(None)
+
+    # -- injection (tests, demo) ---------------------------------------------------------
+
+    def inject_xid(
+        self, gpu_uuid: str, xid: int, gi_id: int | None = None, ci_id: int | None = None
+    ) -> None:
+        """Deliver an XID as NVML would; gi/ci None means not attributable to an instance."""
+        gpu = self._gpu(gpu_uuid)
+        if gi_id is not None and not any(m.gi_id == gi_id for m in gpu.mig_devices):
+            known = ", ".join(str(m.gi_id) for m in gpu.mig_devices) or "none (MIG off)"
+            raise BackendError(f"GPU {gpu_uuid} has no GPU instance {gi_id}; its GI ids: {known}")
+        if ci_id is not None and gi_id is None:
+            raise BackendError("ci_id needs gi_id: a compute instance lives in a GPU instance")
+        with self._lock:
+            self._last_xid[gpu.uuid] = xid
+        self._events.put(HealthEvent("xid", gpu.uuid, xid=xid, gi_id=gi_id, ci_id=ci_id))
+
+    def inject_recovery(self, gpu_uuid: str) -> None:
+        gpu = self._gpu(gpu_uuid)
+        self._events.put(HealthEvent("recovered", gpu.uuid))
+
+    def inject_lost(self, gpu_uuid: str) -> None:
+        gpu = self._gpu(gpu_uuid)
+        self._events.put(HealthEvent("lost", gpu.uuid))
+
+    def add_process(self, process: GpuProcess) -> None:
+        """Add (or replace, same pid on the same device) a process with a GPU context."""
+        gpu = self._gpu(process.gpu_uuid)
+        if process.mig_uuid is not None:
+            if not any(m.uuid == process.mig_uuid for m in gpu.mig_devices):
+                known = ", ".join(m.uuid for m in gpu.mig_devices) or "none"
+                raise BackendError(
+                    f"GPU {gpu.uuid} has no MIG device {process.mig_uuid}; its MIG devices: {known}"
+                )
+            if process.sm_util_percent is not None:
+                raise BackendError(
+                    f"process {process.pid}: NVML gives no per-process SM utilisation on MIG "
+                    "devices; leave sm_util_percent None"
+                )
+        elif gpu.mig_enabled:
+            raise BackendError(
+                f"process {process.pid}: GPU {gpu.uuid} is in MIG mode; name the MIG device "
+                f"(mig_uuid) it runs on: "
+                + (", ".join(m.uuid for m in gpu.mig_devices) or "it has none")
+            )
+        key = (process.pid, process.gpu_uuid, process.mig_uuid)
+        with self._lock:
+            self._processes = [p for p in self._processes if (p.pid, p.gpu_uuid, p.mig_uuid) != key]
+            self._processes.append(process)
+
+    def remove_process(self, pid: int) -> None:
+        """Forget every context of `pid` (it exited)."""
+        with self._lock:
+            self._processes = [p for p in self._processes if p.pid != pid]
+
+    def set_status(
+        self,
+        gpu_uuid: str,
+        *,
+        gpu_util_percent: int | None = None,
+        memory_util_percent: int | None = None,
+        temperature_c: int | None = None,
+        power_w: float | None = None,
+    ) -> None:
+        """Set telemetry for `statuses()`; arguments left None keep their current value."""
+        gpu = self._gpu(gpu_uuid)
+        for label, pct in (
+            ("gpu_util_percent", gpu_util_percent),
+            ("memory_util_percent", memory_util_percent),
+        ):
+            if pct is not None and not 0 <= pct <= 100:
+                raise BackendError(f"{label}: expected 0..100, got {pct}")
+        with self._lock:
+            load = self._load[gpu.uuid]
+            changes: dict[str, Any] = {
+                k: v
+                for k, v in (
+                    ("gpu_util_percent", gpu_util_percent),
+                    ("memory_util_percent", memory_util_percent),
+                    ("temperature_c", temperature_c),
+                    ("power_w", power_w),
+                )
+                if v is not None
+            }
+            self._load[gpu.uuid] = replace(load, **changes)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def resolve_gpu(self, ref: str | int) -> Gpu:
+        """A GPU by UUID or index (the control directory and node files accept both)."""
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            if 0 <= ref < len(self._inventory.gpus):
+                return self._inventory.gpus[ref]
+            raise BackendError(
+                f"no GPU index {ref}: this node has indices 0..{len(self._inventory.gpus) - 1}"
+            )
+        return self._gpu(str(ref))
+
+    def resolve_mig(self, gpu: Gpu, ref: str | int) -> MigDevice:
+        for m in gpu.mig_devices:
+            if (isinstance(ref, int) and m.index == ref) or m.uuid == ref:
+                return m
+        known = ", ".join(f"{m.index} ({m.uuid})" for m in gpu.mig_devices) or "none"
+        raise BackendError(f"GPU {gpu.index} has no MIG device {ref!r}; its MIG devices: {known}")
+
+    def _gpu(self, uuid: str) -> Gpu:
+        gpu = self._inventory.gpu_by_uuid(uuid)
+        if gpu is None:
+            known = ", ".join(g.uuid for g in self._inventory.gpus)
+            raise BackendError(f"no GPU {uuid!r} on this simulated node; its GPUs: {known}")
+        return gpu
+
+    def _process_from_spec(self, spec: ProcessSpec) -> GpuProcess:
+        gpu = self.resolve_gpu(spec.gpu)
+        mig = None if spec.mig is None else self.resolve_mig(gpu, spec.mig).uuid
+        return GpuProcess(
+            pid=spec.pid,
+            gpu_uuid=gpu.uuid,
+            used_memory_bytes=None if spec.used_memory_mib is None else spec.used_memory_mib * MIB,
+            mig_uuid=mig,
+            sm_util_percent=spec.sm_util_percent,
+            is_mps_client=spec.mps,
+        )
+
+    def _poll_control(self) -> None:
+        if self._events_dir is None:
+            return
+        # Serialised so that a caller returning after this saw every command written before.
+        with self._control_lock:
+            for path, command in take_commands(self._events_dir):
+                try:
+                    self._apply(command)
+                except (BackendError, KeyError, TypeError, ValueError) as exc:
+                    reject(path, str(exc))
+                else:
+                    done(path)
+
+    def _apply(self, command: dict[str, Any]) -> None:
+        kind = command["kind"]
+        if kind == "remove_process":
+            self.remove_process(_int(command, "pid"))
+            return
+        gpu = self.resolve_gpu(_ref(command, "gpu"))
+        if kind == "xid":
+            self.inject_xid(
+                gpu.uuid, _int(command, "xid"), _opt_int(command, "giId"), _opt_int(command, "ciId")
+            )
+        elif kind == "recovered":
+            self.inject_recovery(gpu.uuid)
+        elif kind == "lost":
+            self.inject_lost(gpu.uuid)
+        elif kind == "add_process":
+            mig = command.get("mig")
+            self.add_process(
+                self._process_from_spec(
+                    ProcessSpec(
+                        pid=_int(command, "pid"),
+                        gpu=gpu.uuid,
+                        mig=None if mig is None else _ref(command, "mig"),
+                        used_memory_mib=_opt_int(command, "usedMemoryMiB"),
+                        sm_util_percent=_opt_int(command, "smUtil"),
+                        mps=bool(command.get("mps", False)),
+                    )
+                )
+            )
+        elif kind == "set_status":
+            power = command.get("powerW")
+            if power is not None and not isinstance(power, int | float):
+                raise BackendError(f"powerW: expected a number, got {power!r}")
+            self.set_status(
+                gpu.uuid,
+                gpu_util_percent=_opt_int(command, "gpuUtil"),
+                memory_util_percent=_opt_int(command, "memoryUtil"),
+                temperature_c=_opt_int(command, "temperatureC"),
+                power_w=None if power is None else float(power),
+            )
+        else:
+            raise BackendError(
+                f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
+                "remove_process, set_status"
+            )
+
+
+def _int(command: dict[str, Any], key: str) -> int:
+    value = command.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BackendError(f"{key}: expected a whole number, got {value!r}")
+    return value
+
+
+def _opt_int(command: dict[str, Any], key: str) -> int | None:
+    return None if command.get(key) is None else _int(command, key)
+
+
+def _ref(command: dict[str, Any], key: str) -> str | int:
+    value = command.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BackendError(f"{key}: expected an index or a UUID, got {value!r}")
+    return value

@@ -1,0 +1,163 @@
+"""Telling a simulated backend in another process what happens to its GPUs.
+
+End-to-end tests run the daemon as a subprocess, so they cannot call `inject_xid` on its
+backend object. Instead the backend polls a control directory, named by the node file's
+`controlDir` or by the environment variable `GPUSLICE_SIM_CONTROL_DIR`::
+
+    <dir>/events/<sortable-name>.json     one command per file, applied once, then deleted
+
+Writers create `<dir>/events/.<name>.tmp` and rename it into place, so the backend never
+reads half a file; names sort by creation time, so commands apply in order. A file that is
+not valid is renamed to `<name>.rejected` (and logged) rather than silently dropped.
+
+Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under that GPU)::
+
+    {"kind": "xid", "gpu": 0, "xid": 79, "giId": null, "ciId": null}
+    {"kind": "recovered", "gpu": "GPU-..."}
+    {"kind": "lost", "gpu": 1}
+    {"kind": "add_process", "pid": 4242, "gpu": 0, "mig": null, "usedMemoryMiB": 512,
+     "smUtil": 30, "mps": false}
+    {"kind": "remove_process", "pid": 4242}
+    {"kind": "set_status", "gpu": 0, "gpuUtil": 80, "memoryUtil": 40, "temperatureC": 61,
+     "powerW": 212.5}
+
+`ControlDir` writes them; the backend reads them with `take_commands`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ENV_CONTROL_DIR = "GPUSLICE_SIM_CONTROL_DIR"
+
+log = logging.getLogger(__name__)
+
+
+class ControlDir:
+    """The writing side: what a test (or `gpuslice demo`) uses to drive a daemon's backend."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events = path / "events"
+        self._seq = itertools.count()
+
+    def send(self, command: Mapping[str, Any]) -> Path:
+        self.events.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}"
+        tmp = self.events / f".{name}.tmp"
+        tmp.write_text(json.dumps(dict(command)), encoding="utf-8")
+        final = self.events / f"{name}.json"
+        os.replace(tmp, final)
+        return final
+
+    def inject_xid(
+        self, gpu: str | int, xid: int, gi_id: int | None = None, ci_id: int | None = None
+    ) -> Path:
+        return self.send({"kind": "xid", "gpu": gpu, "xid": xid, "giId": gi_id, "ciId": ci_id})
+
+    def inject_recovery(self, gpu: str | int) -> Path:
+        return self.send({"kind": "recovered", "gpu": gpu})
+
+    def inject_lost(self, gpu: str | int) -> Path:
+        return self.send({"kind": "lost", "gpu": gpu})
+
+    def add_process(
+        self,
+        pid: int,
+        gpu: str | int,
+        *,
+        mig: str | int | None = None,
+        used_memory_mib: int | None = None,
+        sm_util_percent: int | None = None,
+        mps: bool = False,
+    ) -> Path:
+        return self.send(
+            {
+                "kind": "add_process",
+                "pid": pid,
+                "gpu": gpu,
+                "mig": mig,
+                "usedMemoryMiB": used_memory_mib,
+                "smUtil": sm_util_percent,
+                "mps": mps,
+            }
+        )
+
+    def remove_process(self, pid: int) -> Path:
+        return self.send({"kind": "remove_process", "pid": pid})
+
+    def set_status(
+        self,
+        gpu: str | int,
+        *,
+        gpu_util_percent: int | None = None,
+        memory_util_percent: int | None = None,
+        temperature_c: int | None = None,
+        power_w: float | None = None,
+    ) -> Path:
+        return self.send(
+            {
+                "kind": "set_status",
+                "gpu": gpu,
+                "gpuUtil": gpu_util_percent,
+                "memoryUtil": memory_util_percent,
+                "temperatureC": temperature_c,
+                "powerW": power_w,
+            }
+        )
+
+    def pending(self) -> list[Path]:
+        """Commands not yet taken by the backend (tests wait for this to empty)."""
+        if not self.events.is_dir():
+            return []
+        return sorted(self.events.glob("*.json"))
+
+    def rejected(self) -> list[Path]:
+        if not self.events.is_dir():
+            return []
+        return sorted(self.events.glob("*.rejected"))
+
+
+def take_commands(events_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Read every waiting command, oldest first, rejecting unreadable ones.
+
+    The caller deletes each file once applied (`done`) or rejects it; calls are serialised
+    (one backend reads one directory).
+    """
+    try:
+        names = sorted(p for p in events_dir.iterdir() if p.suffix == ".json")
+    except FileNotFoundError:
+        return []
+    out: list[tuple[Path, dict[str, Any]]] = []
+    for path in names:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            reject(path, f"not JSON: {exc}")
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+            reject(path, 'expected a JSON object with a "kind"')
+            continue
+        out.append((path, data))
+    return out
+
+
+def done(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def reject(path: Path, reason: str) -> None:
+    log.warning("event=sim-control-rejected file=%s reason=%s", path.name, reason)
+    try:
+        os.replace(path, path.with_suffix(".rejected"))
+    except OSError:
+        path.unlink(missing_ok=True)

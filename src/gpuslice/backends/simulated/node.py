@@ -1,0 +1,117 @@
+"""Turning a node spec into the inventory NVML would report for it.
+
+Identities are derived, not random, so a simulated node looks the same on every run: logs,
+replica IDs and test expectations stay stable. Topology follows common server layouts:
+more than four GPUs split over two NUMA nodes; SXM parts sit on an NVSwitch baseboard
+(every pair linked with all of each GPU's NVLinks) when there are more than four of them,
+or in a direct mesh (links shared among peers, e.g. 4 per pair on a 4-GPU A100 board).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from itertools import combinations
+
+from gpuslice.backends.simulated.layout import place
+from gpuslice.backends.simulated.nodespec import GpuGroup, NodeSpec
+from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
+from gpuslice.ports import BackendError
+
+
+def derived_uuid(prefix: str, seed: str) -> str:
+    """`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from a hash of `seed`."""
+    h = hashlib.sha256(seed.encode()).hexdigest()
+    return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def pci_bus_id(index: int) -> str:
+    # Spread over the bus space like real servers do (07, 0f, 17, ...); MAX_GPUS keeps it < 256.
+    return f"00000000:{0x07 + 8 * index:02X}:00.0"
+
+
+def build_inventory(spec: NodeSpec) -> Inventory:
+    total = sum(g.count for g in spec.groups)
+    gpus: list[Gpu] = []
+    for group in spec.groups:
+        for _ in range(group.count):
+            gpus.append(_gpu(group, len(gpus), total))
+    seen: set[str] = set()
+    for gpu in gpus:
+        if gpu.uuid in seen:
+            raise BackendError(f"simulated node {spec.source}: UUID {gpu.uuid} is used twice")
+        seen.add(gpu.uuid)
+    return Inventory(
+        gpus=tuple(gpus),
+        driver_version=spec.driver_version,
+        cuda_driver_version=spec.cuda_driver_version,
+        links=_links(spec, gpus),
+        machine_type=spec.machine_type,
+    )
+
+
+def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
+    model = group.model
+    uuid = GpuUuid(group.uuid or derived_uuid("GPU", f"{model.key}:{index}"))
+    numa = group.numa
+    if numa is None:
+        numa = 1 if total > 4 and index >= total // 2 else 0
+    mig_devices: tuple[MigDevice, ...] = ()
+    if group.mig_enabled and group.mig_layout is not None:
+        placed = place(group.mig_layout, model)
+        mig_devices = tuple(
+            MigDevice(
+                uuid=MigUuid(
+                    derived_uuid("MIG", f"{uuid}/{p.gi_id}/{p.ci_id}/{p.profile.name}@{p.start}")
+                ),
+                parent_uuid=uuid,
+                parent_index=index,
+                index=j,
+                profile=p.profile.name,
+                gi_id=p.gi_id,
+                ci_id=p.ci_id,
+                memory_mib=p.profile.memory_mib,
+                multiprocessors=p.profile.multiprocessors,
+                slices_gi=p.profile.compute_slices,
+                slices_ci=p.profile.compute_slices,
+                placement_start=p.start,
+                placement_size=p.profile.memory_slices,
+                engines_copy=p.profile.copy_engines,
+                engines_decoder=p.profile.decoders,
+                engines_encoder=p.profile.encoders,
+                engines_jpeg=p.profile.jpeg,
+                engines_ofa=p.profile.ofa,
+            )
+            for j, p in enumerate(placed)
+        )
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        product_name=model.product_name,
+        memory_mib=model.memory_mib,
+        multiprocessors=model.multiprocessors,
+        compute_capability=model.compute_capability,
+        pci_bus_id=pci_bus_id(index),
+        minor=index,
+        numa_node=numa,
+        mig_capable=model.mig_capable,
+        mig_enabled=group.mig_enabled,
+        mig_pending=group.mig_enabled if group.mig_pending is None else group.mig_pending,
+        mig_devices=mig_devices,
+        pci_device_id=model.pci_device_id,
+    )
+
+
+def _links(spec: NodeSpec, gpus: list[Gpu]) -> tuple[Link, ...]:
+    models = [g.model for g in spec.groups for _ in range(g.count)]
+    per_model = Counter(m.key for m in models)
+    links: list[Link] = []
+    for a, b in combinations(gpus, 2):
+        p2p: P2PLevel = "same-cpu" if a.numa_node == b.numa_node else "cross-cpu"
+        ma, mb = models[a.index], models[b.index]
+        nvlinks = 0
+        if ma.key == mb.key and ma.nvlinks:
+            peers = per_model[ma.key] - 1
+            nvlinks = ma.nvlinks if peers > 3 else ma.nvlinks // peers
+        links.append(Link(a=a.uuid, b=b.uuid, p2p=p2p, nvlinks=nvlinks))
+    return tuple(links)

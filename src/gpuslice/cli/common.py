@@ -1,0 +1,36 @@
+"""Pieces several commands share: opening the node and computing the plan from files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.agent.configs import load_config
+from gpuslice.agent.settings import AgentSettings
+from gpuslice.backends import open_backend
+from gpuslice.core.config import Config
+from gpuslice.core.devices import Inventory
+from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.plan import build_plan
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    inventory: Inventory
+    config: Config
+    config_name: str
+    plan: Plan
+    backend_name: str
+
+
+def plan_for(node: str, config_path: Path | None, config_name: str = "") -> NodeView:
+    """What a node would advertise with a config: no sockets, no daemons."""
+    backend = open_backend(node)
+    try:
+        inventory = backend.inventory()
+        name = backend.name
+    finally:
+        backend.close()
+    settings = AgentSettings(node=node, config_path=config_path, config_name=config_name)
+    loaded = load_config(settings)
+    return NodeView(inventory, loaded.config, loaded.name, build_plan(inventory, loaded.config), name)

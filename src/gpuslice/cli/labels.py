@@ -1,0 +1,29 @@
+"""`gpuslice labels`: the node labels GPU Feature Discovery would write, for a config."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from gpuslice.cli.common import plan_for
+from gpuslice.cli.main import reports_errors
+from gpuslice.core.labels import gfd_labels
+
+
+@click.command()
+@click.option("--config-file", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--config-name", default="", help="Named config to use from a set of configs.")
+@click.option("--node", default="nvml", show_default=True, help="nvml, or a simulated node spec.")
+@click.option("--no-timestamp", is_flag=True, default=False, help="Omit nvidia.com/gfd.timestamp.")
+@reports_errors
+def labels(config_file: Path | None, config_name: str, node: str, no_timestamp: bool) -> None:
+    """Print `key=value` node labels, as in the NFD features.d file."""
+    view = plan_for(node, config_file, config_name)
+    stamp = None if no_timestamp or view.config.flags.gfd.no_timestamp else int(time.time())
+    values = gfd_labels(
+        view.inventory, view.plan, timestamp=stamp, machine_type=view.inventory.machine_type
+    )
+    for key in sorted(values):
+        click.echo(f"{key}={values[key]}")

@@ -1,0 +1,55 @@
+"""`gpuslice` command line: plugin daemon, describe, labels, demo, top.
+
+Bad input (config, node spec, flags) is reported on stderr as one readable message with
+exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import click
+
+from gpuslice import __version__
+from gpuslice.core.errors import GpusliceError
+from gpuslice.ports import BackendError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_BAD_INPUT = 2
+
+
+def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn expected errors into `error: ...` on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (GpusliceError, BackendError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuslice")
+def main() -> None:
+    """GPU sharing for Kubernetes: a kubelet device plugin with time-slicing, MPS and MIG."""
+
+
+def _register() -> None:
+    from gpuslice.cli import demo, describe, labels, plugin
+
+    main.add_command(describe.describe_command)
+    main.add_command(labels.labels)
+    main.add_command(plugin.plugin)
+    main.add_command(demo.demo)
+
+
+_register()

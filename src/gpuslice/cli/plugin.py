@@ -1,0 +1,156 @@
+"""`gpuslice plugin`: the node daemon, with NVIDIA's flag and environment variable names.
+
+A flag or variable that is set overrides the config file (NVIDIA's precedence); one left at
+its default does not, so the file's value (or NVIDIA's default) applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from gpuslice.agent.build import build_agent
+from gpuslice.agent.settings import DEFAULT_NODE_LABEL, DEFAULT_PLUGIN_DIR, AgentSettings
+from gpuslice.cli.main import reports_errors
+from gpuslice.cli.logsetup import setup_logging
+
+# CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
+OVERRIDES = {
+    "mig_strategy": "flags.migStrategy",
+    "fail_on_init_error": "flags.failOnInitError",
+    "nvidia_driver_root": "flags.nvidiaDriverRoot",
+    "nvidia_dev_root": "flags.nvidiaDevRoot",
+    "mps_root": "flags.mpsRoot",
+    "pass_device_specs": "flags.plugin.passDeviceSpecs",
+    "device_list_strategy": "flags.plugin.deviceListStrategy",
+    "device_id_strategy": "flags.plugin.deviceIDStrategy",
+    "cdi_annotation_prefix": "flags.plugin.cdiAnnotationPrefix",
+    "shared_devices_allocation_policy": "flags.plugin.sharedDevicesAllocationPolicy",
+    "gdrcopy_enabled": "flags.gdrcopyEnabled",
+    "gds_enabled": "flags.gdsEnabled",
+    "mofed_enabled": "flags.mofedEnabled",
+}
+
+SHUTDOWN_GRACE_S = 20.0
+"""Hard-exit deadline after SIGTERM: shorter than a pod's default 30 s grace period, so the
+kubelet never has to SIGKILL us with sockets left behind."""
+
+
+def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, path in OVERRIDES.items():
+        source = ctx.get_parameter_source(name)
+        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            value = params[name]
+            if name == "device_list_strategy":
+                value = [v.strip() for v in str(value).split(",") if v.strip()]
+            out[path] = value
+    return out
+
+
+@click.command()
+@click.option("--config-file", envvar="CONFIG_FILE", type=click.Path(path_type=Path),
+              help="Config file, or a directory/ConfigMap/Helm values holding named configs.")
+@click.option("--config-name", envvar="CONFIG_NAME", default="", help="Pin one named config.")
+@click.option("--node", envvar="GPUSLICE_NODE", default="nvml", show_default=True,
+              help="GPU backend: nvml, or a simulated node spec such as sim:2xt4.")
+@click.option("--device-plugin-path", envvar="DEVICE_PLUGIN_PATH", type=click.Path(path_type=Path),
+              default=DEFAULT_PLUGIN_DIR, show_default=True)
+@click.option("--kubelet-socket", envvar="KUBELET_SOCKET", default=None,
+              help="Kubelet registration socket ('' to skip registration). "
+                   "Default: <device-plugin-path>/kubelet.sock.")
+@click.option("--mig-strategy", envvar="MIG_STRATEGY", default="none")
+@click.option("--fail-on-init-error/--no-fail-on-init-error", envvar="FAIL_ON_INIT_ERROR", default=True)
+@click.option("--nvidia-driver-root", "--driver-root", envvar="NVIDIA_DRIVER_ROOT", default="/")
+@click.option("--nvidia-dev-root", "--dev-root", envvar="NVIDIA_DEV_ROOT", default="")
+@click.option("--mps-root", envvar="MPS_ROOT", default="")
+@click.option("--pass-device-specs/--no-pass-device-specs", envvar="PASS_DEVICE_SPECS", default=False)
+@click.option("--device-list-strategy", envvar="DEVICE_LIST_STRATEGY", default="envvar")
+@click.option("--device-id-strategy", envvar="DEVICE_ID_STRATEGY", default="uuid")
+@click.option("--cdi-annotation-prefix", envvar="CDI_ANNOTATION_PREFIX", default="cdi.k8s.io/")
+@click.option("--shared-devices-allocation-policy", envvar="SHARED_DEVICES_ALLOCATION_POLICY",
+              default="distributed")
+@click.option("--gdrcopy-enabled/--no-gdrcopy-enabled", envvar="GDRCOPY_ENABLED", default=False)
+@click.option("--gds-enabled/--no-gds-enabled", envvar="GDS_ENABLED", default=False)
+@click.option("--mofed-enabled/--no-mofed-enabled", envvar="MOFED_ENABLED", default=False)
+@click.option("--node-name", envvar="NODE_NAME", default="",
+              help="This node's name: enables the config label watch and Events.")
+@click.option("--node-label", envvar="NODE_LABEL", default=DEFAULT_NODE_LABEL, show_default=True)
+@click.option("--default-config", envvar="DEFAULT_CONFIG", default="")
+@click.option("--fallback-strategies", envvar="FALLBACK_STRATEGIES", default="named,single",
+              show_default=True)
+@click.option("--labels-file", envvar="GFD_OUTPUT_FILE", type=click.Path(path_type=Path),
+              default=None, help="NFD features.d file for GFD labels (default: flags.gfd.outputFile).")
+@click.option("--no-labels", is_flag=True, default=False, help="Do not write node labels.")
+@click.option("--metrics-port", envvar="METRICS_PORT", type=int, default=None,
+              help="Serve Prometheus metrics on this port.")
+@click.option("--pod-resources-socket", envvar="POD_RESOURCES_SOCKET", type=click.Path(path_type=Path),
+              default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), show_default=True)
+@click.option("--mps-control", envvar="MPS_CONTROL", default="nvidia-cuda-mps-control",
+              help="Command running the MPS control program.")
+@click.option("--no-compute-mode", is_flag=True, default=False,
+              help="Do not set EXCLUSIVE_PROCESS on MPS GPUs.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(path_type=Path), default=None)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, default=False)
+@click.pass_context
+@reports_errors
+def plugin(ctx: click.Context, /, **params: Any) -> None:
+    """Run the device plugin daemon on this node."""
+    setup_logging(params["log_format"], verbose=params["verbose"])
+    plugin_dir: Path = params["device_plugin_path"]
+    kubelet_socket: Path | None
+    if params["kubelet_socket"] is None:
+        kubelet_socket = plugin_dir / "kubelet.sock"
+    else:
+        kubelet_socket = Path(params["kubelet_socket"]) if params["kubelet_socket"] else None
+    settings = AgentSettings(
+        node=params["node"],
+        config_path=params["config_file"],
+        config_name=params["config_name"],
+        node_name=params["node_name"],
+        node_label=params["node_label"],
+        default_config=params["default_config"],
+        fallback_strategies=tuple(
+            s.strip() for s in params["fallback_strategies"].split(",") if s.strip()
+        ),
+        overrides=_overrides(ctx, params),
+        plugin_dir=plugin_dir,
+        kubelet_socket=kubelet_socket,
+        disable_healthchecks=os.environ.get("DP_DISABLE_HEALTHCHECKS"),
+        enable_healthchecks=os.environ.get("DP_ENABLE_HEALTHCHECKS"),
+        labels_file=params["labels_file"],
+        write_labels=not params["no_labels"],
+        metrics_port=params["metrics_port"],
+        pod_resources_socket=params["pod_resources_socket"],
+        mps_control=tuple(params["mps_control"].split()),
+        set_compute_mode=not params["no_compute_mode"],
+        kubeconfig=params["kubeconfig"],
+    )
+    asyncio.run(_serve(settings))
+
+
+async def _serve(settings: AgentSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        logging.getLogger("gpuslice").info("event=signal signal=%s", signal.Signals(signum).name)
+        stop.set()
+        timer = threading.Timer(SHUTDOWN_GRACE_S, lambda: os._exit(1))
+        timer.daemon = True
+        timer.start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    async with build_agent(settings) as agent:
+        await agent.run(stop)
+    logging.getLogger("gpuslice").info("event=stopped")

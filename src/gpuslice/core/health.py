@@ -1,0 +1,139 @@
+"""Which devices are healthy, from the backend's health events.
+
+Three deliberate differences from NVIDIA's plugin, each fixing a reported problem:
+
+* every replica of a sick device turns Unhealthy, not only the last one (issue #1929);
+* a `recovered` event makes devices Healthy again (NVIDIA needs a plugin restart);
+* an XID attributed to one MIG instance marks only that MIG device, never its siblings.
+
+The env-var rules (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`) are NVIDIA's, so
+existing DaemonSet settings keep their meaning. Parsing returns warnings instead of logging
+them: the core does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuslice.core.devices import Gpu, Inventory
+from gpuslice.core.sharing.model import AdvertisedDevice
+from gpuslice.ports import NO_INSTANCE, HealthEvent
+
+DeviceHealth = Literal["Healthy", "Unhealthy"]
+
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+"""Application-caused XIDs NVIDIA ignores by default: they say nothing about the GPU."""
+
+_ALL_WORDS = frozenset({"all", "xids"})
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """Which XIDs count, after both env vars are applied."""
+
+    ignored: frozenset[int] = DEFAULT_IGNORED_XIDS
+    """XIDs that do not mark a device unhealthy (defaults plus DP_DISABLE_HEALTHCHECKS)."""
+    disable_all: bool = False
+    """DP_DISABLE_HEALTHCHECKS contained `all` or `xids`."""
+    enabled: frozenset[int] = frozenset()
+    """DP_ENABLE_HEALTHCHECKS numbers: always count, whatever else says."""
+    enable_all: bool = False
+    """DP_ENABLE_HEALTHCHECKS contained `all` (or `xids`): every XID counts."""
+
+    @classmethod
+    def from_env(
+        cls, disable: str | None, enable: str | None
+    ) -> tuple[HealthPolicy, tuple[str, ...]]:
+        """Parse the two env vars (comma lists, case-insensitive); malformed entries -> warnings."""
+        warnings: list[str] = []
+        disable_all, disabled = _parse("DP_DISABLE_HEALTHCHECKS", disable, warnings)
+        enable_all, enabled = _parse("DP_ENABLE_HEALTHCHECKS", enable, warnings)
+        policy = cls(
+            ignored=DEFAULT_IGNORED_XIDS | disabled,
+            disable_all=disable_all,
+            enabled=enabled,
+            enable_all=enable_all,
+        )
+        return policy, tuple(warnings)
+
+    @property
+    def checking_disabled(self) -> bool:
+        """Health checking is off entirely: `all` disabled and nothing re-enabled."""
+        return self.disable_all and not self.enable_all and not self.enabled
+
+    def counts(self, xid: int | None) -> bool:
+        """Whether this XID marks a device unhealthy. An XID the backend could not read counts."""
+        if self.enable_all or (xid is not None and xid in self.enabled):
+            return True
+        if self.disable_all:
+            return False
+        return xid is None or xid not in self.ignored
+
+    def affected(self, event: HealthEvent, inventory: Inventory) -> frozenset[str]:
+        """The physical UUIDs (GPU and/or MIG) the event makes unhealthy, or healthy again.
+
+        `xid`: ignored XIDs and unknown GPUs affect nothing. On a GPU with MIG devices an
+        event with a GPU instance (and compute instance) marks only the matching MIG devices;
+        one NVML could not attribute marks the GPU and all of its MIG devices. `lost` and
+        `recovered` always cover the GPU and all of its MIG devices. With checking disabled
+        entirely (`DP_DISABLE_HEALTHCHECKS=all`) nothing is ever marked.
+        """
+        if self.checking_disabled and event.kind != "recovered":
+            return frozenset()
+        gpu = inventory.gpu_by_uuid(event.gpu_uuid)
+        if event.kind in ("lost", "recovered"):
+            whole = _whole(gpu) if gpu is not None else frozenset()
+            return whole | {event.gpu_uuid}
+        if gpu is None or not self.counts(event.xid):
+            return frozenset()
+        gi = None if event.gi_id == NO_INSTANCE else event.gi_id
+        ci = None if event.ci_id == NO_INSTANCE else event.ci_id
+        if not gpu.mig_devices or gi is None:
+            return _whole(gpu)
+        return frozenset(
+            m.uuid for m in gpu.mig_devices if m.gi_id == gi and (ci is None or m.ci_id == ci)
+        )
+
+
+def _whole(gpu: Gpu) -> frozenset[str]:
+    return frozenset({gpu.uuid, *(m.uuid for m in gpu.mig_devices)})
+
+
+def _parse(name: str, value: str | None, warnings: list[str]) -> tuple[bool, frozenset[int]]:
+    everything = False
+    xids: set[int] = set()
+    for raw in (value or "").split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry in _ALL_WORDS:
+            everything = True
+        elif entry.isdigit():
+            xids.add(int(entry))
+        else:
+            warnings.append(
+                f'{name}: ignoring "{raw.strip()}": expected "all", "xids" or an XID number '
+                "(e.g. 79), comma-separated"
+            )
+    return everything, frozenset(xids)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthState:
+    """The physical devices (GPU and MIG UUIDs) currently unhealthy."""
+
+    unhealthy: frozenset[str] = field(default_factory=frozenset)
+
+    def apply(self, event: HealthEvent, inventory: Inventory, policy: HealthPolicy) -> HealthState:
+        affected = policy.affected(event, inventory)
+        if event.kind == "recovered":
+            return HealthState(self.unhealthy - affected)
+        return HealthState(self.unhealthy | affected)
+
+
+def device_health(dev: AdvertisedDevice, unhealthy: frozenset[str]) -> DeviceHealth:
+    """Every replica of a sick device is sick: its physical device or parent GPU decides."""
+    if dev.physical.uuid in unhealthy or dev.physical.gpu_uuid in unhealthy:
+        return "Unhealthy"
+    return "Healthy"

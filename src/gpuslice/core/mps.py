@@ -1,0 +1,130 @@
+"""What each MPS control daemon must look like, computed from the sharing plan.
+
+NVIDIA runs one `nvidia-cuda-mps-control` per replicated resource and configures it with
+daemon-wide defaults (a pinned-memory limit per GPU index and one active-thread percentage).
+Keeping that derivation pure means the paths the daemon uses and the paths Allocate mounts
+into containers come from the same functions, and the limits can be checked without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuslice.core.devices import GpuUuid
+from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan
+
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+"""`flags.mpsRoot` when the config leaves it empty (NVIDIA's Helm default)."""
+
+STARTED_MARKER = ".started"
+READY_MARKER = ".ready"
+
+
+def mps_root(root: str) -> str:
+    """`flags.mpsRoot` with NVIDIA's default applied; trailing slashes dropped."""
+    return (root or DEFAULT_MPS_ROOT).rstrip("/") or "/"
+
+
+def resource_dir(root: str, resource: str) -> str:
+    """`<root>/<resource>`: the full name keeps its slash, e.g. `/run/nvidia/mps/nvidia.com/gpu`."""
+    return f"{mps_root(root).rstrip('/')}/{resource}"
+
+
+def pipe_dir(root: str, resource: str) -> str:
+    """The daemon's `CUDA_MPS_PIPE_DIRECTORY` on the host; Allocate mounts it into containers."""
+    return f"{resource_dir(root, resource)}/pipe"
+
+
+def log_dir(root: str, resource: str) -> str:
+    return f"{resource_dir(root, resource)}/log"
+
+
+def shm_dir(root: str) -> str:
+    """Shared by every resource: the clients' `/dev/shm` (page-locked host memory lives there)."""
+    return f"{mps_root(root).rstrip('/')}/shm"
+
+
+def ready_marker(root: str) -> str:
+    """`<root>/.ready`: present while every MPS daemon of the node answers."""
+    return f"{mps_root(root).rstrip('/')}/{READY_MARKER}"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonSpec:
+    """One control daemon: where it lives and what it is told after it starts.
+
+    Two specs that compare equal describe the same running daemon; any difference (a GPU
+    more, another limit) means the daemon must be restarted, because a running MPS server
+    does not pick up new defaults.
+    """
+
+    resource: ResourceName
+    root: str
+    """The MPS root with the default applied (`/run/nvidia/mps`)."""
+    pipe_dir: str
+    log_dir: str
+    shm_dir: str
+    started_marker: str
+    ready_marker: str
+    gpu_uuids: tuple[GpuUuid, ...]
+    gpu_indices: tuple[int, ...]
+    """Same order as `gpu_uuids`."""
+    active_thread_percentage: int
+    pinned_mem_limits_mib: tuple[tuple[int, int], ...]
+    """(GPU index, MiB) pairs. Indices, not UUIDs: limits set by UUID did not take effect."""
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """The control commands sent after every start, in NVIDIA's order."""
+        pinned = tuple(
+            f"set_default_device_pinned_mem_limit {index} {mib}M"
+            for index, mib in self.pinned_mem_limits_mib
+        )
+        return (*pinned, f"set_default_active_thread_percentage {self.active_thread_percentage}")
+
+
+def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
+    """The daemon for one MPS resource; None when it has no whole GPU to serve.
+
+    MIG devices are left out: MPS on MIG needs one daemon per MIG device, which NVIDIA does
+    not support either (the plan rejects MPS with MIG before this is reached).
+    """
+    uuids: list[GpuUuid] = []
+    indices: list[int] = []
+    memory: dict[int, int] = {}
+    percentages: list[int] = []
+    for dev in resource.devices:
+        phys = dev.physical
+        if phys.kind != "gpu":
+            continue
+        if phys.gpu_uuid not in uuids:
+            uuids.append(phys.gpu_uuid)
+            indices.append(phys.gpu_index)
+        replicas = max(dev.replicas, 1)
+        pct = dev.mps.active_thread_percentage if dev.mps else 100 // replicas
+        mib = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // replicas
+        percentages.append(pct)
+        memory[phys.gpu_index] = min(mib, memory.get(phys.gpu_index, mib))
+    if not uuids:
+        return None
+    base = mps_root(root)
+    return MpsDaemonSpec(
+        resource=resource.name,
+        root=base,
+        pipe_dir=pipe_dir(base, resource.name),
+        log_dir=log_dir(base, resource.name),
+        shm_dir=shm_dir(base),
+        started_marker=f"{resource_dir(base, resource.name)}/{STARTED_MARKER}",
+        ready_marker=ready_marker(base),
+        gpu_uuids=tuple(uuids),
+        gpu_indices=tuple(indices),
+        # One daemon-wide value; if shares ever differ, the smallest keeps every GPU within it.
+        active_thread_percentage=min(percentages),
+        pinned_mem_limits_mib=tuple(sorted(memory.items())),
+    )
+
+
+def mps_specs(plan: Plan) -> tuple[MpsDaemonSpec, ...]:
+    """One spec per resource shared with MPS, in plan order."""
+    specs = (daemon_spec(r, plan.allocate.mps_root) for r in plan.resources if r.strategy == "mps")
+    return tuple(s for s in specs if s is not None)

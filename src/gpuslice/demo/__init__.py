@@ -1,0 +1,1 @@
+"""The `gpuslice demo` scenario (seed 000) on an emulated node."""

@@ -1,0 +1,1 @@
+"""Adapters for the node host: config files, the NFD label file, /proc."""

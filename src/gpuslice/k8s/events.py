@@ -1,0 +1,106 @@
+"""Kubernetes Events on this node: why a config was rejected or what was applied.
+
+`kubectl describe node` is where operators look first; a rejected config (the old plan
+stays in force) must be visible there, not only in the pod's log. Posting is best effort:
+a failure is logged and reported as False, never raised into the agent's reload path.
+Repeats of the same event bump its count instead of creating new objects, as the
+kubelet's recorder does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Literal
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.types import PatchType
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["Normal", "Warning"]
+MESSAGE_LIMIT = 1024
+"""The API server rejects longer Event messages; longer ones are cut with an ellipsis."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class NodeEvents:
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        namespace: str = "default",
+        *,
+        component: str = "gpuslice",
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._component = component
+        self._clock = clock
+        self._node_uid: str | None = None
+        self._last: tuple[str, str, str] | None = None
+        self._last_name: str | None = None
+        self._count = 0
+
+    async def _uid(self) -> str:
+        """The Node's UID, so `kubectl describe node` lists the event; the node name when
+        the Node cannot be read (what the kubelet itself uses for node events)."""
+        if self._node_uid is None:
+            try:
+                node = await self._client.get(Node, self._node)
+                uid = node.metadata.uid if node.metadata is not None else None
+                self._node_uid = uid or self._node
+            except ApiError:
+                self._node_uid = self._node
+        return self._node_uid
+
+    async def post(self, reason: str, message: str, *, type: EventType = "Normal") -> bool:
+        """Record one event (e.g. `ConfigRejected`/Warning, `ConfigApplied`/Normal)."""
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 3] + "..."
+        now = self._clock().replace(microsecond=0)
+        key = (reason, type, message)
+        try:
+            if key == self._last and self._last_name is not None:
+                self._count += 1
+                await self._client.patch(
+                    Event,
+                    self._last_name,
+                    {"count": self._count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                    namespace=self._namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                return True
+            event = Event(
+                metadata=ObjectMeta(generateName=f"{self._node}.", namespace=self._namespace),
+                involvedObject=ObjectReference(
+                    kind="Node", apiVersion="v1", name=self._node, uid=await self._uid()
+                ),
+                reason=reason,
+                message=message,
+                type=type,
+                source=EventSource(component=self._component, host=self._node),
+                reportingComponent=self._component,
+                reportingInstance=self._node,
+                firstTimestamp=now,
+                lastTimestamp=now,
+                count=1,
+            )
+            created = await self._client.create(event)
+        except Exception as exc:
+            log.warning("event=k8s-event-failed reason=%s error=%r", reason, str(exc))
+            self._last = None
+            return False
+        self._last = key
+        self._last_name = created.metadata.name if created.metadata is not None else None
+        self._count = 1
+        return True

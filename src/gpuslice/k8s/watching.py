@@ -1,0 +1,122 @@
+"""Watching this node's config label (`nvidia.com/device-plugin.config` by default).
+
+Same semantics as NVIDIA's config-manager informer (REFERENCE §7): the initial value is
+delivered at once (unset reads as ""), later values only when they change, and a deleted
+node reads as "". Unlike an informer, errors never end the watch: any failure (API server
+down, connection cut, 410 Gone) is logged and retried with capped exponential backoff,
+re-reading the node so a change made while disconnected is not missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delays between reconnect attempts: `initial_s`, times `factor` each failure, capped
+    at `maximum_s` (seconds). Reset after a watch delivered an event."""
+
+    initial_s: float = 0.5
+    maximum_s: float = 30.0
+    factor: float = 2.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.initial_s
+        while True:
+            yield delay
+            delay = min(self.maximum_s, delay * self.factor)
+
+
+class NodeLabelWatcher:
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        label_key: str,
+        *,
+        backoff: Backoff | None = None,
+        server_timeout_s: int = 300,
+    ) -> None:
+        if not node_name:
+            raise ValueError("node_name must not be empty (set NODE_NAME)")
+        self._client = client
+        self._node = node_name
+        self._key = label_key
+        self._backoff = backoff or Backoff()
+        self._server_timeout_s = server_timeout_s
+        self.reconnects = 0
+        """Failed watch attempts so far (for logs and tests)."""
+
+    def _value(self, node: Any) -> str:
+        labels = node.metadata.labels if node.metadata is not None else None
+        return str((labels or {}).get(self._key, ""))
+
+    async def values(self) -> AsyncGenerator[str, None]:
+        """The label's value now, then each time it changes. Runs until cancelled."""
+        last: str | None = None
+        delays = self._backoff.delays()
+        while True:
+            try:
+                async with aclosing(self._one_watch()) as stream:
+                    async for value in stream:
+                        delays = self._backoff.delays()
+                        if value != last:
+                            last = value
+                            yield value
+            except ApiError as exc:
+                self.reconnects += 1
+                log.warning(
+                    "event=node-watch-failed node=%s status=%s error=%r",
+                    self._node,
+                    exc.status.code,
+                    exc.status.message,
+                )
+            except Exception as exc:
+                self.reconnects += 1
+                log.warning("event=node-watch-failed node=%s error=%r", self._node, str(exc))
+            await asyncio.sleep(next(delays))
+
+    async def _one_watch(self) -> AsyncGenerator[str, None]:
+        """Read the node, then stream its changes from that resourceVersion."""
+        try:
+            node = await self._client.get(Node, self._node)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            log.warning("event=node-not-found node=%s", self._node)
+            yield ""
+            version = None
+        else:
+            yield self._value(node)
+            version = node.metadata.resourceVersion if node.metadata is not None else None
+        events = self._client.watch(
+            Node,
+            fields={"metadata.name": self._node},
+            resource_version=version,
+            server_timeout=self._server_timeout_s,
+        )
+        try:
+            async for kind, obj in events:
+                yield "" if kind == "DELETED" else self._value(obj)
+        finally:
+            # lightkube's watch is an async generator: close its HTTP stream now, not at GC
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def feed(self, queue: asyncio.Queue[str]) -> None:
+        """Push every value into `queue` (what the agent's reload loop reads)."""
+        async with aclosing(self.values()) as stream:
+            async for value in stream:
+                queue.put_nowait(value)

@@ -1,0 +1,273 @@
+"""One device plugin server per advertised resource, kept in step with the plan and kubelet.
+
+Three things change under a running daemon and each is handled here without a restart:
+the plan (a config reload adds or removes resources: servers are started or stopped, the
+others keep serving and their streams send the new lists), the kubelet (a new kubelet
+deletes every socket in the directory and creates its own: every server is recreated and
+registered again), and our own socket file (deleted by someone: recreated and registered).
+The directory is polled (socket inode and ctime) rather than watched with inotify, which
+needs no extra dependency and behaves the same on every filesystem a kubelet dir sits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from gpuslice.kubelet.convert import register_request
+from gpuslice.kubelet.registration import Backoff, register_until_done
+from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
+from gpuslice.kubelet.servicer import DevicePluginServicer, ListingCache, existing_dev_nodes
+from gpuslice.kubelet.sockets import SocketId, socket_identity
+from gpuslice.kubelet.state import PlanState, Snapshot
+from gpuslice.kubelet.waiting import sleep_unless_stopped, unless_stopped
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerSettings:
+    register_timeout_s: float = 5.0
+    """Seconds to wait for the kubelet socket to answer and for Register (NVIDIA: 5 s)."""
+    ready_timeout_s: float = 5.0
+    """Seconds to wait for our own socket to answer before registering it (NVIDIA: 5 s)."""
+    watch_interval_s: float = 0.15
+    """How often the kubelet's and our sockets are checked for being recreated or deleted."""
+    stop_grace_s: float = 2.0
+    """Grace for in-flight calls when a server stops (streams end at once on their own)."""
+    register_backoff: Backoff = field(default_factory=Backoff)
+    """Retry delays for failed registrations."""
+    start_backoff: Backoff = field(default_factory=Backoff)
+    """Retry delays for a server that failed to start (e.g. the directory is not writable)."""
+
+
+@dataclass(slots=True)
+class _Plugin:
+    resource: str
+    socket: Path
+    listing: ListingCache
+    server: grpc.aio.Server | None = None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    identity: SocketId | None = None
+    registration: asyncio.Task[None] | None = None
+    registered_with: SocketId | None = None
+    """The kubelet socket our last successful Register went to."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to cut a registration retry's backoff short (the kubelet socket came back)."""
+    failed_starts: int = 0
+    retry_at: float = 0.0
+
+
+class DevicePluginManager:
+    def __init__(
+        self,
+        state: PlanState,
+        *,
+        plugin_dir: Path,
+        kubelet_socket: Path | None,
+        logger: logging.Logger | None = None,
+        dev_nodes_probe: Callable[[], frozenset[str]] | None = None,
+        settings: ManagerSettings | None = None,
+    ) -> None:
+        self._state = state
+        self._dir = plugin_dir
+        self._kubelet_socket = kubelet_socket
+        self._log = logger or logging.getLogger("gpuslice.kubelet")
+        self._dev_nodes_probe = dev_nodes_probe or existing_dev_nodes
+        self._settings = settings or ManagerSettings()
+        self._plugins: dict[str, _Plugin] = {}
+        self._kubelet_id: SocketId | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def serving(self) -> dict[str, Path]:
+        """Resource name -> socket path of every server now running."""
+        return {n: p.socket for n, p in self._plugins.items() if p.server is not None}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; then end streams, stop servers and remove sockets."""
+        try:
+            if self._kubelet_socket is not None:
+                self._kubelet_id = socket_identity(self._kubelet_socket)
+            snapshot = self._state.current
+            async with self._lock:
+                await self._reconcile(snapshot)
+            if not self._plugins:
+                self._log.info("event=no-devices message='No devices found. Waiting.'")
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._follow_plan(stop, snapshot.version), name="dp-follow-plan")
+                tg.create_task(self._watch_sockets(stop), name="dp-watch-sockets")
+        finally:
+            async with self._lock:
+                for name in list(self._plugins):
+                    await self._remove(name)
+
+    # -- plan ------------------------------------------------------------------------------
+
+    async def _follow_plan(self, stop: asyncio.Event, version: int) -> None:
+        while True:
+            snapshot = await unless_stopped(stop, self._state.wait_newer(version))
+            if snapshot is None:
+                return
+            version = snapshot.version
+            async with self._lock:
+                await self._reconcile(snapshot)
+
+    async def _reconcile(self, snapshot: Snapshot) -> None:
+        wanted = {r.name: r for r in snapshot.plan.resources if r.devices}
+        for name in [n for n in self._plugins if n not in wanted]:
+            self._log.info("event=resource-removed resource=%s", name)
+            await self._remove(name)
+        for name, resource in wanted.items():
+            if name in self._plugins:
+                continue
+            plugin = _Plugin(name, self._dir / resource.socket_name, ListingCache(name))
+            self._plugins[name] = plugin
+            self._log.info(
+                "event=resource-added resource=%s devices=%d socket=%s",
+                name,
+                len(resource.devices),
+                resource.socket_name,
+            )
+            await self._start(plugin)
+
+    # -- sockets ---------------------------------------------------------------------------
+
+    async def _watch_sockets(self, stop: asyncio.Event) -> None:
+        """Converge every tick: each plugin serving on its own socket, registered with the
+        kubelet socket that exists now. Level-triggered, so a change seen in any order (our
+        socket deleted first, the kubelet's socket recreated later, or both between two
+        ticks) ends in exactly one registration with the new kubelet.
+        """
+        while not await sleep_unless_stopped(stop, self._settings.watch_interval_s):
+            async with self._lock:
+                await self._check_sockets()
+
+    async def _check_sockets(self) -> None:
+        now = asyncio.get_running_loop().time()
+        kubelet_id = self._kubelet_now()
+        for plugin in self._plugins.values():
+            if plugin.server is None:
+                if now >= plugin.retry_at:
+                    await self._start(plugin)
+            elif socket_identity(plugin.socket) != plugin.identity:
+                self._log.warning(
+                    "event=socket-lost resource=%s socket=%s action=recreate",
+                    plugin.resource,
+                    plugin.socket.name,
+                )
+                await self._stop_server(plugin)
+                await self._start(plugin)
+            elif kubelet_id is not None and plugin.registered_with != kubelet_id:
+                if plugin.registration is None or plugin.registration.done():
+                    self._register(plugin)
+                else:
+                    plugin.wake.set()
+
+    def _kubelet_now(self) -> SocketId | None:
+        """The kubelet socket's identity; logs once per new kubelet socket."""
+        if self._kubelet_socket is None:
+            return None
+        current = socket_identity(self._kubelet_socket)
+        previous, self._kubelet_id = self._kubelet_id, current
+        if current is not None and current != previous:
+            self._log.info(
+                "event=kubelet-socket-created socket=%s action=register-again",
+                self._kubelet_socket,
+            )
+        return current
+
+    # -- one plugin ------------------------------------------------------------------------
+
+    async def _start(self, plugin: _Plugin) -> None:
+        """Serve `plugin` on a fresh socket, then register it. Never raises."""
+        try:
+            await self._start_server(plugin)
+        except Exception as exc:
+            plugin.failed_starts += 1
+            delay = self._settings.start_backoff.delay(plugin.failed_starts)
+            plugin.retry_at = asyncio.get_running_loop().time() + delay
+            self._log.error(
+                "event=serve-failed resource=%s socket=%s retry_in_s=%.1f error=%r",
+                plugin.resource,
+                plugin.socket,
+                delay,
+                str(exc),
+            )
+            await self._stop_server(plugin)
+            return
+        plugin.failed_starts = 0
+        self._log.info("event=serving resource=%s socket=%s", plugin.resource, plugin.socket)
+        self._register(plugin)
+
+    async def _start_server(self, plugin: _Plugin) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            plugin.socket.unlink()
+        plugin.stopping = asyncio.Event()
+        servicer = DevicePluginServicer(
+            self._state,
+            plugin.resource,
+            listing=plugin.listing,
+            stopping=plugin.stopping,
+            logger=self._log,
+            dev_nodes_probe=self._dev_nodes_probe,
+        )
+        server = grpc.aio.server()
+        plugin.server = server
+        server.add_generic_rpc_handlers((device_plugin_handler(servicer),))
+        server.add_insecure_port(unix_target(str(plugin.socket)))
+        await server.start()
+        plugin.identity = socket_identity(plugin.socket)
+        async with grpc.aio.insecure_channel(unix_target(str(plugin.socket))) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), self._settings.ready_timeout_s)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"own socket did not answer within {self._settings.ready_timeout_s:g}s"
+                ) from None
+
+    def _register(self, plugin: _Plugin) -> None:
+        if self._kubelet_socket is None:
+            return
+        if plugin.registration is not None:
+            plugin.registration.cancel()
+        plugin.registered_with = None
+        plugin.registration = asyncio.create_task(
+            self._registration(plugin, self._kubelet_socket),
+            name=f"dp-register-{plugin.resource}",
+        )
+
+    async def _registration(self, plugin: _Plugin, kubelet_socket: Path) -> None:
+        plugin.registered_with = await register_until_done(
+            kubelet_socket,
+            register_request(plugin.resource, plugin.socket.name),
+            timeout_s=self._settings.register_timeout_s,
+            backoff=self._settings.register_backoff,
+            logger=self._log,
+            wake=plugin.wake,
+        )
+
+    async def _stop_server(self, plugin: _Plugin) -> None:
+        task, plugin.registration = plugin.registration, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        plugin.stopping.set()
+        server, plugin.server = plugin.server, None
+        if server is not None:
+            await server.stop(self._settings.stop_grace_s)
+        if plugin.identity is not None and socket_identity(plugin.socket) == plugin.identity:
+            with contextlib.suppress(FileNotFoundError):
+                plugin.socket.unlink()
+        plugin.identity = None
+        plugin.registered_with = None
+
+    async def _remove(self, name: str) -> None:
+        plugin = self._plugins.pop(name)
+        await self._stop_server(plugin)
+        self._log.info("event=stopped resource=%s socket=%s", name, plugin.socket.name)

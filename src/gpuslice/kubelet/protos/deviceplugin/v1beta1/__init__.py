@@ -1,0 +1,1 @@
+"""Generated protobuf modules for the kubelet APIs (see scripts/gen-protos)."""

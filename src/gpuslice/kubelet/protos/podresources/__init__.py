@@ -1,0 +1,1 @@
+"""PodResources API (kubelet `pod-resources/kubelet.sock`)."""

@@ -1,0 +1,1 @@
+"""PodResources API v1 messages (generated `api_pb2`)."""

@@ -1,0 +1,181 @@
+"""The DevicePlugin service for one advertised resource.
+
+It holds no devices of its own: every call reads the current `Snapshot`, so a config
+reload or a health change is visible to the next Allocate and to every open ListAndWatch
+stream without restarting the server.
+
+Error codes: an `AllocationError` (bad request: unknown ID, too many shared devices, not
+enough devices to prefer) is returned as `UNKNOWN` with the core's message. That is the
+code NVIDIA's plugin produces (it returns a plain Go error), so the kubelet's event reads
+exactly as before: "Allocate failed due to rpc error: code = Unknown desc = invalid
+allocation request for ...", and existing alerts and runbooks keep matching. Anything else
+is our bug: it is logged with its traceback and returned as `INTERNAL`, and the server keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from uuid import uuid4
+
+import grpc
+
+from gpuslice.core.allocation.preferred import preferred_allocation
+from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_allocation
+from gpuslice.core.errors import AllocationError
+from gpuslice.kubelet.convert import allocation_to_proto, device_list, plugin_options
+from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.kubelet.state import PlanState, Snapshot
+from gpuslice.kubelet.waiting import unless_stopped
+
+
+def existing_dev_nodes() -> frozenset[str]:
+    """The optional control nodes present in our container: only those become device specs."""
+    return frozenset(p for p in CONTROL_DEVICE_NODES if os.path.exists(p))
+
+
+class ListingCache:
+    """One encoded device list per (resource, plan version), shared by every stream."""
+
+    def __init__(self, resource_name: str) -> None:
+        self._resource_name = resource_name
+        self._version = -1
+        self._payload: bytes | None = None
+
+    def payload(self, snapshot: Snapshot) -> bytes | None:
+        """The serialized ListAndWatchResponse, or None if the resource is not in the plan."""
+        if snapshot.version != self._version:
+            resource = snapshot.plan.resource(self._resource_name)
+            self._payload = (
+                None
+                if resource is None
+                else device_list(resource, snapshot.unhealthy).SerializeToString()
+            )
+            self._version = snapshot.version
+        return self._payload
+
+
+class DevicePluginServicer:
+    """Answers the kubelet for one resource; `stopping` ends its ListAndWatch streams."""
+
+    def __init__(
+        self,
+        state: PlanState,
+        resource_name: str,
+        *,
+        listing: ListingCache,
+        stopping: asyncio.Event,
+        logger: logging.Logger,
+        dev_nodes_probe: Callable[[], frozenset[str]] = existing_dev_nodes,
+    ) -> None:
+        self._state = state
+        self._name = resource_name
+        self._listing = listing
+        self._stopping = stopping
+        self._log = logger
+        self._dev_nodes_probe = dev_nodes_probe
+
+    async def get_device_plugin_options(
+        self, request: api.Empty, context: grpc.aio.ServicerContext
+    ) -> api.DevicePluginOptions:
+        return plugin_options()
+
+    async def list_and_watch(
+        self, request: api.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        self._log.info("event=list-and-watch-open resource=%s", self._name)
+        snapshot = self._state.current
+        sent: bytes | None = None
+        try:
+            while True:
+                payload = self._listing.payload(snapshot)
+                if payload is None:
+                    return
+                if payload != sent:
+                    yield payload
+                    sent = payload
+                newer = await unless_stopped(
+                    self._stopping, self._state.wait_newer(snapshot.version)
+                )
+                if newer is None:
+                    return
+                snapshot = newer
+        finally:
+            self._log.info("event=list-and-watch-closed resource=%s", self._name)
+
+    async def get_preferred_allocation(
+        self, request: api.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> api.PreferredAllocationResponse:
+        snapshot = self._state.current
+        resource = snapshot.plan.resource(self._name)
+        if resource is None:
+            await context.abort(grpc.StatusCode.UNKNOWN, self._gone())
+        assert resource is not None
+        error: tuple[grpc.StatusCode, str] | None = None
+        responses: list[api.ContainerPreferredAllocationResponse] = []
+        try:
+            for req in request.container_requests:
+                ids = preferred_allocation(
+                    resource,
+                    list(req.available_deviceIDs),
+                    list(req.must_include_deviceIDs),
+                    req.allocation_size,
+                    policy=snapshot.plan.allocate.allocation_policy,
+                    inventory=snapshot.inventory,
+                )
+                responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=list(ids)))
+        except AllocationError as exc:
+            self._log.warning(
+                "event=preferred-allocation-refused resource=%s error=%r", self._name, str(exc)
+            )
+            error = (grpc.StatusCode.UNKNOWN, str(exc))
+        except Exception as exc:
+            self._log.exception("event=preferred-allocation-failed resource=%s", self._name)
+            error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
+        if error is not None:
+            await context.abort(*error)
+        return api.PreferredAllocationResponse(container_responses=responses)
+
+    async def allocate(
+        self, request: api.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> api.AllocateResponse:
+        snapshot = self._state.current
+        resource = snapshot.plan.resource(self._name)
+        if resource is None:
+            await context.abort(grpc.StatusCode.UNKNOWN, self._gone())
+        assert resource is not None
+        error: tuple[grpc.StatusCode, str] | None = None
+        responses: list[api.ContainerAllocateResponse] = []
+        try:
+            dev_nodes = self._dev_nodes_probe()
+            for req in request.container_requests:
+                alloc = build_allocation(
+                    resource,
+                    snapshot.plan.allocate,
+                    list(req.devices_ids),
+                    annotation_id=str(uuid4()),
+                    dev_nodes=dev_nodes,
+                )
+                responses.append(allocation_to_proto(alloc))
+        except AllocationError as exc:
+            self._log.warning("event=allocate-refused resource=%s error=%r", self._name, str(exc))
+            error = (grpc.StatusCode.UNKNOWN, str(exc))
+        except Exception as exc:
+            self._log.exception("event=allocate-failed resource=%s", self._name)
+            error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
+        if error is not None:
+            await context.abort(*error)
+        ids = ",".join(i for r in request.container_requests for i in r.devices_ids)
+        self._log.info("event=allocated resource=%s devices=%s", self._name, ids)
+        return api.AllocateResponse(container_responses=responses)
+
+    async def pre_start_container(
+        self, request: api.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> api.PreStartContainerResponse:
+        return api.PreStartContainerResponse()
+
+    def _gone(self) -> str:
+        return f'resource "{self._name}" is no longer advertised by this node'

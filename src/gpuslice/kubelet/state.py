@@ -1,0 +1,63 @@
+"""The plan in force, as a versioned snapshot that servers and streams wait on.
+
+The agent is the only writer (`publish`); the device plugin servers only read. Every change
+bumps the version, so a ListAndWatch stream can tell "nothing new for me" from "resend" by
+comparing versions, and the work of building a device list is done once per version rather
+than once per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+from gpuslice.core.devices import Inventory
+from gpuslice.core.sharing.model import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    version: int
+    plan: Plan
+    inventory: Inventory
+    unhealthy: frozenset[str] = frozenset()
+    """Physical UUIDs (GPU or MIG) currently unhealthy."""
+
+
+class PlanState:
+    """Holds the current `Snapshot` and wakes everyone waiting for a newer one."""
+
+    def __init__(self, plan: Plan, inventory: Inventory) -> None:
+        self._current = Snapshot(version=1, plan=plan, inventory=inventory)
+        self._changed = asyncio.Event()
+
+    @property
+    def current(self) -> Snapshot:
+        return self._current
+
+    def publish(
+        self,
+        *,
+        plan: Plan | None = None,
+        inventory: Inventory | None = None,
+        unhealthy: frozenset[str] | None = None,
+    ) -> Snapshot:
+        """Replace the given parts; the others are kept. Always bumps the version."""
+        old = self._current
+        self._current = replace(
+            old,
+            version=old.version + 1,
+            plan=old.plan if plan is None else plan,
+            inventory=old.inventory if inventory is None else inventory,
+            unhealthy=old.unhealthy if unhealthy is None else unhealthy,
+        )
+        # One event per version: waiters hold the old one, which stays set forever.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        return self._current
+
+    async def wait_newer(self, version: int) -> Snapshot:
+        """Return the current snapshot as soon as its version is above `version`."""
+        while self._current.version <= version:
+            await self._changed.wait()
+        return self._current

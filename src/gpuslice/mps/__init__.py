@@ -1,0 +1,21 @@
+"""Adapter: starting, configuring, watching and restarting `nvidia-cuda-mps-control`."""
+
+from gpuslice.mps.compute_mode import ComputeMode, ComputeModeSetter, NvidiaSmiComputeMode
+from gpuslice.mps.control import ControlProgram, MpsControl, MpsControlFactory
+from gpuslice.mps.manager import MpsDaemonManager, MpsTimings
+from gpuslice.mps.process import MpsError
+from gpuslice.mps.readiness import Readiness, ReadinessListener
+
+__all__ = [
+    "ComputeMode",
+    "ComputeModeSetter",
+    "ControlProgram",
+    "MpsControl",
+    "MpsControlFactory",
+    "MpsDaemonManager",
+    "MpsError",
+    "MpsTimings",
+    "NvidiaSmiComputeMode",
+    "Readiness",
+    "ReadinessListener",
+]

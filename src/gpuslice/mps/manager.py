@@ -1,0 +1,335 @@
+"""Keeping one MPS control daemon running per MPS resource, configured as the plan says.
+
+Each daemon gets its own supervisor task: prepare directories, start the daemon, send the
+limits (a running daemon forgets them on quit, so they are sent after every start), then
+ask it every few seconds whether it answers. A daemon that died or hangs is killed and
+started again, and its resource is reported not ready meanwhile so the plugin can take its
+replicas out of service. `<root>/.ready` exists only while every daemon answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuslice.core.devices import GpuUuid
+from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.mps.compute_mode import ComputeModeSetter
+from gpuslice.mps.control import MpsControl, MpsControlFactory
+from gpuslice.mps.process import MpsError
+from gpuslice.mps.readiness import Readiness, ReadinessListener
+
+HEALTH_COMMAND = "get_default_active_thread_percentage"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsTimings:
+    health_interval_s: float = 5.0
+    """Seconds between health commands to each daemon."""
+    start_timeout_s: float = 10.0
+    """How long a freshly started daemon may take before it answers (seconds)."""
+    start_poll_s: float = 0.1
+    """Pause between health commands while waiting for a fresh daemon (seconds)."""
+    retry_interval_s: float = 30.0
+    """Pause after a failed start before the next attempt; NVIDIA's is 30 s."""
+
+
+@dataclass(slots=True)
+class _Daemon:
+    spec: MpsDaemonSpec
+    control: MpsControl
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    exclusive: list[GpuUuid] = field(default_factory=list)
+    """GPUs whose compute mode this supervisor set, to be reset to DEFAULT on stop."""
+
+
+class MpsDaemonManager:
+    def __init__(
+        self,
+        specs: Iterable[MpsDaemonSpec],
+        control_factory: MpsControlFactory,
+        *,
+        compute_mode: ComputeModeSetter | None = None,
+        timings: MpsTimings | None = None,
+        logger: logging.Logger | None = None,
+        on_readiness: ReadinessListener | None = None,
+    ) -> None:
+        self._specs = _unique(specs)
+        self._factory = control_factory
+        self._compute_mode = compute_mode
+        self._timings = timings or MpsTimings()
+        self._log = logger or logging.getLogger("gpuslice.mps")
+        self._readiness = Readiness()
+        # First listener: markers are current before anyone else hears of a change.
+        self._readiness.add_listener(lambda _resource, _ready: self._update_markers())
+        if on_readiness is not None:
+            self._readiness.add_listener(on_readiness)
+        self._daemons: dict[str, _Daemon] = {}
+        self._group: asyncio.TaskGroup | None = None
+        self._lock = asyncio.Lock()
+        self._markers: set[Path] = set()
+        self._problems: list[str] = []
+
+    # -- readiness, for the agent ---------------------------------------------------------
+
+    def ready(self, resource: str) -> bool:
+        """True while the resource's daemon runs with its limits applied and answers."""
+        return self._readiness.ready(resource)
+
+    def readiness(self) -> dict[str, bool]:
+        return self._readiness.snapshot()
+
+    @property
+    def version(self) -> int:
+        return self._readiness.version
+
+    async def wait_changed(self, version: int) -> int:
+        """Wait until readiness changed after `version` (from `version`); the new version."""
+        return await self._readiness.wait_changed(version)
+
+    def add_listener(self, listener: ReadinessListener) -> None:
+        self._readiness.add_listener(listener)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Problems worth telling the user about (compute mode not set, failed starts)."""
+        return tuple(self._problems)
+
+    @property
+    def specs(self) -> tuple[MpsDaemonSpec, ...]:
+        return self._specs
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Supervise the daemons until `stop` is set, then quit them and clean up."""
+        if self._group is not None:
+            raise RuntimeError("MpsDaemonManager.run is already running")
+        try:
+            async with asyncio.TaskGroup() as group:
+                async with self._lock:
+                    self._group = group
+                    for spec in self._specs:
+                        self._launch(spec)
+                await stop.wait()
+                async with self._lock:
+                    self._group = None
+                    for daemon in self._daemons.values():
+                        daemon.stop.set()
+        finally:
+            self._group = None
+            self._daemons.clear()
+            self._update_markers()
+
+    async def reconfigure(self, specs: Iterable[MpsDaemonSpec]) -> None:
+        """Apply a new set of daemons: stop removed or changed ones, then start the new ones.
+
+        A changed spec (other GPUs or limits) means a restart: a running MPS server does not
+        pick up new defaults. Returns once the old daemons are stopped and the new ones are
+        starting; follow readiness to know when they answer.
+        """
+        wanted = _unique(specs)
+        async with self._lock:
+            self._specs = wanted
+            if self._group is None:
+                return
+            by_name: dict[str, MpsDaemonSpec] = {s.resource: s for s in wanted}
+            outdated = [d for r, d in self._daemons.items() if by_name.get(r) != d.spec]
+            for daemon in outdated:
+                daemon.stop.set()
+            for daemon in outdated:
+                if daemon.task is not None:
+                    await daemon.task
+                del self._daemons[daemon.spec.resource]
+            for spec in wanted:
+                if spec.resource not in self._daemons:
+                    self._launch(spec)
+            self._update_markers()
+
+    def _launch(self, spec: MpsDaemonSpec) -> None:
+        assert self._group is not None
+        daemon = _Daemon(spec, self._factory(spec))
+        self._daemons[spec.resource] = daemon
+        self._readiness.set(spec.resource, False)
+        daemon.task = self._group.create_task(
+            self._supervise(daemon), name=f"mps-daemon {spec.resource}"
+        )
+
+    # -- one daemon --------------------------------------------------------------------------
+
+    async def _supervise(self, daemon: _Daemon) -> None:
+        try:
+            await self._set_exclusive(daemon)
+            while not daemon.stop.is_set():
+                if not await self._start(daemon):
+                    await _pause(daemon.stop, self._timings.retry_interval_s)
+                    continue
+                problem = await self._watch(daemon)
+                if problem is None:
+                    break
+                self._mark(daemon.spec, False)
+                self._log.warning(
+                    "MPS daemon for %s is down (%s); restarting it", daemon.spec.resource, problem
+                )
+        finally:
+            await self._shutdown(daemon)
+
+    async def _set_exclusive(self, daemon: _Daemon) -> None:
+        if self._compute_mode is None:
+            return
+        for uuid in daemon.spec.gpu_uuids:
+            try:
+                await self._compute_mode.set_mode(uuid, "EXCLUSIVE_PROCESS")
+            except MpsError as exc:
+                self._report(
+                    f"could not set compute mode of {uuid} to EXCLUSIVE_PROCESS: {exc}; MPS "
+                    "works without it but another non-MPS process could then use the GPU"
+                )
+            else:
+                daemon.exclusive.append(uuid)
+
+    async def _start(self, daemon: _Daemon) -> bool:
+        """Start the daemon and apply its limits; False (reported) when any step failed."""
+        spec = daemon.spec
+        try:
+            _make_dirs(spec)
+            # A daemon left by an earlier run would keep stale limits and block `-d`.
+            await daemon.control.terminate()
+            await daemon.control.start_daemon()
+            await self._wait_answering(daemon)
+            for command in spec.commands:
+                await daemon.control.send(command)
+            _touch(spec.started_marker)
+        except (MpsError, OSError) as exc:
+            self._report(
+                f"MPS daemon for {spec.resource} failed to start: {exc}; "
+                f"retrying in {self._timings.retry_interval_s:g} s"
+            )
+            await _quietly(daemon.control.terminate())
+            return False
+        self._log.info(
+            "MPS daemon for %s started on %s with %s",
+            spec.resource,
+            ", ".join(spec.gpu_uuids),
+            "; ".join(spec.commands),
+        )
+        self._mark(spec, True)
+        return True
+
+    async def _wait_answering(self, daemon: _Daemon) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timings.start_timeout_s
+        while True:
+            problem = await self._check(daemon.control)
+            if problem is None:
+                return
+            if loop.time() >= deadline:
+                raise MpsError(f"no answer within {self._timings.start_timeout_s:g} s: {problem}")
+            await asyncio.sleep(self._timings.start_poll_s)
+
+    async def _watch(self, daemon: _Daemon) -> str | None:
+        """Health-check until stopped (None) or the daemon fails (what went wrong)."""
+        while not await _pause(daemon.stop, self._timings.health_interval_s):
+            problem = await self._check(daemon.control)
+            if problem is not None:
+                return problem
+        return None
+
+    @staticmethod
+    async def _check(control: MpsControl) -> str | None:
+        try:
+            answer = await control.send(HEALTH_COMMAND)
+        except MpsError as exc:
+            return str(exc)
+        try:
+            float(answer.strip())
+        except ValueError:
+            return f"`{HEALTH_COMMAND}` answered {answer!r}, not a number"
+        return None
+
+    async def _shutdown(self, daemon: _Daemon) -> None:
+        spec = daemon.spec
+        self._mark(spec, False)
+        await _quietly(daemon.control.terminate())
+        if self._compute_mode is not None:
+            for uuid in daemon.exclusive:
+                try:
+                    await self._compute_mode.set_mode(uuid, "DEFAULT")
+                except MpsError as exc:
+                    self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
+        daemon.exclusive.clear()
+        self._readiness.forget(spec.resource)
+        self._log.info("MPS daemon for %s stopped", spec.resource)
+
+    # -- markers and reports -----------------------------------------------------------------
+
+    def _mark(self, spec: MpsDaemonSpec, ready: bool) -> None:
+        started = Path(spec.started_marker)
+        try:
+            if not ready:
+                started.unlink(missing_ok=True)
+        except OSError as exc:
+            self._report(f"could not remove {started}: {exc}")
+        self._readiness.set(spec.resource, ready)
+
+    def _update_markers(self) -> None:
+        """`<root>/.ready` for each root whose daemons all answer; removed everywhere else."""
+        wanted: dict[Path, bool] = {}
+        for daemon in self._daemons.values():
+            marker = Path(daemon.spec.ready_marker)
+            wanted[marker] = wanted.get(marker, True) and self._readiness.ready(
+                daemon.spec.resource
+            )
+        for marker in self._markers | set(wanted):
+            try:
+                if wanted.get(marker, False):
+                    marker.touch()
+                else:
+                    marker.unlink(missing_ok=True)
+            except OSError as exc:
+                self._report(f"could not update {marker}: {exc}")
+        self._markers = {m for m, ready in wanted.items() if ready}
+
+    def _report(self, problem: str) -> None:
+        self._log.warning("%s", problem)
+        self._problems.append(problem)
+        del self._problems[:-50]
+
+
+def _make_dirs(spec: MpsDaemonSpec) -> None:
+    pipe = Path(spec.pipe_dir)
+    pipe.mkdir(parents=True, exist_ok=True)
+    pipe.chmod(0o755)  # clients in containers run as other users; the umask must not narrow it
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    Path(spec.shm_dir).mkdir(parents=True, exist_ok=True)
+
+
+def _touch(path: str) -> None:
+    Path(path).touch()
+
+
+def _unique(specs: Iterable[MpsDaemonSpec]) -> tuple[MpsDaemonSpec, ...]:
+    out = tuple(specs)
+    names = [s.resource for s in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"more than one MPS daemon spec for {', '.join(dupes)}")
+    return out
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to `seconds`; True when `stop` was set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+async def _quietly(step: Awaitable[None]) -> None:
+    """Await a best-effort cleanup step; its failure is already visible as a dead daemon."""
+    with contextlib.suppress(MpsError, OSError):
+        await step

@@ -1,0 +1,550 @@
+"""A Kubernetes API server double over real HTTP, for tests and the demo.
+
+The k8s adapter is tested through lightkube's real HTTP client against this server (no
+mocked client): it serves the few endpoints gpuslice uses with the API's real shapes,
+resource versions and streaming watch semantics (initial ADDED events, replay from a
+resourceVersion, `410 Gone` for a compacted version, server-side timeouts).
+
+Served:
+* `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch);
+* `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
+* `POST/GET /api/v1/namespaces/<ns>/events`, `PATCH .../events/<name>`.
+
+Label selectors are not implemented (gpuslice does not use them): requests carrying one are
+answered `400`, so a test cannot silently pass on an unfiltered answer.
+
+It runs in its own thread (`ThreadingHTTPServer`), so it works from sync and async tests
+alike and never adds tasks to the test's event loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+
+Json = dict[str, Any]
+
+HISTORY_LIMIT = 1000
+"""Watch events kept for replay; older resourceVersions get `410 Gone`, as after etcd
+compaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    rv: int
+    type: str
+    obj: Json
+
+
+class FakeApiServer:
+    """Holds nodes and events; test helpers change them as a controller or a user would."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._cond = threading.Condition()
+        self._rv = itertools.count(1)
+        self._last_rv = 0
+        self._nodes: dict[str, Json] = {}
+        self._events: dict[tuple[str, str], Json] = {}
+        self._history: list[_Change] = []
+        self._closing = False
+        self._watch_generation = 0
+        self._fail_next: list[int] = []
+        self._sockets: set[socket.socket] = set()
+        self.requests: list[RecordedRequest] = []
+        self.watches_started = 0
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        server = _QuietServer((self._host, 0), _handler_for(self))
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            open_sockets = list(self._sockets)
+        for sock in open_sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the server first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def kubeconfig(self, namespace: str = "default") -> Json:
+        """A kubeconfig document pointing at this server (plain HTTP, a dummy token)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [
+                {
+                    "name": "fake",
+                    "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
+                }
+            ],
+            "current-context": "fake",
+        }
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        path.write_text(yaml.safe_dump(self.kubeconfig(namespace)), encoding="utf-8")
+        return path
+
+    # -- test controls -------------------------------------------------------------------
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> Json:
+        with self._cond:
+            node: Json = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "uid": f"node-{secrets.token_hex(8)}",
+                    "labels": dict(labels or {}),
+                    "annotations": {},
+                    "creationTimestamp": _now(),
+                },
+                "spec": {},
+                "status": {},
+            }
+            self._nodes[name] = node
+            self._record("ADDED", node)
+            return copy.deepcopy(node)
+
+    def set_node_label(self, node: str, key: str, value: str | None) -> None:
+        """Set (or with None remove) one label, emitting a MODIFIED watch event."""
+        with self._cond:
+            labels = self._nodes[node]["metadata"].setdefault("labels", {})
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+            self._record("MODIFIED", self._nodes[node])
+
+    def delete_node(self, name: str) -> None:
+        with self._cond:
+            node = self._nodes.pop(name)
+            self._record("DELETED", node)
+
+    def node(self, name: str) -> Json:
+        with self._cond:
+            return copy.deepcopy(self._nodes[name])
+
+    def events(self, namespace: str | None = None) -> list[Json]:
+        with self._cond:
+            return [
+                copy.deepcopy(e)
+                for (ns, _), e in self._events.items()
+                if namespace is None or ns == namespace
+            ]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+        """Block until `predicate()` holds (re-checked on every change) or the timeout."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout=timeout_s)
+
+    def break_watches(self) -> None:
+        """Cut every open watch stream mid-stream, as a network failure or an API server
+        restart would: clients see a protocol error, not a clean end."""
+        with self._cond:
+            self._watch_generation += 1
+            self._cond.notify_all()
+
+    def fail_next_requests(self, count: int, status: int = 503) -> None:
+        """Answer the next `count` requests with `status` (an overloaded API server)."""
+        with self._cond:
+            self._fail_next.extend([status] * count)
+
+    def compact(self) -> None:
+        """Forget watch history, so a watch from an old resourceVersion gets 410 Gone."""
+        with self._cond:
+            self._history.clear()
+
+    # -- state (call with the lock held) --------------------------------------------------
+
+    def _record(self, kind: str, obj: Json) -> None:
+        rv = next(self._rv)
+        self._last_rv = rv
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self._history.append(_Change(rv, kind, copy.deepcopy(obj)))
+        del self._history[:-HISTORY_LIMIT]
+        self._cond.notify_all()
+
+    def _bump(self, obj: Json) -> None:
+        rv = next(self._rv)
+        self._last_rv = rv
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self._cond.notify_all()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> Json:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (null deletes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def json_patch(target: Json, ops: list[Json]) -> Json:
+    """RFC 6902 add/replace/remove on object members (what label patches use)."""
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = [
+            unquote(p).replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+        ]
+        parent: Any = doc
+        for part in parts[:-1]:
+            parent = parent.setdefault(part, {})
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            parent[last] = op["value"]
+        elif op["op"] == "remove":
+            if last not in parent:
+                raise KeyError(op["path"])
+            del parent[last]
+        else:
+            raise ValueError(f"unsupported JSON patch op {op['op']!r}")
+    return doc
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients hanging up mid-stream (cancelled watches) are normal here, not errors."""
+
+
+def _watch_wakeup(
+    api: FakeApiServer, generation: int, position: int, deadline: float | None
+) -> Callable[[], bool]:
+    def ready() -> bool:
+        return (
+            api._closing
+            or api._watch_generation != generation
+            or api._last_rv > position
+            or (deadline is not None and time.monotonic() >= deadline)
+        )
+
+    return ready
+
+
+def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(_Handler):
+        server_state = api
+
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_state: FakeApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: test output stays readable; `FakeApiServer.requests` records requests."""
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server_state._cond:
+            self.server_state._sockets.add(self.connection)
+
+    def finish(self) -> None:
+        with suppress(OSError):
+            super().finish()
+        with self.server_state._cond:
+            self.server_state._sockets.discard(self.connection)
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        api = self.server_state
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        body = self._read_body()
+        with api._cond:
+            api.requests.append(
+                RecordedRequest(method, url.path, query, self.headers.get("Content-Type", ""))
+            )
+            failure = api._fail_next.pop(0) if api._fail_next else None
+        if failure is not None:
+            self._send(failure, _status(failure, "ServiceUnavailable", "injected failure"))
+            return
+        parts = [p for p in url.path.split("/") if p]
+        try:
+            self._route(method, parts, query, body)
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+            self._send(400, _status(400, "BadRequest", f"bad request: {exc}"))
+
+    def _route(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> None:
+        if parts[:3] == ["api", "v1", "nodes"]:
+            if len(parts) == 3 and method == "GET":
+                if query.get("labelSelector"):
+                    self._send(400, _status(400, "BadRequest", "labelSelector not supported"))
+                elif query.get("watch") in ("true", "1"):
+                    self._watch_nodes(query)
+                else:
+                    self._list_nodes(query)
+                return
+            if len(parts) == 4:
+                self._one_node(method, parts[3], body)
+                return
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "events":
+            self._events(method, parts[3], parts[5] if len(parts) > 5 else None, body)
+            return
+        self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    def _one_node(self, method: str, name: str, body: bytes) -> None:
+        api = self.server_state
+        with api._cond:
+            node = api._nodes.get(name)
+            if node is None:
+                self._send(404, _status(404, "NotFound", f'nodes "{name}" not found'))
+                return
+            if method == "GET":
+                self._send(200, node)
+                return
+            if method != "PATCH":
+                self._send(405, _status(405, "MethodNotAllowed", method))
+                return
+            patched = self._apply_patch(node, body)
+            patched["metadata"]["name"] = name
+            patched["metadata"]["uid"] = node["metadata"]["uid"]
+            api._nodes[name] = patched
+            api._record("MODIFIED", patched)
+            self._send(200, patched)
+
+    def _apply_patch(self, obj: Json, body: bytes) -> Json:
+        ctype = self.headers.get("Content-Type", "")
+        patch = json.loads(body or b"null")
+        if ctype.startswith("application/json-patch+json"):
+            return json_patch(obj, patch)
+        if ctype.startswith(
+            ("application/merge-patch+json", "application/strategic-merge-patch+json")
+        ):
+            merged: Json = merge_patch(obj, patch)
+            return merged
+        raise ValueError(f"unsupported patch content type {ctype!r}")
+
+    def _selected(self, query: dict[str, str]) -> Callable[[Json], bool]:
+        selector = query.get("fieldSelector", "")
+        if not selector:
+            return lambda _obj: True
+        key, _, value = selector.replace("==", "=").partition("=")
+        if key != "metadata.name" or "," in selector:
+            raise ValueError(f"field selector {selector!r} not supported")
+        return lambda obj: bool(obj["metadata"]["name"] == value)
+
+    def _list_nodes(self, query: dict[str, str]) -> None:
+        api = self.server_state
+        wanted = self._selected(query)
+        with api._cond:
+            items = [n for n in api._nodes.values() if wanted(n)]
+            self._send(
+                200,
+                {
+                    "apiVersion": "v1",
+                    "kind": "NodeList",
+                    "metadata": {"resourceVersion": str(api._last_rv)},
+                    "items": items,
+                },
+            )
+
+    def _watch_nodes(self, query: dict[str, str]) -> None:
+        api = self.server_state
+        wanted = self._selected(query)
+        since = query.get("resourceVersion", "")
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with api._cond:
+            api.watches_started += 1
+            generation = api._watch_generation
+            pending: list[tuple[str, Json]]
+            if since in ("", "0"):
+                pending = [("ADDED", copy.deepcopy(n)) for n in api._nodes.values() if wanted(n)]
+                position = api._last_rv
+            else:
+                start = int(since)
+                oldest = api._history[0].rv if api._history else api._last_rv + 1
+                if start < oldest - 1 and start < api._last_rv:
+                    pending = [
+                        ("ERROR", _status(410, "Expired", f"too old resource version: {start}"))
+                    ]
+                    position = api._last_rv
+                else:
+                    pending = []
+                    position = start
+            api._cond.notify_all()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for kind, obj in pending:
+            self._chunk({"type": kind, "object": obj})
+        if pending and pending[0][0] == "ERROR":
+            self._end_chunks()
+            return
+        while True:
+            with api._cond:
+                api._cond.wait_for(
+                    _watch_wakeup(api, generation, position, deadline),
+                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                )
+                if api._closing or api._watch_generation != generation:
+                    self.close_connection = True
+                    with suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                changes = [c for c in api._history if c.rv > position and wanted(c.obj)]
+                position = api._last_rv
+            for change in changes:
+                self._chunk({"type": change.type, "object": change.obj})
+            if deadline is not None and time.monotonic() >= deadline:
+                self._end_chunks()
+                return
+
+    # -- events --------------------------------------------------------------------------
+
+    def _events(self, method: str, namespace: str, name: str | None, body: bytes) -> None:
+        api = self.server_state
+        with api._cond:
+            if method == "GET" and name is None:
+                items = [e for (ns, _), e in api._events.items() if ns == namespace]
+                self._send(200, {"apiVersion": "v1", "kind": "EventList", "items": items})
+                return
+            if method == "POST" and name is None:
+                event: Json = json.loads(body)
+                meta = event.setdefault("metadata", {})
+                if not meta.get("name"):
+                    meta["name"] = meta.get("generateName", "event.") + secrets.token_hex(5)
+                if (namespace, meta["name"]) in api._events:
+                    self._send(409, _status(409, "AlreadyExists", meta["name"]))
+                    return
+                meta["namespace"] = namespace
+                meta["uid"] = secrets.token_hex(8)
+                meta["creationTimestamp"] = _now()
+                api._events[(namespace, meta["name"])] = event
+                api._bump(event)
+                self._send(201, event)
+                return
+            if method == "PATCH" and name is not None:
+                current = api._events.get((namespace, name))
+                if current is None:
+                    self._send(404, _status(404, "NotFound", f'events "{name}" not found'))
+                    return
+                patched = self._apply_patch(current, body)
+                api._events[(namespace, name)] = patched
+                api._bump(patched)
+                self._send(200, patched)
+                return
+        self._send(405, _status(405, "MethodNotAllowed", method))
+
+    # -- wire ----------------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send(self, code: int, payload: Json) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code, HTTPStatus(code).phrase)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, payload: Json) -> None:
+        data = json.dumps(payload).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+@contextmanager
+def running_apiserver() -> Iterator[FakeApiServer]:
+    """`with running_apiserver() as api:` — started on 127.0.0.1, port 0; stopped after."""
+    api = FakeApiServer().start()
+    try:
+        yield api
+    finally:
+        api.stop()

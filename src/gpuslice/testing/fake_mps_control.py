@@ -1,0 +1,216 @@
+"""A stand-in for `nvidia-cuda-mps-control`, so the MPS daemon manager runs without a GPU.
+
+It behaves like the real program where the manager depends on it: `-d` leaves a daemon
+running in the background with `nvidia-cuda-mps-control.pid` in `CUDA_MPS_PIPE_DIRECTORY`
+and `control.log` in `CUDA_MPS_LOG_DIRECTORY`; without `-d` it sends the commands read from
+stdin to that daemon and prints the answers, failing when no daemon answers. Tests crash
+the daemon with SIGKILL (pid from the pid file) or freeze it with SIGSTOP.
+
+Run it as `python -m gpuslice.testing.fake_mps_control [-d]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+SOCKET_NAME = "control"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
+_LIMIT = re.compile(r"^[0-9]+[MG]$")
+_PS_HEADER = "PID ID SERVER DEVICE NAMESPACE COMMAND"
+
+
+class CommandError(Exception):
+    """A command the daemon rejects; its text is what the client prints."""
+
+
+@dataclass(slots=True)
+class DaemonState:
+    """What the real daemon remembers between commands (and forgets on quit)."""
+
+    active_thread_percentage: str = "100.0"
+    pinned_limits: dict[str, str] = field(default_factory=dict)
+    quitting: bool = False
+
+    def execute(self, line: str) -> str:
+        words = line.split()
+        if not words:
+            return ""
+        name, args = words[0], words[1:]
+        if name == "set_default_active_thread_percentage" and len(args) == 1:
+            try:
+                pct = float(args[0])
+            except ValueError:
+                raise CommandError(f"invalid thread percentage: {args[0]}") from None
+            if not 0 < pct <= 100:
+                raise CommandError(f"thread percentage out of range (0, 100]: {args[0]}")
+            self.active_thread_percentage = f"{pct:.1f}"
+            return self.active_thread_percentage
+        if name == "get_default_active_thread_percentage" and not args:
+            return self.active_thread_percentage
+        if name == "set_default_device_pinned_mem_limit" and len(args) == 2:
+            if not _LIMIT.match(args[1]):
+                raise CommandError(f"invalid memory limit: {args[1]} (want <int>M or <int>G)")
+            self.pinned_limits[args[0]] = args[1]
+            return ""
+        if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
+            return self.pinned_limits.get(args[0], "0M")
+        if name == "get_server_list" and not args:
+            return ""
+        if name == "ps" and not args:
+            return _PS_HEADER
+        if name == "quit" and not args:
+            self.quitting = True
+            return ""
+        raise CommandError(f"Unrecognized command: {line.strip()}")
+
+
+def _dirs() -> tuple[Path, Path]:
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
+    log = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG_DIR)
+    return pipe, log
+
+
+def process_alive(pid: int) -> bool:
+    """True for a running (or stopped) process; a zombie counts as dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+def _serve(pipe: Path, log: Path) -> int:
+    """The daemon: answer one command per connection until `quit`."""
+    sock_path = pipe / SOCKET_NAME
+    sock_path.unlink(missing_ok=True)
+    state = DaemonState()
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server,
+        (log / "control.log").open("a", buffering=1) as logf,
+    ):
+        server.bind(str(sock_path))
+        server.listen(16)
+        (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
+        logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Started\n")
+        while not state.quitting:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(5.0)
+                try:
+                    request = _read_all(conn).decode(errors="replace").strip()
+                except OSError:
+                    continue  # a client that never finished its command
+                logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Command: {request}\n")
+                try:
+                    reply = "ok\n" + state.execute(request)
+                except CommandError as exc:
+                    reply = f"error\n{exc}"
+                with contextlib.suppress(OSError):
+                    conn.sendall(reply.encode())
+        logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Exit\n")
+    sock_path.unlink(missing_ok=True)
+    (pipe / PID_FILE).unlink(missing_ok=True)
+    return 0
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    while chunk := conn.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _ask(pipe: Path, command: str) -> tuple[bool, str]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(pipe / SOCKET_NAME))
+        conn.sendall(command.encode())
+        conn.shutdown(socket.SHUT_WR)
+        status, _, text = _read_all(conn).decode(errors="replace").partition("\n")
+    return status == "ok", text
+
+
+def _daemonize(pipe: Path, log: Path) -> int:
+    """`-d`: start the server in its own session and return once it accepts commands."""
+    pid_file = pipe / PID_FILE
+    try:
+        old = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        old = 0
+    if old and process_alive(old):
+        print("An instance of this daemon is already running", file=sys.stderr)
+        return 1
+    pid_file.unlink(missing_ok=True)
+    if not pipe.is_dir() or not log.is_dir():
+        print(f"pipe or log directory missing: {pipe}, {log}", file=sys.stderr)
+        return 1
+    devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    child = os.posix_spawn(
+        sys.executable,
+        [sys.executable, "-m", "gpuslice.testing.fake_mps_control", "--serve"],
+        os.environ,
+        file_actions=devnull,
+        setsid=True,
+    )
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            print(f"daemon exited at start with status {code}", file=sys.stderr)
+            return 1
+        if pid_file.exists():
+            return 0  # the daemon is reparented when this process exits
+        time.sleep(0.01)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    print("daemon did not start within 10 s", file=sys.stderr)
+    return 1
+
+
+def _client(pipe: Path) -> int:
+    status = 0
+    for line in sys.stdin:
+        command = line.strip()
+        if not command:
+            continue
+        try:
+            ok, text = _ask(pipe, command)
+        except OSError as exc:
+            print(f"Cannot find MPS control daemon process: {exc}", file=sys.stderr)
+            return 1
+        if ok:
+            if text:
+                print(text)
+        else:
+            print(text, file=sys.stderr)
+            status = 1
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    pipe, log = _dirs()
+    if args == ["-d"]:
+        return _daemonize(pipe, log)
+    if args == ["--serve"]:
+        return _serve(pipe, log)
+    if not args:
+        return _client(pipe)
+    print(f"unsupported arguments: {' '.join(args)} (this fake knows -d)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

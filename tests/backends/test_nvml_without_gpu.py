@@ -1,0 +1,104 @@
+"""The NVML backend on a machine without a GPU, and its pure translation helpers.
+
+The full behaviour runs in the contract suite with `--with-gpu`; here: clean failure without
+a driver, no pynvml import at module import, and the mappings NVML values go through.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.backends import open_backend
+from gpuslice.backends.nvml import (
+    cores_per_sm,
+    numa_from_sysfs,
+    sysfs_bus_id,
+    translate_event,
+)
+from gpuslice.ports import NO_INSTANCE, BackendError, HealthEvent
+
+
+def nvml_loadable() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(nvml_loadable(), reason="an NVIDIA driver is installed here")
+def test_no_driver_is_a_clear_backend_error() -> None:
+    with pytest.raises(BackendError) as err:
+        open_backend("nvml", environ={})
+    message = str(err.value)
+    assert message.startswith("NVML not available: ")
+    assert "(no NVIDIA driver on this machine?)" in message
+    assert "Traceback" not in message
+
+
+def test_importing_backends_does_not_import_pynvml() -> None:
+    code = (
+        "import sys, gpuslice.backends, gpuslice.backends.nvml; "
+        "sys.exit(1 if 'pynvml' in sys.modules else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_xid_event() -> None:
+    assert translate_event(0x8, 79, NO_INSTANCE, NO_INSTANCE, "GPU-a") == HealthEvent(
+        "xid", "GPU-a", xid=79
+    )
+    assert translate_event(0x8, 94, 3, 0, "GPU-a") == HealthEvent(
+        "xid", "GPU-a", xid=94, gi_id=3, ci_id=0
+    )
+
+
+def test_recovery_action_none_is_recovered_other_actions_are_not() -> None:
+    assert translate_event(0x8000, 0, NO_INSTANCE, NO_INSTANCE, "GPU-a") == HealthEvent(
+        "recovered", "GPU-a"
+    )
+    assert translate_event(0x8000, 1, NO_INSTANCE, NO_INSTANCE, "GPU-a") is None  # GPU reset
+
+
+def test_unavailable_is_lost_and_ecc_is_skipped() -> None:
+    assert translate_event(0x4000, 0, NO_INSTANCE, NO_INSTANCE, "GPU-a") == HealthEvent(
+        "lost", "GPU-a"
+    )
+    assert translate_event(0x2, 0, NO_INSTANCE, NO_INSTANCE, "GPU-a") is None
+    assert translate_event(0x1, 0, NO_INSTANCE, NO_INSTANCE, "GPU-a") is None
+
+
+@pytest.mark.parametrize(
+    ("capability", "cuda_cores", "sms"),
+    [
+        ((7, 5), 2560, 40),
+        ((8, 0), 6912, 108),
+        ((8, 6), 3584, 28),
+        ((8, 9), 18176, 142),
+        ((9, 0), 16896, 132),
+    ],
+    ids=["t4", "a100", "rtx-3060", "l40s", "h100-sxm"],
+)
+def test_sm_count_from_cuda_cores(capability: tuple[int, int], cuda_cores: int, sms: int) -> None:
+    assert cuda_cores // cores_per_sm(capability) == sms
+
+
+def test_bus_id_forms() -> None:
+    assert sysfs_bus_id("00000000:07:00.0") == "0000:07:00.0"
+    assert sysfs_bus_id("00000001:B7:00.0") == "0001:b7:00.0"
+
+
+def test_numa_from_sysfs(tmp_path: Path) -> None:
+    dev = tmp_path / "bus/pci/devices/0000:87:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    assert numa_from_sysfs(tmp_path, "00000000:87:00.0") == 1
+    (dev / "numa_node").write_text("-1\n")  # no NUMA information
+    assert numa_from_sysfs(tmp_path, "00000000:87:00.0") is None
+    assert numa_from_sysfs(tmp_path, "00000000:07:00.0") is None

@@ -1,0 +1,127 @@
+"""Driving a simulated backend through its control directory, in-process and from outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.backends import open_backend
+from gpuslice.backends.simulated import ENV_CONTROL_DIR, ControlDir, SimulatedBackend
+from gpuslice.ports import HealthEvent
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimulatedBackend]:
+    env = {ENV_CONTROL_DIR: str(tmp_path / "ctl")}
+    backend = open_backend("sim:2xt4,1xa30/mig=2g.12gb*2", environ=env)
+    assert isinstance(backend, SimulatedBackend)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def test_env_var_names_the_directory(sim: SimulatedBackend, tmp_path: Path) -> None:
+    assert sim.control_dir == tmp_path / "ctl"
+    assert (tmp_path / "ctl" / "events").is_dir()
+
+
+def test_commands_apply_once_in_order(sim: SimulatedBackend, tmp_path: Path) -> None:
+    ctl = ControlDir(tmp_path / "ctl")
+    gpus = sim.inventory().gpus
+    ctl.inject_xid(1, 79)
+    ctl.inject_recovery(gpus[1].uuid)
+    ctl.inject_xid(2, 94, gi_id=gpus[2].mig_devices[0].gi_id, ci_id=0)
+    ctl.inject_lost(0)
+    got = [sim.wait_health_event(5.0) for _ in range(4)]
+    assert got == [
+        HealthEvent("xid", gpus[1].uuid, xid=79),
+        HealthEvent("recovered", gpus[1].uuid),
+        HealthEvent("xid", gpus[2].uuid, xid=94, gi_id=gpus[2].mig_devices[0].gi_id, ci_id=0),
+        HealthEvent("lost", gpus[0].uuid),
+    ]
+    assert ctl.pending() == []
+    assert ctl.rejected() == []
+    assert sim.wait_health_event(0.1) is None
+
+
+def test_processes_and_status_commands(sim: SimulatedBackend, tmp_path: Path) -> None:
+    ctl = ControlDir(tmp_path / "ctl")
+    a30 = sim.inventory().gpus[2]
+    ctl.add_process(7, 0, used_memory_mib=256, sm_util_percent=12, mps=True)
+    ctl.add_process(8, a30.uuid, mig=1, used_memory_mib=1024)
+    ctl.set_status(0, gpu_util_percent=50, power_w=33)
+    procs = {p.pid: p for p in sim.processes()}
+    assert procs[7].used_memory_bytes == 256 * MIB
+    assert procs[7].is_mps_client
+    assert procs[8].mig_uuid == a30.mig_devices[1].uuid
+    status = sim.statuses()[0]
+    assert (status.memory_used_mib, status.gpu_util_percent, status.power_w) == (256, 50, 33.0)
+    ctl.remove_process(7)
+    assert [p.pid for p in sim.processes()] == [8]
+
+
+def test_bad_commands_are_rejected_not_lost(sim: SimulatedBackend, tmp_path: Path) -> None:
+    ctl = ControlDir(tmp_path / "ctl")
+    ctl.inject_xid(9, 79)  # no GPU 9
+    ctl.send({"kind": "reboot", "gpu": 0})
+    (ctl.events / "0-garbage.json").write_text("{not json")
+    ctl.inject_xid(0, 48)  # good commands after bad ones still apply
+    event = sim.wait_health_event(5.0)
+    assert event == HealthEvent("xid", sim.inventory().gpus[0].uuid, xid=48)
+    assert len(ctl.rejected()) == 3
+    assert ctl.pending() == []
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from gpuslice.backends import open_backend
+
+    backend = open_backend(sys.argv[1])
+    print(json.dumps({"ready": [g.uuid for g in backend.inventory().gpus]}), flush=True)
+    event = backend.wait_health_event(30.0)
+    procs = [(p.pid, p.gpu_uuid, p.used_memory_bytes) for p in backend.processes()]
+    print(json.dumps({"event": None if event is None else [event.kind, event.gpu_uuid,
+                      event.xid], "processes": procs}), flush=True)
+    backend.close()
+    """
+)
+
+
+def test_a_separate_process_receives_injected_xids(tmp_path: Path) -> None:
+    """The way end-to-end tests drive the daemon: env var in, files through the directory."""
+    control = tmp_path / "ctl"
+    env = {**os.environ, ENV_CONTROL_DIR: str(control)}
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, "sim:2xl40s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as child:
+        assert child.stdout is not None
+        ready = json.loads(child.stdout.readline())["ready"]
+        ctl = ControlDir(control)
+        ctl.add_process(31337, 1, used_memory_mib=64)
+        # Only then the XID: the child wakes on it, so the process is applied by then.
+        deadline = time.monotonic() + 10
+        while ctl.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ctl.inject_xid(ready[1], 79)
+        out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    result = json.loads(out)
+    assert result["event"] == ["xid", ready[1], 79]
+    assert result["processes"] == [[31337, ready[1], 64 * MIB]]
+    assert ctl.pending() == []
