@@ -235,7 +235,8 @@ def test_resources_are_sorted_and_devices_ordered_by_gpu() -> None:
 
 def test_plan_carries_allocate_settings_and_strategy() -> None:
     config = parse_config(
-        "flags:\n  plugin:\n    deviceIDStrategy: index\n    sharedDevicesAllocationPolicy: packed\n"
+        "flags:\n  plugin:\n    deviceIDStrategy: index\n"
+        "    sharedDevicesAllocationPolicy: packed\n"
     )
     plan = build_plan(node(t4(0)), config)
     assert plan.allocate.device_id_strategy == "index"

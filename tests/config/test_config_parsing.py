@@ -209,7 +209,9 @@ def test_fail_requests_defaults_per_block() -> None:
     mps = (
         "version: v1\nsharing:\n  mps:\n{extra}    resources:\n    - name: gpu\n      replicas: 2\n"
     )
-    assert parse_config(mps.format(extra="")).sharing.mps.fail_requests_greater_than_one is True  # type: ignore[union-attr]
+    implicit = parse_config(mps.format(extra=""))
+    assert implicit.sharing.mps is not None
+    assert implicit.sharing.mps.fail_requests_greater_than_one is True
     explicit = parse_config(mps.format(extra="    failRequestsGreaterThanOne: false\n"))
     assert explicit.sharing.mps is not None
     assert explicit.sharing.mps.fail_requests_greater_than_one is False
@@ -295,6 +297,10 @@ def test_imex_channel_zero() -> None:
         "flags:\n  plugin:\n    deviceListStrategy: []\n",
         "resources:\n  gpus:\n  - pattern: ''\n    name: gpu\n",
         "sharing:\n  timeSlicing:\n    resources:\n    - name: 5\n      replicas: 2\n",
+        "flags:\n  gfd:\n    sleepInterval: .nan\n",
+        "a: " + "[" * 5000 + "]" * 5000,
+        "flags: " + "{a: " * 3000 + "1" + "}" * 3000,
+        '{"a": ' * 5000 + "1" + "}" * 5000,
     ],
 )
 def test_nothing_but_config_error_escapes(text: str) -> None:

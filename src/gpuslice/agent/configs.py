@@ -30,7 +30,10 @@ def choose(named: NamedConfigs, *, pinned: str, label_value: str, settings: Agen
     wanted = pinned or label_value
     default = settings.default_config or named.default
     selection = select_config(
-        list(named.texts), wanted, default, list(settings.fallback_strategies),
+        list(named.texts),
+        wanted,
+        default,
+        list(settings.fallback_strategies),
         label=settings.node_label,
     )
     return selection.name or ""
@@ -54,5 +57,5 @@ def current_fingerprint(settings: AgentSettings) -> tuple[tuple[str, int, int], 
         return ()
     try:
         return read_configs(settings.config_path).fingerprint
-    except Exception:  # noqa: BLE001 - a half-written ConfigMap update is retried next tick
+    except Exception:
         return ()

@@ -10,9 +10,11 @@ previous plan stays advertised, so nothing already allocated disappears.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.settings import AgentSettings
@@ -37,6 +39,13 @@ class AgentHooks:
 
     on_config: list[ConfigListener] = field(default_factory=list)
     on_plan: list[Callable[[Plan, Inventory], Awaitable[None]]] = field(default_factory=list)
+    """Called with each plan put in force (the first one too): labels, MPS daemons."""
+    on_health: list[Callable[[str, bool], None]] = field(default_factory=list)
+    """Called with (physical UUID, healthy) on every health transition."""
+    services: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(
+        default_factory=list
+    )
+    """Long-running loops supervised with the agent's own (metrics, MPS, label watch)."""
 
 
 class Agent:
@@ -65,6 +74,8 @@ class Agent:
         self.loaded: LoadedConfig | None = None
         self.state: PlanState | None = None
         self.started = asyncio.Event()
+        self.manager_options: dict[str, Any] = {}
+        """Extra keyword arguments for the device plugin manager (metrics hooks)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -90,11 +101,14 @@ class Agent:
             self.state,
             plugin_dir=self.settings.plugin_dir,
             kubelet_socket=self.settings.kubelet_socket,
+            **self.manager_options,
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(stop), name="device-plugins")
             tg.create_task(self._health_loop(stop), name="health")
             tg.create_task(self._reload_loop(stop), name="config-reload")
+            for service in self.hooks.services:
+                tg.create_task(service(stop), name=getattr(service, "__name__", "service"))
             self.started.set()
             await stop.wait()
 
@@ -127,7 +141,7 @@ class Agent:
         for listener in self.hooks.on_config:
             try:
                 await listener(name, accepted, message)
-            except Exception:  # noqa: BLE001 - a listener (e.g. Events API) must not stop reloads
+            except Exception:
                 log.exception("event=config-listener-failed")
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
@@ -148,15 +162,11 @@ class Agent:
     async def _wait_label_or_tick(self, stop: asyncio.Event) -> bool:
         """Sleep one reload interval, or less if the node's config label changes."""
         if self.label_values is None:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.reload_interval_s)
-            except TimeoutError:
-                pass
             return False
         try:
-            value = await asyncio.wait_for(
-                self.label_values.get(), self.settings.reload_interval_s
-            )
+            value = await asyncio.wait_for(self.label_values.get(), self.settings.reload_interval_s)
         except TimeoutError:
             return False
         if value == self.label_value:
@@ -192,18 +202,32 @@ class Agent:
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:
                 log.info(
-                    "event=health-ignored kind=%s gpu=%s xid=%s", event.kind, event.gpu_uuid, event.xid
+                    "event=health-ignored kind=%s gpu=%s xid=%s",
+                    event.kind,
+                    event.gpu_uuid,
+                    event.xid,
                 )
                 continue
             log.warning(
                 "event=health-changed kind=%s gpu=%s xid=%s unhealthy=%s",
-                event.kind, event.gpu_uuid, event.xid, ",".join(sorted(self.health.unhealthy)) or "-",
+                event.kind,
+                event.gpu_uuid,
+                event.xid,
+                ",".join(sorted(self.health.unhealthy)) or "-",
             )
             self.state.publish(unhealthy=self._unhealthy(inventory))
+            for uuid in self.health.unhealthy ^ before:
+                for on_health in self.hooks.on_health:
+                    on_health(uuid, uuid not in self.health.unhealthy)
 
     # -- logging ---------------------------------------------------------------------------
 
     @staticmethod
     def _log_plan(plan: Plan, name: str) -> None:
         counts = " ".join(f"{k}={v}" for k, v in sorted(plan.counts().items())) or "none"
-        log.info("event=plan config=%s mig_strategy=%s resources=%s", name or "-", plan.mig_strategy, counts)
+        log.info(
+            "event=plan config=%s mig_strategy=%s resources=%s",
+            name or "-",
+            plan.mig_strategy,
+            counts,
+        )

@@ -33,4 +33,6 @@ def plan_for(node: str, config_path: Path | None, config_name: str = "") -> Node
         backend.close()
     settings = AgentSettings(node=node, config_path=config_path, config_name=config_name)
     loaded = load_config(settings)
-    return NodeView(inventory, loaded.config, loaded.name, build_plan(inventory, loaded.config), name)
+    return NodeView(
+        inventory, loaded.config, loaded.name, build_plan(inventory, loaded.config), name
+    )

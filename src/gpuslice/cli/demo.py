@@ -20,36 +20,53 @@ def _node_table(step: Step) -> Table:
     table.add_column("resource")
     table.add_column("Capacity", justify="right")
     table.add_column("Allocatable", justify="right")
-    for name in sorted(step.capacity):
-        table.add_row(name, str(step.capacity[name]), str(step.allocatable.get(name, 0)))
-    if not step.capacity:
-        table.add_row("(none)", "0", "0")
+    table.add_column("Allocated", justify="right")
+    for name in sorted(step.counts.capacity):
+        table.add_row(
+            name,
+            str(step.counts.capacity[name]),
+            str(step.counts.allocatable.get(name, 0)),
+            str(step.counts.allocated.get(name, 0)),
+        )
+    if not step.counts.capacity:
+        table.add_row("(none)", "0", "0", "0")
     return table
+
+
+def _short(device_id: str) -> str:
+    """`GPU-95d02075-8018-...::2` -> `GPU-95d02075…::2`: enough to tell GPUs apart."""
+    base, sep, replica = device_id.partition("::")
+    head = base[:12] + "…" if len(base) > 13 else base
+    return head + sep + replica
 
 
 def _pods_table(step: Step) -> Table:
     table = Table(title="kubectl get pods", title_justify="left")
-    table.add_column("NAME")
+    table.add_column("NAME", no_wrap=True)
     table.add_column("STATUS")
-    table.add_column("device IDs (kubelet)")
-    table.add_column("NVIDIA_VISIBLE_DEVICES (container env)")
+    table.add_column("device ID (kubelet)", no_wrap=True)
+    table.add_column("NVIDIA_VISIBLE_DEVICES (container)", no_wrap=True)
     for pod in step.pods:
         env = dict(pod.env)
         style = "green" if pod.status == "Running" else "yellow"
         table.add_row(
             pod.name,
             f"[{style}]{pod.status}[/{style}]",
-            ", ".join(pod.devices) or "-",
-            env.get("NVIDIA_VISIBLE_DEVICES", pod.reason or "-"),
+            ", ".join(_short(d) for d in pod.devices) or "-",
+            ", ".join(_short(v) for v in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if v)
+            or "-",
         )
     return table
 
 
 def render(result: DemoResult, console: Console) -> None:
-    console.print(Panel.fit(
-        f"gpuslice demo: seed 000 (oversubscribing GPUs with time-slicing)\n"
-        f"node: [bold]{result.node}[/bold] (simulated GPUs), kubelet: emulated over unix sockets",
-    ))
+    console.print(
+        Panel.fit(
+            f"gpuslice demo: seed 000 (oversubscribing GPUs with time-slicing)\n"
+            f"node: [bold]{result.node}[/bold] (simulated GPUs), "
+            "kubelet: emulated over unix sockets",
+        )
+    )
     for i, step in enumerate(result.steps, 1):
         console.rule(f"[bold]{i}. {step.title}")
         if step.note:
@@ -57,13 +74,24 @@ def render(result: DemoResult, console: Console) -> None:
         console.print(_node_table(step))
         if step.pods:
             console.print(_pods_table(step))
+            reasons = sorted({p.reason for p in step.pods if p.reason})
+            for reason in reasons:
+                console.print(f"[yellow]Pending:[/yellow] {reason}")
 
 
 @click.command()
-@click.option("--node", default=DEFAULT_NODE, show_default=True,
-              help="Simulated node spec, e.g. sim:2xt4 or sim:1xa100-80gb/mig=1g.10gb*7.")
-@click.option("--config-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Config applied in step 3 (default: time-slicing, replicas 4).")
+@click.option(
+    "--node",
+    default=DEFAULT_NODE,
+    show_default=True,
+    help="Simulated node spec, e.g. sim:2xt4 or sim:1xa100-80gb/mig=1g.10gb*7.",
+)
+@click.option(
+    "--config-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Config applied in step 3 (default: time-slicing, replicas 4).",
+)
 @click.option("--pods", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("-v", "--verbose", is_flag=True, help="Show the agent's logs.")
 @reports_errors
@@ -76,4 +104,7 @@ def demo(node: str, config_file: Path | None, pods: int, verbose: bool) -> None:
         logging.getLogger().setLevel(logging.WARNING)
     text = config_file.read_text(encoding="utf-8") if config_file else TIME_SLICING_CONFIG
     result = asyncio.run(run_demo(node, text, pods))
-    render(result, Console())
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)
+    render(result, console)

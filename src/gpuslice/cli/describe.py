@@ -12,7 +12,8 @@ from rich.table import Table
 
 from gpuslice.cli.common import NodeView, plan_for
 from gpuslice.cli.main import reports_errors
-from gpuslice.core.describe import DescribeReport, describe as describe_plan, gib, report_to_dict
+from gpuslice.core.describe import DescribeReport, gib, report_to_dict
+from gpuslice.core.describe import describe as describe_plan
 
 
 def _render_table(view: NodeView, report: DescribeReport, console: Console) -> None:
@@ -39,8 +40,13 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     gpus.add_column("per replica")
     for g in report.devices:
         gpus.add_row(
-            str(g.index), f"{g.product}\n[dim]{g.uuid}[/dim]", f"{gib(g.memory_mib)} GiB",
-            str(g.multiprocessors), "", "", "MIG enabled" if g.mig_enabled else "",
+            str(g.index),
+            f"{g.product}\n[dim]{g.uuid}[/dim]",
+            f"{gib(g.memory_mib)} GiB",
+            str(g.multiprocessors),
+            "",
+            "",
+            "MIG enabled" if g.mig_enabled else "",
         )
         for m in g.mig_devices:
             shares = [s for s in g.shares if s.device_uuid == m.uuid]
@@ -48,8 +54,13 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
             replicas = ", ".join(str(s.replicas) for s in shares)
             words = "; ".join(s.share for s in shares)
             gpus.add_row(
-                m.index_id, f"  MIG {m.profile}", f"{gib(m.memory_mib)} GiB",
-                str(m.multiprocessors), resource, replicas, words,
+                m.index_id,
+                f"  MIG {m.profile}",
+                f"{gib(m.memory_mib)} GiB",
+                str(m.multiprocessors),
+                resource,
+                replicas,
+                words,
             )
         for s in g.shares:
             if s.device_uuid == g.uuid:
@@ -60,13 +71,26 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
 
 
 @click.command("describe")
-@click.option("--config-file", type=click.Path(exists=True, path_type=Path), default=None,
-              help="Config file, or a directory/ConfigMap/Helm values holding named configs.")
+@click.option(
+    "--config-file",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Config file, or a directory/ConfigMap/Helm values holding named configs.",
+)
 @click.option("--config-name", default="", help="Named config to use from a set of configs.")
-@click.option("--node", default="nvml", show_default=True,
-              help="nvml (this machine's GPUs) or a simulated node spec such as sim:2xt4.")
-@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
-              show_default=True)
+@click.option(
+    "--node",
+    default="nvml",
+    show_default=True,
+    help="nvml (this machine's GPUs) or a simulated node spec such as sim:2xt4.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
+    show_default=True,
+)
 @reports_errors
 def describe_command(config_file: Path | None, config_name: str, node: str, output: str) -> None:
     """Show what this node would advertise with a config, and what each replica gets."""

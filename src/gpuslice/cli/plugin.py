@@ -19,8 +19,8 @@ from click.core import ParameterSource
 
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.settings import DEFAULT_NODE_LABEL, DEFAULT_PLUGIN_DIR, AgentSettings
-from gpuslice.cli.main import reports_errors
 from gpuslice.cli.logsetup import setup_logging
+from gpuslice.cli.main import reports_errors
 
 # CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
 OVERRIDES = {
@@ -57,49 +57,104 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 
 
 @click.command()
-@click.option("--config-file", envvar="CONFIG_FILE", type=click.Path(path_type=Path),
-              help="Config file, or a directory/ConfigMap/Helm values holding named configs.")
+@click.option(
+    "--config-file",
+    envvar="CONFIG_FILE",
+    type=click.Path(path_type=Path),
+    help="Config file, or a directory/ConfigMap/Helm values holding named configs.",
+)
 @click.option("--config-name", envvar="CONFIG_NAME", default="", help="Pin one named config.")
-@click.option("--node", envvar="GPUSLICE_NODE", default="nvml", show_default=True,
-              help="GPU backend: nvml, or a simulated node spec such as sim:2xt4.")
-@click.option("--device-plugin-path", envvar="DEVICE_PLUGIN_PATH", type=click.Path(path_type=Path),
-              default=DEFAULT_PLUGIN_DIR, show_default=True)
-@click.option("--kubelet-socket", envvar="KUBELET_SOCKET", default=None,
-              help="Kubelet registration socket ('' to skip registration). "
-                   "Default: <device-plugin-path>/kubelet.sock.")
+@click.option(
+    "--node",
+    envvar="GPUSLICE_NODE",
+    default="nvml",
+    show_default=True,
+    help="GPU backend: nvml, or a simulated node spec such as sim:2xt4.",
+)
+@click.option(
+    "--device-plugin-path",
+    envvar="DEVICE_PLUGIN_PATH",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_PLUGIN_DIR,
+    show_default=True,
+)
+@click.option(
+    "--kubelet-socket",
+    envvar="KUBELET_SOCKET",
+    default=None,
+    help="Kubelet registration socket ('' to skip registration). "
+    "Default: <device-plugin-path>/kubelet.sock.",
+)
 @click.option("--mig-strategy", envvar="MIG_STRATEGY", default="none")
-@click.option("--fail-on-init-error/--no-fail-on-init-error", envvar="FAIL_ON_INIT_ERROR", default=True)
+@click.option(
+    "--fail-on-init-error/--no-fail-on-init-error", envvar="FAIL_ON_INIT_ERROR", default=True
+)
 @click.option("--nvidia-driver-root", "--driver-root", envvar="NVIDIA_DRIVER_ROOT", default="/")
 @click.option("--nvidia-dev-root", "--dev-root", envvar="NVIDIA_DEV_ROOT", default="")
 @click.option("--mps-root", envvar="MPS_ROOT", default="")
-@click.option("--pass-device-specs/--no-pass-device-specs", envvar="PASS_DEVICE_SPECS", default=False)
+@click.option(
+    "--pass-device-specs/--no-pass-device-specs", envvar="PASS_DEVICE_SPECS", default=False
+)
 @click.option("--device-list-strategy", envvar="DEVICE_LIST_STRATEGY", default="envvar")
 @click.option("--device-id-strategy", envvar="DEVICE_ID_STRATEGY", default="uuid")
 @click.option("--cdi-annotation-prefix", envvar="CDI_ANNOTATION_PREFIX", default="cdi.k8s.io/")
-@click.option("--shared-devices-allocation-policy", envvar="SHARED_DEVICES_ALLOCATION_POLICY",
-              default="distributed")
+@click.option(
+    "--shared-devices-allocation-policy",
+    envvar="SHARED_DEVICES_ALLOCATION_POLICY",
+    default="distributed",
+)
 @click.option("--gdrcopy-enabled/--no-gdrcopy-enabled", envvar="GDRCOPY_ENABLED", default=False)
 @click.option("--gds-enabled/--no-gds-enabled", envvar="GDS_ENABLED", default=False)
 @click.option("--mofed-enabled/--no-mofed-enabled", envvar="MOFED_ENABLED", default=False)
-@click.option("--node-name", envvar="NODE_NAME", default="",
-              help="This node's name: enables the config label watch and Events.")
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default="",
+    help="This node's name: enables the config label watch and Events.",
+)
 @click.option("--node-label", envvar="NODE_LABEL", default=DEFAULT_NODE_LABEL, show_default=True)
 @click.option("--default-config", envvar="DEFAULT_CONFIG", default="")
-@click.option("--fallback-strategies", envvar="FALLBACK_STRATEGIES", default="named,single",
-              show_default=True)
-@click.option("--labels-file", envvar="GFD_OUTPUT_FILE", type=click.Path(path_type=Path),
-              default=None, help="NFD features.d file for GFD labels (default: flags.gfd.outputFile).")
+@click.option(
+    "--fallback-strategies", envvar="FALLBACK_STRATEGIES", default="named,single", show_default=True
+)
+@click.option(
+    "--labels-file",
+    envvar="GFD_OUTPUT_FILE",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="NFD features.d file for GFD labels (default: flags.gfd.outputFile).",
+)
 @click.option("--no-labels", is_flag=True, default=False, help="Do not write node labels.")
-@click.option("--metrics-port", envvar="METRICS_PORT", type=int, default=None,
-              help="Serve Prometheus metrics on this port.")
-@click.option("--pod-resources-socket", envvar="POD_RESOURCES_SOCKET", type=click.Path(path_type=Path),
-              default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), show_default=True)
-@click.option("--mps-control", envvar="MPS_CONTROL", default="nvidia-cuda-mps-control",
-              help="Command running the MPS control program.")
-@click.option("--no-compute-mode", is_flag=True, default=False,
-              help="Do not set EXCLUSIVE_PROCESS on MPS GPUs.")
+@click.option(
+    "--metrics-port",
+    envvar="METRICS_PORT",
+    type=int,
+    default=None,
+    help="Serve Prometheus metrics on this port.",
+)
+@click.option(
+    "--pod-resources-socket",
+    envvar="POD_RESOURCES_SOCKET",
+    type=click.Path(path_type=Path),
+    default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    show_default=True,
+)
+@click.option(
+    "--mps-control",
+    envvar="MPS_CONTROL",
+    default="nvidia-cuda-mps-control",
+    help="Command running the MPS control program.",
+)
+@click.option(
+    "--no-compute-mode",
+    is_flag=True,
+    default=False,
+    help="Do not set EXCLUSIVE_PROCESS on MPS GPUs.",
+)
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(path_type=Path), default=None)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.pass_context
 @reports_errors

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -54,10 +53,18 @@ class PodRow:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    title: str
+class NodeCounts:
+    """Per extended resource, as `kubectl describe node` shows them."""
+
     capacity: dict[str, int]
     allocatable: dict[str, int]
+    allocated: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    title: str
+    counts: NodeCounts
     pods: tuple[PodRow, ...] = ()
     note: str = ""
 
@@ -68,8 +75,8 @@ class DemoResult:
     steps: list[Step] = field(default_factory=list)
 
 
-async def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def _wait(predicate: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"demo: timed out waiting for {what}")
@@ -111,11 +118,15 @@ async def _running_node(node: str, workdir: Path) -> AsyncIterator[tuple[Kubelet
         await asyncio.to_thread(backend.close)
 
 
-def _counts(kubelet: KubeletEmulator) -> tuple[dict[str, int], dict[str, int]]:
+def _counts(kubelet: KubeletEmulator) -> NodeCounts:
     names = sorted(kubelet.resources())
-    return (
-        {n: kubelet.capacity(n) for n in names},
-        {n: kubelet.allocatable(n) for n in names},
+    held: dict[str, int] = {}
+    for c in kubelet.assignments():
+        held[c.resource] = held.get(c.resource, 0) + len(c.device_ids)
+    return NodeCounts(
+        capacity={n: kubelet.capacity(n) for n in names},
+        allocatable={n: kubelet.allocatable(n) for n in names},
+        allocated={n: held.get(n, 0) for n in names},
     )
 
 
@@ -141,33 +152,32 @@ async def run_demo(
     with tempfile.TemporaryDirectory(prefix="gsdemo-", dir="/tmp") as tmp:
         async with _running_node(node, Path(tmp)) as (kubelet, config_path):
             await _wait(lambda: kubelet.capacity(RESOURCE) > 0, 10, "the plugin to register")
-            cap, alloc = _counts(kubelet)
-            result.steps.append(Step("node registered, no sharing configured", cap, alloc))
+            result.steps.append(
+                Step("node registered, no sharing configured", counts=_counts(kubelet))
+            )
 
             rows = [await _admit(kubelet, n) for n in names]
-            cap, alloc = _counts(kubelet)
-            result.steps.append(Step(
-                f"deployment gpu-workload: {pods} pods asking {RESOURCE}: 1", cap, alloc,
-                tuple(rows),
-            ))
+            result.steps.append(
+                Step(
+                    f"deployment gpu-workload: {pods} pods asking {RESOURCE}: 1",
+                    pods=tuple(rows),
+                    counts=_counts(kubelet),
+                )
+            )
 
             before = kubelet.capacity(RESOURCE)
             _write_atomically(config_path, config_text)
             await _wait(
                 lambda: kubelet.capacity(RESOURCE) != before or not kubelet.has(RESOURCE),
-                10, "the new config to be advertised",
+                10,
+                "the new config to be advertised",
             )
-            cap, alloc = _counts(kubelet)
-            result.steps.append(Step(
-                "config applied live (no restart): time-slicing", cap, alloc,
-                note=config_text,
-            ))
+            result.steps.append(
+                Step("config applied live (no restart)", note=config_text, counts=_counts(kubelet))
+            )
 
             rows = [r if r.status == "Running" else await _admit(kubelet, r.name) for r in rows]
-            cap, alloc = _counts(kubelet)
-            result.steps.append(Step("pending pods admitted again", cap, alloc, tuple(rows)))
+            result.steps.append(
+                Step("pending pods admitted again", pods=tuple(rows), counts=_counts(kubelet))
+            )
     return result
-
-
-def quiet_logs() -> None:
-    logging.getLogger("gpuslice").setLevel(logging.WARNING)

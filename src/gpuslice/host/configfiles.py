@@ -44,9 +44,7 @@ def _fingerprint(paths: list[Path]) -> tuple[tuple[str, int, int], ...]:
 def read_config_dir(path: Path) -> NamedConfigs:
     """A ConfigMap volume: every regular file is a named config; `..`-prefixed names are
     the kubelet's atomic-update internals and are skipped (as NVIDIA's config-manager does)."""
-    files = sorted(
-        p for p in path.iterdir() if not p.name.startswith("..") and p.is_file()
-    )
+    files = sorted(p for p in path.iterdir() if not p.name.startswith("..") and p.is_file())
     texts = {p.name: p.read_text(encoding="utf-8") for p in files}
     return NamedConfigs(texts=texts, source=str(path), fingerprint=_fingerprint(files))
 
@@ -81,9 +79,7 @@ def read_config_file(path: Path) -> NamedConfigs:
     if named is not None:
         texts, default = named
         return NamedConfigs(texts=texts, default=default, source=str(path), fingerprint=fp)
-    return NamedConfigs(
-        texts={SINGLE: text}, source=str(path), single_file=True, fingerprint=fp
-    )
+    return NamedConfigs(texts={SINGLE: text}, source=str(path), single_file=True, fingerprint=fp)
 
 
 def read_configs(path: Path) -> NamedConfigs:

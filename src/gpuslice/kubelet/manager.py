@@ -23,7 +23,12 @@ import grpc
 from gpuslice.kubelet.convert import register_request
 from gpuslice.kubelet.registration import Backoff, register_until_done
 from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
-from gpuslice.kubelet.servicer import DevicePluginServicer, ListingCache, existing_dev_nodes
+from gpuslice.kubelet.servicer import (
+    AllocateObserver,
+    DevicePluginServicer,
+    ListingCache,
+    existing_dev_nodes,
+)
 from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.kubelet.waiting import sleep_unless_stopped, unless_stopped
@@ -72,7 +77,9 @@ class DevicePluginManager:
         logger: logging.Logger | None = None,
         dev_nodes_probe: Callable[[], frozenset[str]] | None = None,
         settings: ManagerSettings | None = None,
+        on_allocate: AllocateObserver | None = None,
     ) -> None:
+        self._on_allocate = on_allocate
         self._state = state
         self._dir = plugin_dir
         self._kubelet_socket = kubelet_socket
@@ -215,6 +222,7 @@ class DevicePluginManager:
             stopping=plugin.stopping,
             logger=self._log,
             dev_nodes_probe=self._dev_nodes_probe,
+            on_allocate=self._on_allocate,
         )
         server = grpc.aio.server()
         plugin.server = server

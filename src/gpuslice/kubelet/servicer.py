@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from uuid import uuid4
 
@@ -58,6 +59,10 @@ class ListingCache:
         return self._payload
 
 
+AllocateObserver = Callable[[str, bool, float], None]
+"""Told (resource, succeeded, seconds) after every Allocate: the metrics counters."""
+
+
 class DevicePluginServicer:
     """Answers the kubelet for one resource; `stopping` ends its ListAndWatch streams."""
 
@@ -70,6 +75,7 @@ class DevicePluginServicer:
         stopping: asyncio.Event,
         logger: logging.Logger,
         dev_nodes_probe: Callable[[], frozenset[str]] = existing_dev_nodes,
+        on_allocate: AllocateObserver | None = None,
     ) -> None:
         self._state = state
         self._name = resource_name
@@ -77,6 +83,7 @@ class DevicePluginServicer:
         self._stopping = stopping
         self._log = logger
         self._dev_nodes_probe = dev_nodes_probe
+        self._on_allocate = on_allocate
 
     async def get_device_plugin_options(
         self, request: api.Empty, context: grpc.aio.ServicerContext
@@ -142,9 +149,11 @@ class DevicePluginServicer:
     async def allocate(
         self, request: api.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api.AllocateResponse:
+        started = time.perf_counter()
         snapshot = self._state.current
         resource = snapshot.plan.resource(self._name)
         if resource is None:
+            self._observe(False, started)
             await context.abort(grpc.StatusCode.UNKNOWN, self._gone())
         assert resource is not None
         error: tuple[grpc.StatusCode, str] | None = None
@@ -166,6 +175,7 @@ class DevicePluginServicer:
         except Exception as exc:
             self._log.exception("event=allocate-failed resource=%s", self._name)
             error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
+        self._observe(error is None, started)
         if error is not None:
             await context.abort(*error)
         ids = ",".join(i for r in request.container_requests for i in r.devices_ids)
@@ -176,6 +186,10 @@ class DevicePluginServicer:
         self, request: api.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> api.PreStartContainerResponse:
         return api.PreStartContainerResponse()
+
+    def _observe(self, ok: bool, started: float) -> None:
+        if self._on_allocate is not None:
+            self._on_allocate(self._name, ok, time.perf_counter() - started)
 
     def _gone(self) -> str:
         return f'resource "{self._name}" is no longer advertised by this node'

@@ -28,8 +28,15 @@ class DaemonProcess:
         log = self.log_path.open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuslice", "plugin", *self.args,
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                sys.executable,
+                "-m",
+                "gpuslice",
+                "plugin",
+                *self.args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
             )
         finally:
             log.close()
@@ -44,19 +51,19 @@ class DaemonProcess:
         except OSError:
             return ""
 
-    async def terminate(self, timeout: float = 15.0) -> int:
+    async def terminate(self, grace_s: float = 15.0) -> int:
         """SIGTERM, then wait; SIGKILL only if it overstays (and say so via the return code)."""
         if self.proc is None:
             return 0
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
+            return await asyncio.wait_for(self.proc.wait(), grace_s)
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
             return -9
 
-    async def wait_exit(self, timeout: float) -> int:
+    async def wait_exit(self, within_s: float) -> int:
         assert self.proc is not None
-        return await asyncio.wait_for(self.proc.wait(), timeout)
+        return await asyncio.wait_for(self.proc.wait(), within_s)

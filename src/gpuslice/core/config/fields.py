@@ -235,6 +235,8 @@ def _parse_go_duration(text: str) -> int | None:
 def sleep_interval(value: object) -> float:
     """GFD's `sleepInterval` in seconds (`math.inf` for `infinite`)."""
     if isinstance(value, float | int) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise config_error(f"invalid duration {show(value)}; {_DURATION_EXPECTED}")
         ns = int(value)
         if ns != value:
             raise config_error(

@@ -14,7 +14,6 @@ from typing import Annotated, Any, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from gpuslice.core.config.fields import show
 from gpuslice.core.config.problems import model_at, problems_from, unknown_key_message
 from gpuslice.core.config.schema import Config
 from gpuslice.core.errors import ConfigError, FieldProblem
@@ -159,8 +158,3 @@ def _relabel(problem: FieldProblem, origins: Mapping[str, str]) -> FieldProblem:
         if problem.path == path or problem.path.startswith((path + ".", path + "[")):
             return FieldProblem(f"{problem.path} (set by {origin})", problem.message)
     return problem
-
-
-def describe_override(path: str, value: object) -> str:
-    """One line for logs: where a value came from."""
-    return f"{path}={show(value)} ({NVIDIA_ORIGINS.get(path, 'override')})"

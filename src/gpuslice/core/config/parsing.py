@@ -79,6 +79,11 @@ def _load(text: str, source: str) -> object:
         raise ConfigError([FieldProblem("", message)], source=source) from None
     except yaml.YAMLError as exc:
         raise ConfigError([FieldProblem("", f"YAML syntax error: {exc}")], source=source) from None
+    except RecursionError:
+        raise ConfigError([FieldProblem("", _TOO_DEEP)], source=source) from None
+
+
+_TOO_DEEP = "the document is nested too deeply to be a config"
 
 
 def _without_nulls(value: object) -> object:
@@ -108,6 +113,8 @@ def validate_document(doc: object, source: str = "<config>") -> Config:
         )
     try:
         return Config.model_validate(_without_nulls(dict(doc)))
+    except RecursionError:
+        raise ConfigError([FieldProblem("", _TOO_DEEP)], source=source) from None
     except ValidationError as exc:
         raise ConfigError(problems_from(Config, exc), source=source) from None
 

@@ -110,6 +110,8 @@ def _message(root: type[BaseModel], err: ErrorDetails) -> str:
         return f"expected a list, got {got}"
     if kind == "greater_than_equal":
         return f"must be >= {ctx.get('ge')}, got {got}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx.get('le')}, got {got}"
     if kind in ("too_short", "string_too_short"):
         return "must not be empty"
     return f"{err['msg']}, got {got}"

@@ -48,6 +48,10 @@ VERSION = "v1"
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """What NVIDIA's Helm chart passes as MPS_ROOT; used when the config leaves mpsRoot empty."""
 
+MAX_REPLICAS = 4096
+"""Each replica is one device in every ListAndWatch update; a typo such as `replicas: 1000000`
+would otherwise make the plugin build and stream millions of devices."""
+
 DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra", "vfio"]
 
 ResourceNameField = Annotated[StrictStr, AfterValidator(resource_name)]
@@ -162,7 +166,7 @@ class Resources(_Model):
 class ReplicatedResource(_Model):
     name: ResourceNameField = Field(alias="name")
     rename: ResourceNameField | None = Field(default=None, alias="rename")
-    replicas: StrictInt = Field(alias="replicas", ge=1)
+    replicas: StrictInt = Field(alias="replicas", ge=1, le=MAX_REPLICAS)
     """Advertised devices per selected physical device; 1 means not shared."""
     devices: Devices = Field(default="all", alias="devices")
 

@@ -74,7 +74,9 @@ class _Resource:
     """An advertised resource while it is being assembled."""
 
     label_name: ResourceName
-    strategies: set[SharingStrategy] = field(default_factory=set)
+    strategy: SharingStrategy = "none"
+    """Entries for one base resource all come from one sharing block (the schema forbids a
+    name in both), and two bases never merge, so a resource has at most one strategy."""
     fail_requests_greater_than_one: bool = False
     devices: list[tuple[tuple[int, int, int], AdvertisedDevice]] = field(default_factory=list)
 
@@ -327,12 +329,8 @@ def _advertise(
             "give the renamed resource a name of its own"
         )
     if strategy is not None:
-        res.strategies.add(strategy)
+        res.strategy = strategy
         res.fail_requests_greater_than_one = res.fail_requests_greater_than_one or fail_multi
-        if len(res.strategies) > 1:
-            raise PlanError(
-                f"resource {name} would mix time-slicing and MPS devices; rename one of them"
-            )
     gpu_index, mig_index = unit.order
     res.devices.extend(((gpu_index, mig_index, d.replica or 0), d) for d in devices)
 
@@ -390,12 +388,11 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
     plans = []
     for name in sorted(resources):
         res = resources[name]
-        strategy: SharingStrategy = next(iter(res.strategies), "none")
         plans.append(
             ResourcePlan(
                 name=name,
                 label_name=res.label_name,
-                strategy=strategy,
+                strategy=res.strategy,
                 fail_requests_greater_than_one=res.fail_requests_greater_than_one,
                 devices=tuple(d for _, d in sorted(res.devices, key=lambda item: item[0])),
             )
