@@ -40,7 +40,7 @@ class Node:
 @contextlib.asynccontextmanager
 async def running_daemon(
     workdir: Path,
-    config: str,
+    config: str | dict[str, str],
     *,
     node: str = "sim:2xt4",
     args: Sequence[str] = (),
@@ -50,8 +50,15 @@ async def running_daemon(
     plugin_dir = workdir / "dp"
     plugin_dir.mkdir()
     control_dir = workdir / "ctl"
-    config_path = workdir / "config.yaml"
-    config_path.write_text(config, encoding="utf-8")
+    if isinstance(config, dict):
+        # a ConfigMap volume: one file per named config
+        config_path = workdir / "configs"
+        config_path.mkdir()
+        for name, text in config.items():
+            (config_path / name).write_text(text, encoding="utf-8")
+    else:
+        config_path = workdir / "config.yaml"
+        config_path.write_text(config, encoding="utf-8")
     kubelet = KubeletEmulator(plugin_dir)
     await kubelet.start()
     daemon = DaemonProcess(
@@ -62,11 +69,10 @@ async def running_daemon(
             str(config_path),
             "--device-plugin-path",
             str(plugin_dir),
-            "--no-labels",
             "--no-compute-mode",
             "--mps-control",
             FAKE_MPS,
-            *args,
+            *(args or ["--no-labels"]),
         ],
         log_path=workdir / "daemon.log",
         env={"GPUSLICE_SIM_CONTROL_DIR": str(control_dir), **(env or {})},

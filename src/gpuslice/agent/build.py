@@ -8,17 +8,26 @@ Kept apart from `runner` so tests and the demo can hand the agent their own doub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+
+from lightkube import AsyncClient
 
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
+from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
+from gpuslice.host.labelfile import LabelFile
+from gpuslice.k8s import NodeEvents, NodeLabeler, NodeLabelWatcher, make_client
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
@@ -104,14 +113,130 @@ def wire_metrics(agent: Agent, *, port: int, host: str = "0.0.0.0") -> MetricsSe
     return server
 
 
+def _labels_now(agent: Agent) -> dict[str, str]:
+    assert agent.state is not None
+    snap = agent.state.current
+    loaded = agent.loaded
+    no_stamp = agent.settings.no_timestamp or (
+        loaded is not None and loaded.config.flags.gfd.no_timestamp
+    )
+    return gfd_labels(
+        snap.inventory,
+        snap.plan,
+        timestamp=None if no_stamp else int(time.time()),
+        machine_type=snap.inventory.machine_type,
+    )
+
+
+def _label_interval(agent: Agent) -> float:
+    """`flags.gfd.sleepInterval` (60 s by default; "infinite" means only on changes)."""
+    interval = 60.0 if agent.loaded is None else agent.loaded.config.flags.gfd.sleep_interval
+    return 3600.0 if math.isinf(interval) or interval <= 0 else interval
+
+
+def wire_label_file(agent: Agent, path: Path | None) -> None:
+    """GFD's classic output: an NFD local feature file, rewritten on every plan change and
+    every `sleepInterval` (the timestamp), removed on shutdown as GFD does."""
+
+    def target() -> Path:
+        if path is not None:
+            return path
+        assert agent.loaded is not None
+        return Path(agent.loaded.config.flags.gfd.output_file)
+
+    def write(labels: dict[str, str]) -> None:
+        where = target()
+        try:
+            if LabelFile(where).write(labels):
+                log.info("event=labels-written path=%s count=%d", where, len(labels))
+        except OSError as exc:  # a read-only host path must not take the device plugin down
+            log.error("event=labels-write-failed path=%s error=%r", where, str(exc))
+
+    async def on_plan(_plan: Plan, _inventory: Inventory) -> None:
+        await asyncio.to_thread(write, _labels_now(agent))
+
+    async def refresh(stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _label_interval(agent))
+                if not stop.is_set():
+                    await asyncio.to_thread(write, _labels_now(agent))
+        finally:
+            await asyncio.to_thread(LabelFile(target()).remove)
+
+    agent.hooks.on_plan.append(on_plan)
+    agent.hooks.services.append(refresh)
+
+
+def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
+    """Patch the Node's labels directly (no NFD needed); only labels we wrote are touched."""
+
+    async def on_plan_refresh() -> None:
+        try:
+            await labeler.apply(_labels_now(agent))
+        except Exception:
+            log.exception("event=labels-patch-failed")
+
+    async def on_plan(_plan: Plan, _inventory: Inventory) -> None:
+        await on_plan_refresh()
+
+    async def refresh(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _label_interval(agent))
+            if not stop.is_set():
+                await on_plan_refresh()
+
+    agent.hooks.on_plan.append(on_plan)
+    agent.hooks.services.append(refresh)
+
+
+def wire_events(agent: Agent, events: NodeEvents) -> None:
+    """A rejected config is posted as a Warning Event on the Node, where
+    `kubectl describe node` shows it next to the label that asked for it."""
+
+    async def on_config(name: str, accepted: bool, message: str) -> None:
+        if accepted:
+            await events.post("ConfigApplied", message, type="Normal")
+        else:
+            await events.post(
+                "ConfigRejected",
+                f"config {name!r} refused, previous plan kept: {message}",
+                type="Warning",
+            )
+
+    agent.hooks.on_config.append(on_config)
+
+
 @asynccontextmanager
 async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     backend = await asyncio.to_thread(open_backend, settings.node)
+    watcher_task: asyncio.Task[None] | None = None
+    client: AsyncClient | None = None
     try:
-        agent = Agent(settings, backend, hooks=AgentHooks())
+        labels: asyncio.Queue[str] | None = None
+        if settings.node_name:
+            client = make_client(settings.kubeconfig)
+            labels = asyncio.Queue()
+            watcher = NodeLabelWatcher(client, settings.node_name, settings.node_label)
+            watcher_task = asyncio.create_task(watcher.feed(labels), name="node-label-watch")
+        agent = Agent(settings, backend, hooks=AgentHooks(), label_values=labels)
         wire_mps(agent, control=settings.mps_control, set_compute_mode=settings.set_compute_mode)
         if settings.metrics_port is not None:
             wire_metrics(agent, port=settings.metrics_port)
+        if settings.labels_mode == "file":
+            wire_label_file(agent, settings.labels_file)
+        elif settings.labels_mode == "api" and client is not None:
+            wire_label_api(agent, NodeLabeler(client, settings.node_name))
+        if client is not None:
+            wire_events(agent, NodeEvents(client, settings.node_name, settings.namespace))
         yield agent
     finally:
+        if watcher_task is not None:
+            watcher_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher_task
+        if client is not None:
+            await client.close()
         await asyncio.to_thread(backend.close)

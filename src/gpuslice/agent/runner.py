@@ -87,8 +87,17 @@ class Agent:
         return plan, inventory, loaded
 
     async def run(self, stop: asyncio.Event) -> None:
-        if self.label_values is not None and not self.label_values.empty():
-            self.label_value = self.label_values.get_nowait()
+        if self.label_values is not None:
+            try:
+                self.label_value = await asyncio.wait_for(
+                    self.label_values.get(), self.settings.initial_label_wait_s
+                )
+            except TimeoutError:
+                log.warning(
+                    "event=node-label-unknown label=%s waited_s=%s: planning without it",
+                    self.settings.node_label,
+                    self.settings.initial_label_wait_s,
+                )
         plan, inventory, loaded = await self.initial_plan()
         self.loaded = loaded
         self.state = PlanState(plan, inventory)

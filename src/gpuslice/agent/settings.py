@@ -51,7 +51,17 @@ class AgentSettings:
     labels_file: Path | None = None
     """Where GFD labels are written (NFD features.d); None: `flags.gfd.outputFile` of the config,
     or no file when labels are disabled."""
-    write_labels: bool = True
+    labels_mode: str = "file"
+    """`LABELS_MODE`: `file` (NFD local feature file, GFD's classic mode), `api` (patch the
+    Node's labels directly; needs RBAC to patch nodes) or `off`."""
+    no_timestamp: bool = False
+    """`GFD_NO_TIMESTAMP`: omit `nvidia.com/gfd.timestamp` (also `flags.gfd.noTimestamp`)."""
+    namespace: str = "default"
+    """`NAMESPACE`: where Events about this node are created (the pod's namespace)."""
+    initial_label_wait_s: float = 10.0
+    """How long the first plan waits for the node's config label from the API server.
+    NVIDIA's config-manager stopped blocking here (v0.18.2) and may then select a config
+    before its informer has synced; a short bounded wait avoids applying the wrong config."""
     metrics_port: int | None = None
     """Prometheus exporter port; None disables it. 0 picks a free port (tests)."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET

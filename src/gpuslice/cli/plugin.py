@@ -126,6 +126,16 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 )
 @click.option("--no-labels", is_flag=True, default=False, help="Do not write node labels.")
 @click.option(
+    "--labels-mode",
+    envvar="LABELS_MODE",
+    type=click.Choice(["file", "api", "off"]),
+    default="file",
+    show_default=True,
+    help="Write GFD labels to the NFD features.d file, patch the Node, or neither.",
+)
+@click.option("--no-timestamp", envvar="GFD_NO_TIMESTAMP", is_flag=True, default=False)
+@click.option("--namespace", envvar="NAMESPACE", default="default", help="Namespace for Events.")
+@click.option(
     "--metrics-port",
     envvar="METRICS_PORT",
     type=int,
@@ -183,7 +193,9 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         disable_healthchecks=os.environ.get("DP_DISABLE_HEALTHCHECKS"),
         enable_healthchecks=os.environ.get("DP_ENABLE_HEALTHCHECKS"),
         labels_file=params["labels_file"],
-        write_labels=not params["no_labels"],
+        labels_mode="off" if params["no_labels"] else params["labels_mode"],
+        no_timestamp=params["no_timestamp"],
+        namespace=params["namespace"],
         metrics_port=params["metrics_port"],
         pod_resources_socket=params["pod_resources_socket"],
         mps_control=tuple(params["mps_control"].split()),

@@ -104,7 +104,7 @@ async def _running_node(node: str, workdir: Path) -> AsyncIterator[tuple[Kubelet
         plugin_dir=plugin_dir,
         kubelet_socket=plugin_dir / "kubelet.sock",
         reload_interval_s=0.1,
-        write_labels=False,
+        labels_mode="off",
     )
     agent = Agent(settings, backend)
     stop = asyncio.Event()
