@@ -94,6 +94,8 @@ def wire_metrics(agent: Agent, *, port: int, host: str = "0.0.0.0") -> MetricsSe
         assignments=PodResourcesClient(settings.pod_resources_socket),
         current=current,
         hostname=settings.node_name or socket.gethostname(),
+        proc_root=settings.proc_root,
+        interval_s=settings.metrics_interval_s,
     )
     registry, counters = exporter_registry(lambda: refresher.latest)
     server = MetricsServer(registry, host=host, port=port)
@@ -222,7 +224,12 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             watcher = NodeLabelWatcher(client, settings.node_name, settings.node_label)
             watcher_task = asyncio.create_task(watcher.feed(labels), name="node-label-watch")
         agent = Agent(settings, backend, hooks=AgentHooks(), label_values=labels)
-        wire_mps(agent, control=settings.mps_control, set_compute_mode=settings.set_compute_mode)
+        wire_mps(
+            agent,
+            control=settings.mps_control,
+            set_compute_mode=settings.set_compute_mode,
+            timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
+        )
         if settings.metrics_port is not None:
             wire_metrics(agent, port=settings.metrics_port)
         if settings.labels_mode == "file":

@@ -65,8 +65,18 @@ class AgentSettings:
     metrics_port: int | None = None
     """Prometheus exporter port; None disables it. 0 picks a free port (tests)."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    metrics_interval_s: float = 10.0
+    """Seconds between metric snapshots (NVML and /proc reads); scrapes in between read the
+    same snapshot, so a scrape never waits on NVML."""
+    proc_root: Path = Path("/proc")
+    """Where `/proc/<pid>/cgroup` is read for per-pod attribution; the host's /proc under
+    hostPID. Tests point it at a fake tree."""
     mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
     """Command that runs the MPS control program (tests use the fake one)."""
+    mps_health_interval_s: float = 2.0
+    """Seconds between health commands to each MPS daemon: how fast a crashed daemon is
+    noticed, its replicas withdrawn and the daemon restarted. Each check runs the control
+    program once, so a few seconds keeps the cost negligible."""
     set_compute_mode: bool = True
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
     kubeconfig: Path | None = None

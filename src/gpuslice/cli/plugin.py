@@ -143,6 +143,22 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Serve Prometheus metrics on this port.",
 )
 @click.option(
+    "--metrics-interval",
+    envvar="METRICS_INTERVAL",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between metric snapshots.",
+)
+@click.option(
+    "--proc-root",
+    envvar="PROC_ROOT",
+    type=click.Path(path_type=Path),
+    default=Path("/proc"),
+    show_default=True,
+    help="Host /proc (for per-pod attribution; needs hostPID).",
+)
+@click.option(
     "--pod-resources-socket",
     envvar="POD_RESOURCES_SOCKET",
     type=click.Path(path_type=Path),
@@ -154,6 +170,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     envvar="MPS_CONTROL",
     default="nvidia-cuda-mps-control",
     help="Command running the MPS control program.",
+)
+@click.option(
+    "--mps-health-interval",
+    envvar="MPS_HEALTH_INTERVAL",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between MPS daemon health checks.",
 )
 @click.option(
     "--no-compute-mode",
@@ -198,8 +222,11 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         namespace=params["namespace"],
         metrics_port=params["metrics_port"],
         pod_resources_socket=params["pod_resources_socket"],
+        metrics_interval_s=params["metrics_interval"],
+        proc_root=params["proc_root"],
         mps_control=tuple(params["mps_control"].split()),
         set_compute_mode=not params["no_compute_mode"],
+        mps_health_interval_s=params["mps_health_interval"],
         kubeconfig=params["kubeconfig"],
     )
     asyncio.run(_serve(settings))

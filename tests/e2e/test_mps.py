@@ -1,0 +1,95 @@
+"""MPS sharing through the real daemon: the control daemon is started, configured, watched
+and restarted by gpuslice, and the kubelet only gets allocatable replicas while it answers.
+
+The control program is the fake one (`gpuslice.testing.fake_mps_control`, speaking the same
+commands on stdin); everything else is the production path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from daemon_fixtures import running_daemon
+
+from gpuslice.emulator.admission import AdmissionError
+
+WAIT_S = 15.0
+L40S_MIB = 46068
+
+
+def mps_config(replicas: int) -> str:
+    return (
+        "version: v1\nsharing:\n  mps:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+async def ask_daemon(pipe_dir: Path, command: str) -> str:
+    """What a pod's `echo cmd | nvidia-cuda-mps-control` would print."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gpuslice.testing.fake_mps_control",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)},
+    )
+    out, err = await proc.communicate(f"{command}\n".encode())
+    assert proc.returncode == 0, err.decode()
+    return out.decode().strip()
+
+
+async def test_mps_daemon_limits_allocate_and_restart(sock_dir: Path) -> None:
+    mps_root = sock_dir / "mps"
+    args = ["--mps-root", str(mps_root), "--mps-health-interval", "0.5", "--no-labels"]
+    async with running_daemon(sock_dir, mps_config(10), node="sim:1xl40s", args=args) as node:
+        kubelet = node.kubelet
+        pipe = mps_root / "nvidia.com/gpu/pipe"
+        # replicas become allocatable only once the control daemon answers
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 10, WAIT_S)
+        assert (mps_root / ".ready").exists()
+        assert (mps_root / "nvidia.com/gpu/.started").exists()
+
+        # the limits NVIDIA's daemon sets, read back from the control daemon
+        assert float(await ask_daemon(pipe, "get_default_active_thread_percentage")) == 10
+        limit = await ask_daemon(pipe, "get_default_device_pinned_mem_limit 0")
+        assert "4606" in limit, limit  # 46068 MiB // 10, as issue #764 shows
+
+        adm = await kubelet.admit("ml", "infer-0", [("main", {"nvidia.com/gpu": 1})])
+        c = adm.containers[0]
+        assert c.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
+        assert c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+        assert c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4606M"
+        mounts = {(m.host_path, m.container_path) for m in c.mounts}
+        assert (str(pipe), "/mps/nvidia.com/gpu/pipe") in mounts
+        assert (str(mps_root / "shm"), "/dev/shm") in mounts
+
+        # a crashed control daemon: replicas withdrawn (Unhealthy), daemon restarted,
+        # limits applied again, replicas back
+        pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 0, WAIT_S)
+        assert kubelet.capacity("nvidia.com/gpu") == 10
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 10, WAIT_S)
+        new_pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+        assert new_pid != pid
+        assert float(await ask_daemon(pipe, "get_default_active_thread_percentage")) == 10
+    # shutdown quit the daemon and cleaned its markers
+    assert not (mps_root / ".ready").exists()
+    assert not (mps_root / "nvidia.com/gpu/.started").exists()
+
+
+async def test_mps_refuses_more_than_one_replica_per_container(sock_dir: Path) -> None:
+    args = ["--mps-root", str(sock_dir / "mps"), "--no-labels"]
+    async with running_daemon(sock_dir, mps_config(4), node="sim:1xl40s", args=args) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, WAIT_S)
+        with pytest.raises(AdmissionError) as err:
+            await kubelet.admit("ml", "greedy", [("main", {"nvidia.com/gpu": 2})])
+        assert "maximum request size for shared resources is 1; found 2" in str(err.value)
