@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+
 from gpuslice.agent.configs import load_config
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
@@ -36,3 +38,10 @@ def plan_for(node: str, config_path: Path | None, config_name: str = "") -> Node
     return NodeView(
         inventory, loaded.config, loaded.name, build_plan(inventory, loaded.config), name
     )
+
+
+def console() -> Console:
+    """A terminal's own width, or 140 columns when piped (CI logs, `| less`): rich's
+    80-column default folds the tables until they cannot be read."""
+    con = Console()
+    return con if con.is_terminal else Console(width=140)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from gpuslice.cli.common import console
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.demo.scenario import DEFAULT_NODE, TIME_SLICING_CONFIG, DemoResult, Step, run_demo
@@ -104,7 +105,4 @@ def demo(node: str, config_file: Path | None, pods: int, verbose: bool) -> None:
         logging.getLogger().setLevel(logging.WARNING)
     text = config_file.read_text(encoding="utf-8") if config_file else TIME_SLICING_CONFIG
     result = asyncio.run(run_demo(node, text, pods))
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)
-    render(result, console)
+    render(result, console())

@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuslice.cli.common import NodeView, plan_for
+from gpuslice.cli.common import NodeView, console, plan_for
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
@@ -101,4 +101,4 @@ def describe_command(config_file: Path | None, config_name: str, node: str, outp
     elif output == "yaml":
         click.echo(yaml.safe_dump(report_to_dict(report), sort_keys=False), nl=False)
     else:
-        _render_table(view, report, Console())
+        _render_table(view, report, console())

@@ -44,12 +44,13 @@ def main() -> None:
 
 
 def _register() -> None:
-    from gpuslice.cli import demo, describe, labels, plugin
+    from gpuslice.cli import demo, describe, labels, plugin, top
 
     main.add_command(describe.describe_command)
     main.add_command(labels.labels)
     main.add_command(plugin.plugin)
     main.add_command(demo.demo)
+    main.add_command(top.top)
 
 
 _register()
