@@ -19,14 +19,16 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from uuid import uuid4
 
 import grpc
 
 from gpuslice.core.allocation.preferred import preferred_allocation
 from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_allocation
+from gpuslice.core.allocation.validation import device_lookup
 from gpuslice.core.errors import AllocationError
+from gpuslice.core.sharing.model import AdvertisedDevice
 from gpuslice.kubelet.convert import allocation_to_proto, device_list, plugin_options
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.state import PlanState, Snapshot
@@ -84,6 +86,8 @@ class DevicePluginServicer:
         self._log = logger
         self._dev_nodes_probe = dev_nodes_probe
         self._on_allocate = on_allocate
+        self._lookup: tuple[int, Mapping[str, AdvertisedDevice]] = (-1, {})
+        """(plan version, ID -> device): built once per version, not once per Allocate."""
 
     async def get_device_plugin_options(
         self, request: api.Empty, context: grpc.aio.ServicerContext
@@ -160,6 +164,8 @@ class DevicePluginServicer:
         responses: list[api.ContainerAllocateResponse] = []
         try:
             dev_nodes = self._dev_nodes_probe()
+            if self._lookup[0] != snapshot.version:
+                self._lookup = (snapshot.version, device_lookup(resource))
             for req in request.container_requests:
                 alloc = build_allocation(
                     resource,
@@ -167,6 +173,7 @@ class DevicePluginServicer:
                     list(req.devices_ids),
                     annotation_id=str(uuid4()),
                     dev_nodes=dev_nodes,
+                    lookup=self._lookup[1],
                 )
                 responses.append(allocation_to_proto(alloc))
         except AllocationError as exc:

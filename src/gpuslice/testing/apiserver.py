@@ -8,6 +8,8 @@ resourceVersion, `410 Gone` for a compacted version, server-side timeouts).
 Served:
 * `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch);
 * `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
+* `GET /api/v1/pods` and `GET /api/v1/namespaces/<ns>/pods` (list or watch), field
+  selectors on `spec.nodeName`, `metadata.name`, `metadata.namespace` (`,` joins them);
 * `POST/GET /api/v1/namespaces/<ns>/events`, `PATCH .../events/<name>`.
 
 Label selectors are not implemented (gpuslice does not use them): requests carrying one are
@@ -26,7 +28,8 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,8 +63,16 @@ class _Change:
     obj: Json
 
 
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "Node": ("metadata.name",),
+    "Pod": ("metadata.name", "metadata.namespace", "spec.nodeName"),
+}
+"""Field selectors served per kind (the real API server rejects others with 400 too)."""
+
+
 class FakeApiServer:
-    """Holds nodes and events; test helpers change them as a controller or a user would."""
+    """Holds nodes, pods and events; test helpers change them as a controller, the kubelet
+    or a user would."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._host = host
@@ -69,6 +80,7 @@ class FakeApiServer:
         self._rv = itertools.count(1)
         self._last_rv = 0
         self._nodes: dict[str, Json] = {}
+        self._pods: dict[tuple[str, str], Json] = {}
         self._events: dict[tuple[str, str], Json] = {}
         self._history: list[_Change] = []
         self._closing = False
@@ -177,6 +189,60 @@ class FakeApiServer:
         with self._cond:
             return copy.deepcopy(self._nodes[name])
 
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        node: str,
+        containers: Mapping[str, str] | None = None,
+    ) -> Json:
+        """A pod already bound to `node` and running. `containers` maps each container's
+        name to its status `containerID`: `containerd://<id>`, `cri-o://<id>`, ...; a bare
+        id reads as containerd's, and "" as a container not started yet (no containerID).
+        `uid` None draws a random UUID."""
+        with self._cond:
+            if (namespace, name) in self._pods:
+                raise ValueError(f"pod {namespace}/{name} already exists")
+            pod: Json = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": uid or str(uuid.uuid4()),
+                    "labels": {},
+                    "creationTimestamp": _now(),
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": c, "image": "cuda:test"} for c in containers or {}],
+                },
+                "status": {"phase": "Running", "containerStatuses": []},
+            }
+            _set_container_statuses(pod, containers or {})
+            self._pods[(namespace, name)] = pod
+            self._record("ADDED", pod)
+            return copy.deepcopy(pod)
+
+    def set_pod_containers(self, namespace: str, name: str, containers: Mapping[str, str]) -> None:
+        """Replace the pod's container statuses (a restart gives a container a new ID),
+        emitting a MODIFIED watch event. Values as for `add_pod`."""
+        with self._cond:
+            pod = self._pods[(namespace, name)]
+            pod["spec"]["containers"] = [{"name": c, "image": "cuda:test"} for c in containers]
+            _set_container_statuses(pod, containers)
+            self._record("MODIFIED", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._cond:
+            pod = self._pods.pop((namespace, name))
+            self._record("DELETED", pod)
+
+    def pod(self, namespace: str, name: str) -> Json:
+        with self._cond:
+            return copy.deepcopy(self._pods[(namespace, name)])
+
     def events(self, namespace: str | None = None) -> list[Json]:
         with self._cond:
             return [
@@ -222,6 +288,34 @@ class FakeApiServer:
         self._last_rv = rv
         obj["metadata"]["resourceVersion"] = str(rv)
         self._cond.notify_all()
+
+
+def _set_container_statuses(pod: Json, containers: Mapping[str, str]) -> None:
+    statuses: list[Json] = []
+    for container, container_id in containers.items():
+        status: Json = {
+            "name": container,
+            "image": "cuda:test",
+            "imageID": "",
+            "ready": bool(container_id),
+            "restartCount": 0,
+            "started": bool(container_id),
+            "state": {"running": {"startedAt": _now()}}
+            if container_id
+            else {"waiting": {"reason": "ContainerCreating"}},
+        }
+        if container_id:
+            scheme = "" if "://" in container_id else "containerd://"
+            status["containerID"] = scheme + container_id
+        statuses.append(status)
+    pod["status"]["containerStatuses"] = statuses
+
+
+def _field(obj: Json, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
 
 
 def _now() -> str:
@@ -354,18 +448,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> None:
         if parts[:3] == ["api", "v1", "nodes"]:
             if len(parts) == 3 and method == "GET":
-                if query.get("labelSelector"):
-                    self._send(400, _status(400, "BadRequest", "labelSelector not supported"))
-                elif query.get("watch") in ("true", "1"):
-                    self._watch_nodes(query)
-                else:
-                    self._list_nodes(query)
+                self._collection("Node", None, query)
                 return
             if len(parts) == 4:
                 self._one_node(method, parts[3], body)
                 return
+        if parts == ["api", "v1", "pods"] and method == "GET":
+            self._collection("Pod", None, query)
+            return
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 5 and parts[4] == "events":
             self._events(method, parts[3], parts[5] if len(parts) > 5 else None, body)
+            return
+        if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"] and method == "GET":
+            self._collection("Pod", parts[3], query)
             return
         self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
 
@@ -403,33 +498,52 @@ class _Handler(BaseHTTPRequestHandler):
             return merged
         raise ValueError(f"unsupported patch content type {ctype!r}")
 
-    def _selected(self, query: dict[str, str]) -> Callable[[Json], bool]:
+    def _selected(
+        self, kind: str, namespace: str | None, query: dict[str, str]
+    ) -> Callable[[Json], bool]:
+        """Which objects a list or watch of `kind` (in `namespace`, None for all) covers."""
+        wanted: list[tuple[str, str]] = [("kind", kind)]
+        if namespace is not None:
+            wanted.append(("metadata.namespace", namespace))
         selector = query.get("fieldSelector", "")
-        if not selector:
-            return lambda _obj: True
-        key, _, value = selector.replace("==", "=").partition("=")
-        if key != "metadata.name" or "," in selector:
-            raise ValueError(f"field selector {selector!r} not supported")
-        return lambda obj: bool(obj["metadata"]["name"] == value)
+        for term in filter(None, selector.split(",")):
+            key, eq, value = term.replace("==", "=").partition("=")
+            if not eq or "!" in key or key not in _FIELDS[kind]:
+                raise ValueError(f"field selector {selector!r} not supported")
+            wanted.append((key, value))
+        return lambda obj: all(_field(obj, key) == value for key, value in wanted)
 
-    def _list_nodes(self, query: dict[str, str]) -> None:
+    def _collection(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
+        if query.get("labelSelector"):
+            self._send(400, _status(400, "BadRequest", "labelSelector not supported"))
+        elif query.get("watch") in ("true", "1"):
+            self._watch(kind, namespace, query)
+        else:
+            self._list(kind, namespace, query)
+
+    def _store(self, kind: str) -> list[Json]:
+        """Every object of `kind` (call with the lock held)."""
         api = self.server_state
-        wanted = self._selected(query)
+        return list(api._nodes.values() if kind == "Node" else api._pods.values())
+
+    def _list(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
+        api = self.server_state
+        wanted = self._selected(kind, namespace, query)
         with api._cond:
-            items = [n for n in api._nodes.values() if wanted(n)]
+            items = [o for o in self._store(kind) if wanted(o)]
             self._send(
                 200,
                 {
                     "apiVersion": "v1",
-                    "kind": "NodeList",
+                    "kind": f"{kind}List",
                     "metadata": {"resourceVersion": str(api._last_rv)},
                     "items": items,
                 },
             )
 
-    def _watch_nodes(self, query: dict[str, str]) -> None:
+    def _watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
         api = self.server_state
-        wanted = self._selected(query)
+        wanted = self._selected(kind, namespace, query)
         since = query.get("resourceVersion", "")
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -438,7 +552,7 @@ class _Handler(BaseHTTPRequestHandler):
             generation = api._watch_generation
             pending: list[tuple[str, Json]]
             if since in ("", "0"):
-                pending = [("ADDED", copy.deepcopy(n)) for n in api._nodes.values() if wanted(n)]
+                pending = [("ADDED", copy.deepcopy(o)) for o in self._store(kind) if wanted(o)]
                 position = api._last_rv
             else:
                 start = int(since)

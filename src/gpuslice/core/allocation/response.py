@@ -182,6 +182,7 @@ def build_allocation(
     annotation_id: str,
     dev_nodes: frozenset[str] = frozenset(),
     mig_caps: Mapping[str, tuple[str, ...]] | None = None,
+    lookup: Mapping[str, AdvertisedDevice] | None = None,
 ) -> ContainerAllocation:
     """The response for one container request; AllocationError if the request is invalid.
 
@@ -189,12 +190,13 @@ def build_allocation(
     specs, as in NVIDIA's plugin). `mig_caps`: MIG UUID -> capability device paths
     (`/dev/nvidia-caps/nvidia-cap<N>` for its GI and CI); empty means none are passed, which
     is enough when the NVIDIA container runtime injects them itself. Both only matter with
-    `passDeviceSpecs`.
+    `passDeviceSpecs`. `lookup`: `device_lookup(resource)` built once per plan by the caller;
+    without it every call rebuilds it (O(devices): 0.5 ms at 8,192 replicas).
 
     Order follows NVIDIA: CDI edits, MPS, gdrcopy/gds/mofed; if every selected strategy is a
     CDI one the response ends there, otherwise envvar, volume-mounts and device specs follow.
     """
-    devices = validate_request(resource, device_ids)
+    devices = validate_request(resource, device_ids, lookup)
     physical = physical_ids(devices, settings)
     ids = [key for key, _ in physical]
     strategies = settings.device_list_strategies
