@@ -8,6 +8,7 @@ and SIGTERM.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -17,6 +18,7 @@ from daemon_fixtures import running_daemon
 from gpuslice.emulator.admission import AdmissionError
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.testing.daemon import DaemonProcess
 
 WAIT_S = 10.0
 
@@ -202,3 +204,23 @@ async def test_sigterm_removes_sockets_and_exits_cleanly(sock_dir: Path) -> None
         assert code == 0, node.daemon.log()
         assert node.plugin_sockets() == set()
         assert "event=stopped" in node.daemon.log()
+
+
+async def test_init_failure_exits_2_or_waits_when_fail_on_init_error_is_false(
+    sock_dir: Path,
+) -> None:
+    base = ["--node", "sim:2xnot-a-gpu", "--device-plugin-path", str(sock_dir), "--no-labels"]
+    failing = DaemonProcess(base, log_path=sock_dir / "fail.log")
+    await failing.start()
+    assert await failing.wait_exit(30) == 2
+    assert "unknown GPU model 'not-a-gpu'; known models: a100-40gb" in failing.log()
+    assert "Traceback" not in failing.log()
+
+    waiting = DaemonProcess([*base, "--no-fail-on-init-error"], log_path=sock_dir / "wait.log")
+    await waiting.start()
+    deadline = asyncio.get_running_loop().time() + 30
+    while "event=init-failed" not in waiting.log():
+        assert waiting.running, waiting.log()
+        assert asyncio.get_running_loop().time() < deadline, waiting.log()
+        await asyncio.sleep(0.05)
+    assert await waiting.terminate() == 0

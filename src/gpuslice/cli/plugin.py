@@ -18,9 +18,13 @@ import click
 from click.core import ParameterSource
 
 from gpuslice.agent.build import build_agent
+from gpuslice.agent.configs import load_config
+from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import DEFAULT_NODE_LABEL, DEFAULT_PLUGIN_DIR, AgentSettings
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
+from gpuslice.core.errors import GpusliceError
+from gpuslice.ports import BackendError
 
 # CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
 OVERRIDES = {
@@ -245,6 +249,24 @@ async def _serve(settings: AgentSettings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(sig, on_signal, sig)
-    async with build_agent(settings) as agent:
-        await agent.run(stop)
+    agent: Agent | None = None
+    try:
+        async with build_agent(settings) as agent:
+            await agent.run(stop)
+    except (GpusliceError, BackendError) as exc:
+        if (agent is not None and agent.started.is_set()) or _fail_on_init_error(settings):
+            raise
+        # NVIDIA's behaviour with failOnInitError=false: stay up, so a DaemonSet pod on a
+        # node without a usable GPU does not crash-loop; the log says why nothing is served.
+        logging.getLogger("gpuslice").error(
+            "event=init-failed error=%r failOnInitError=false: waiting indefinitely", str(exc)
+        )
+        await stop.wait()
     logging.getLogger("gpuslice").info("event=stopped")
+
+
+def _fail_on_init_error(settings: AgentSettings) -> bool:
+    try:
+        return bool(load_config(settings).config.flags.fail_on_init_error)
+    except GpusliceError:
+        return True
