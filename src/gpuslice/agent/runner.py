@@ -143,7 +143,10 @@ class Agent:
         self._log_plan(plan, loaded.name)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)
-        await self._notify(loaded.name, True, f"applied config {loaded.name or '(single)'}")
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(plan.counts().items())) or "none"
+        await self._notify(
+            loaded.name, True, f"applied config {loaded.name or '(single)'}: {counts}"
+        )
         return True
 
     async def _notify(self, name: str, accepted: bool, message: str) -> None:
