@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from plan_nodes import ONE_G_10GB, a100_40, a100_80, l40s, node, seed, t4, v100
 
+from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import PlanError
@@ -252,3 +253,18 @@ def test_mps_root_from_the_config_is_kept() -> None:
         _mps("    - {name: gpu, replicas: 2}\n", flags="flags:\n  mpsRoot: /var/mps\n")
     )
     assert build_plan(node(t4(0)), config).allocate.mps_root == "/var/mps"
+
+
+def test_mps_on_a_whole_gpu_in_mig_mode_is_refused() -> None:
+    """Under migStrategy none a MIG-enabled GPU is advertised whole, but no CUDA context (so
+    no MPS server) can run on it; GFD refuses this too ("MPS sharing is not supported for
+    mig devices")."""
+    backend = open_backend("sim:1xa100-40gb/mig=3g.20gb*2")
+    inventory = backend.inventory()
+    backend.close()
+    config = parse_config(
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
+        "      replicas: 2\n"
+    )
+    with pytest.raises(PlanError, match="MPS sharing is not supported for mig devices"):
+        build_plan(inventory, config)

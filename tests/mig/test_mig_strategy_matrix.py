@@ -20,7 +20,7 @@ from mig_nodes import (
 )
 
 from gpuslice.backends.simulated.models import MODELS
-from gpuslice.core.devices import Inventory
+from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.errors import PlanError
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
@@ -64,7 +64,7 @@ def test_none_advertises_whole_gpus_and_warns(model: str, profile: str, count: i
     assert plan.counts() == {"nvidia.com/gpu": GPUS}
     res = plan.resource("nvidia.com/gpu")
     assert res is not None
-    assert [d.id for d in res.devices] == [g.uuid for g in inv.gpus]
+    assert [str(d.id) for d in res.devices] == [str(g.uuid) for g in inv.gpus]
     assert {d.physical.kind for d in res.devices} == {"gpu"}
     assert {d.physical.product_name for d in res.devices} == {PRODUCTS[model]}
     assert [w for w in plan.warnings if "MIG enabled but migStrategy is 'none'" in w] == [
@@ -88,7 +88,7 @@ def test_single_advertises_each_mig_device_as_a_gpu(model: str, profile: str, co
     assert _index_ids(plan, "nvidia.com/gpu") == [
         f"{g}:{j}" for g in range(GPUS) for j in range(count)
     ]
-    by_uuid = {m.uuid: m for g in inv.gpus for m in g.mig_devices}
+    by_uuid: dict[str, MigDevice] = {m.uuid: m for g in inv.gpus for m in g.mig_devices}
     for dev in res.devices:
         phys = dev.physical
         mig = by_uuid[phys.uuid]
@@ -151,7 +151,7 @@ def test_mixed_with_a_gpu_out_of_mig_mode(model: str) -> None:
     }
     gpu = plan.resource("nvidia.com/gpu")
     assert gpu is not None
-    assert [d.id for d in gpu.devices] == [inv.gpus[1].uuid]
+    assert [str(d.id) for d in gpu.devices] == [str(inv.gpus[1].uuid)]
 
 
 @pytest.mark.parametrize("model", MIG_MODELS)
@@ -251,7 +251,8 @@ def test_seed_001_a100_single_on_the_simulated_node() -> None:
     assert {(d.physical.memory_mib, d.physical.multiprocessors) for d in res.devices} == {
         (9728, 14)
     }
-    assert sorted(d.physical.gi_id for d in res.devices) == list(range(7, 14))
+    gi_ids = [d.physical.gi_id for d in res.devices]
+    assert sorted(g for g in gi_ids if g is not None) == list(range(7, 14))
 
 
 def test_seed_001_helm_values_single_on_the_simulated_node() -> None:

@@ -258,6 +258,13 @@ def _check_mps(unit: _Unit, replicas: int, where: str, name: str) -> None:
             f"device {unit.physical.index_id}); share MIG devices with time-slicing, or use "
             "MPS on whole GPUs (migStrategy 'none')"
         )
+    if unit.gpu.mig_enabled:
+        raise PlanError(
+            f"{where}: MPS sharing is not supported for mig devices: GPU {unit.gpu.index} "
+            f"'{unit.gpu.product_name}' has MIG mode enabled, so CUDA (and an MPS server) "
+            "cannot run on the whole GPU; disable MIG on it (nvidia-smi -i "
+            f"{unit.gpu.index} -mig 0) or share its MIG devices with time-slicing"
+        )
     limit = _mps_limit(unit.gpu)
     if replicas > limit:
         major, minor = unit.gpu.compute_capability
