@@ -154,7 +154,9 @@ def test_mig_shares_in_words() -> None:
         ("nvidia.com/mig-3g.40gb", "2:1"),
     ]
     assert shares[0].share == "1g.10gb: 9.5 GiB, 14 SMs, hardware-isolated"
-    assert shares[1].share.startswith("1/2 of the time on MIG 3g.40gb: 39.2 GiB, 42 SMs")
+    assert shares[1].share.startswith(
+        "1/2 of the time of MIG 3g.40gb (39.2 GiB, 42 SMs), no memory isolation"
+    )
     assert shares[1].share.endswith("no memory isolation, 19.6 GiB if shared evenly")
 
 

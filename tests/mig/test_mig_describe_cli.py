@@ -103,7 +103,7 @@ def test_describe_yaml_mixed_layout_with_seed_002_time_slicing() -> None:
     ]
     small = [s for s in mig_gpu["resources"] if s["resource"] == "nvidia.com/mig-1g.5gb"]
     assert [s["replicas"] for s in small] == [2, 2]
-    assert all(s["share"].startswith("1/2 of the time on MIG 1g.5gb") for s in small)
+    assert all(s["share"].startswith("1/2 of the time of MIG 1g.5gb (") for s in small)
     assert plain["mig_devices"] == []
 
 

@@ -21,7 +21,8 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     title += f" · MIG strategy {report.mig_strategy}"
     if view.config_name:
         title += f" · config {view.config_name}"
-    res = Table(title=title, title_justify="left")
+    console.print(f"[bold]{title}[/bold]")
+    res = Table()
     res.add_column("resource")
     res.add_column("advertised", justify="right")
     for name, count in report.resources:

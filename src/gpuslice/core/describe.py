@@ -87,7 +87,11 @@ def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
             f"total_memory inside the pod still reports the whole GPU ({gib(phys.memory_mib)} "
             "GiB): the limit is enforced by MPS, not shown by CUDA"
         )
-    where = f" on MIG {_mig_words(phys)}" if phys.kind == "mig" else ""
+    where = (
+        f" of MIG {phys.profile} ({gib(phys.memory_mib)} GiB, {phys.multiprocessors} SMs)"
+        if phys.kind == "mig"
+        else ""
+    )
     return (
         f"1/{dev.replicas} of the time{where}, no memory isolation, "
         f"{gib(phys.memory_mib / dev.replicas)} GiB if shared evenly"

@@ -157,6 +157,8 @@ class NodePods:
         while True:
             try:
                 async for _ in self._list_then_watch():
+                    # Only a watch event proves the loop healthy: a list that works while
+                    # every watch fails (RBAC without "watch") must still back off.
                     delays = self._backoff.delays()
                     expired_last_time = False
             except _Expired:
@@ -183,7 +185,7 @@ class NodePods:
 
     async def _list_then_watch(self) -> AsyncGenerator[None, None]:
         """List the node's pods, replace the cache, then apply watch events from the list's
-        resourceVersion. Yields after the list and after each event (progress)."""
+        resourceVersion. Yields after each watch event (progress)."""
         listing = self._client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": self._node})
         fresh: dict[PodUid, PodEntry] = {}
         async for pod in listing:
@@ -195,7 +197,6 @@ class NodePods:
         self.lists += 1
         self._publish()
         log.info("event=pods-listed node=%s pods=%d", self._node, len(fresh))
-        yield
         events = self._client.watch(
             Pod,
             namespace=ALL_NS,

@@ -252,7 +252,8 @@ class FakeApiServer:
             ]
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-        """Block until `predicate()` holds (re-checked on every change) or the timeout."""
+        """Block until `predicate()` holds (re-checked on every change and request) or the
+        timeout."""
         with self._cond:
             return self._cond.wait_for(predicate, timeout=timeout_s)
 
@@ -436,6 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
                 RecordedRequest(method, url.path, query, self.headers.get("Content-Type", ""))
             )
             failure = api._fail_next.pop(0) if api._fail_next else None
+            api._cond.notify_all()  # `wait_for` predicates may count requests
         if failure is not None:
             self._send(failure, _status(failure, "ServiceUnavailable", "injected failure"))
             return
