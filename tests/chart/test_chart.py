@@ -106,6 +106,14 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
     assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]} in rules
 
 
+def test_pods_are_readable_only_when_metrics_attribute_them() -> None:
+    """Per-pod attribution maps pod UIDs through the API; without metrics, no pod access."""
+    pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    assert pods_rule in one(render(), "ClusterRole")["rules"]
+    off = one(render(metrics={"enabled": False}), "ClusterRole")["rules"]
+    assert not [r for r in off if "pods" in r.get("resources", [])]
+
+
 def test_service_monitor_only_when_asked() -> None:
     assert not [m for m in render().manifests if m["kind"] == "ServiceMonitor"]
     result = render("mig-mixed-monitoring")

@@ -14,6 +14,7 @@ from daemon_fixtures import running_daemon
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.podresources import PodResourcesEmulator
+from gpuslice.testing.apiserver import running_apiserver
 
 WAIT_S = 15.0
 POD_UID = "0f3c2a4e-8b1d-4c5e-9a7f-1234567890ab"
@@ -145,3 +146,65 @@ async def test_pod_usage_appears_and_disappears_with_the_pod(sock_dir: Path) -> 
             await kubelet.delete_pod("ml", "infer-0")
             node.control.remove_process(PID)
             await wait_scrape(port, lambda t: not has_pod(t), "infer-0 to disappear")
+
+
+async def test_two_pods_time_slicing_one_gpu_are_told_apart(sock_dir: Path) -> None:
+    """The case DCGM exporter could not attribute for years: two pods on replicas of one GPU.
+
+    PodResources says both hold a replica of GPU 0; only the pod UIDs in their processes'
+    cgroups (mapped to pods through the API server) tell whose memory is whose."""
+    uids = {
+        "trainer": "11111111-2222-4333-8444-555555555555",
+        "notebook": "66666666-7777-4888-9999-000000000000",
+    }
+    cids = {"trainer": "b" * 64, "notebook": "c" * 64}
+    pids = {"trainer": 5001, "notebook": 5002}
+    proc = sock_dir / "proc"
+    for pod, pid in pids.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(
+            f"0::/kubepods/burstable/pod{uids[pod]}/{cids[pod]}\n"  # cgroupfs driver
+        )
+    port = free_port()
+    pr_socket = sock_dir / "pr.sock"
+    with running_apiserver() as api:
+        api.add_node("gpu-node-1")
+        for pod in uids:
+            api.add_pod("ml", pod, uids[pod], "gpu-node-1", {"main": f"containerd://{cids[pod]}"})
+        args = [
+            "--no-labels",
+            "--node-name",
+            "gpu-node-1",
+            "--kubeconfig",
+            str(api.write_kubeconfig(sock_dir / "kubeconfig")),
+            "--metrics-port",
+            str(port),
+            "--metrics-interval",
+            "0.2",
+            "--proc-root",
+            str(proc),
+            "--pod-resources-socket",
+            str(pr_socket),
+        ]
+        async with running_daemon(sock_dir, CONFIG, node="sim:1xt4", args=args) as node:
+            kubelet = node.kubelet
+            async with PodResourcesEmulator(pr_socket, kubelet.assignments):
+                await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 4, WAIT_S)
+                for pod in uids:
+                    await kubelet.admit("ml", pod, [("main", {"nvidia.com/gpu": 1})])
+                node.control.add_process(pids["trainer"], 0, used_memory_mib=9000)
+                node.control.add_process(pids["notebook"], 0, used_memory_mib=512)
+
+                def both(text: str) -> bool:
+                    found = samples(text, "gpuslice_pod_memory_used_bytes")
+                    return {lbl["pod"] for lbl, _ in found} == set(uids)
+
+                text = await wait_scrape(port, both, "both pods' memory")
+                used = {lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_memory_used_bytes")}
+                assert used == {"trainer": 9000 * 2**20, "notebook": 512 * 2**20}
+                entitled = {
+                    lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_entitled_memory_bytes")
+                }
+                # the trainer is over its fair share of the T4 (15360 MiB / 4), the notebook not
+                over = {p for p in used if used[p] > entitled[p]}
+                assert over == {"trainer"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -222,11 +223,12 @@ async def test_reconnects_and_relists_after_the_stream_is_cut(
 
 
 async def test_relists_when_the_watch_resumes_from_a_compacted_version(
-    api: FakeApiServer, client: AsyncClient
+    api: FakeApiServer, client: AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpuslice.k8s.pods")
     api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
-    # A 1 s server timeout makes lightkube resume the watch from the list's version,
-    # which compaction has made too old: 410 Gone.
+    # Whether the watch starts after the compaction or lightkube resumes it after the 1 s
+    # server timeout, it asks for the list's version, which compaction dropped: 410 Gone.
     pods = NodePods(client, NODE, backoff=FAST, server_timeout_s=1)
     async with running(pods):
         await until(pods, lambda: pods.lists >= 1)
@@ -237,6 +239,7 @@ async def test_relists_when_the_watch_resumes_from_a_compacted_version(
         assert pods.uid_map() == {PodUid(UID_A): ("ml", "a")}
         api.delete_pod("ml", "a")
         await until(pods, lambda: pods.uid_map() == {})
+    assert "event=pod-watch-expired" in caplog.text
     assert pods.reconnects >= 1
 
 
@@ -254,8 +257,9 @@ async def test_stop_before_the_api_answers(api: FakeApiServer, client: AsyncClie
     api.fail_next_requests(1000)
     pods = NodePods(client, NODE, backoff=FAST)
     async with running(pods):
-        await server_sees(api, lambda: len(api.requests) >= 2)
+        await server_sees(api, lambda: len(api.requests) >= 3)
     assert pods.uid_map() is None
+    assert pods.reconnects >= 2
 
 
 def test_node_name_is_required(client: AsyncClient) -> None:

@@ -27,7 +27,7 @@ from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.labelfile import LabelFile
-from gpuslice.k8s import NodeEvents, NodeLabeler, NodeLabelWatcher, make_client
+from gpuslice.k8s import NodeEvents, NodeLabeler, NodeLabelWatcher, NodePods, make_client
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
@@ -79,8 +79,15 @@ def wire_mps(
     return manager
 
 
-def wire_metrics(agent: Agent, *, port: int, host: str = "0.0.0.0") -> MetricsServer:
-    """Serve Prometheus metrics; scrapes read the latest snapshot and never wait on NVML."""
+def wire_metrics(
+    agent: Agent, *, port: int, host: str = "0.0.0.0", pods: NodePods | None = None
+) -> MetricsServer:
+    """Serve Prometheus metrics; scrapes read the latest snapshot and never wait on NVML.
+
+    `pods` (this node's pods from the API server) maps a process's pod UID to its pod: the
+    only way to tell apart several pods time-slicing one GPU. Without it, attribution falls
+    back to the sole holder of a GPU (see `core.attribution`).
+    """
     settings = agent.settings
 
     def current() -> tuple[Plan, Inventory] | None:
@@ -96,6 +103,8 @@ def wire_metrics(agent: Agent, *, port: int, host: str = "0.0.0.0") -> MetricsSe
         hostname=settings.node_name or socket.gethostname(),
         proc_root=settings.proc_root,
         interval_s=settings.metrics_interval_s,
+        pods=pods.uid_map if pods is not None else None,
+        container_names=pods.container_names if pods is not None else None,
     )
     registry, counters = exporter_registry(lambda: refresher.latest)
     server = MetricsServer(registry, host=host, port=port)
@@ -111,6 +120,8 @@ def wire_metrics(agent: Agent, *, port: int, host: str = "0.0.0.0") -> MetricsSe
     agent.hooks.on_config.append(on_config)
     agent.hooks.on_health.append(counters.record_health_transition)
     agent.hooks.services.extend([refresher.run, serve])
+    if pods is not None:
+        agent.hooks.services.append(pods.run)
     agent.manager_options["on_allocate"] = counters.record_allocate
     return server
 
@@ -231,7 +242,8 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
         )
         if settings.metrics_port is not None:
-            wire_metrics(agent, port=settings.metrics_port)
+            node_pods = NodePods(client, settings.node_name) if client is not None else None
+            wire_metrics(agent, port=settings.metrics_port, pods=node_pods)
         if settings.labels_mode == "file":
             wire_label_file(agent, settings.labels_file)
         elif settings.labels_mode == "api" and client is not None:
