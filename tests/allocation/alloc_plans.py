@@ -68,36 +68,11 @@ def mig_gpu(index: int, profiles: Sequence[tuple[str, int, int, int, int]]) -> G
 
 
 def whole(g: Gpu) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=g.uuid,
-        index_id=g.index_id,
-        gpu_uuid=g.uuid,
-        gpu_index=g.index,
-        kind="gpu",
-        product_name=g.product_name,
-        memory_mib=g.memory_mib,
-        multiprocessors=g.multiprocessors,
-        minor=g.minor,
-        numa_node=g.numa_node,
-    )
+    return PhysicalDevice.of_gpu(g)
 
 
 def mig(g: Gpu, j: int) -> PhysicalDevice:
-    m = g.mig_devices[j]
-    return PhysicalDevice(
-        uuid=m.uuid,
-        index_id=m.index_id,
-        gpu_uuid=g.uuid,
-        gpu_index=g.index,
-        kind="mig",
-        product_name=g.product_name,
-        memory_mib=m.memory_mib,
-        multiprocessors=m.multiprocessors,
-        minor=g.minor,
-        profile=m.profile,
-        gi_id=m.gi_id,
-        ci_id=m.ci_id,
-    )
+    return PhysicalDevice.of_mig(g, g.mig_devices[j])
 
 
 def shared(

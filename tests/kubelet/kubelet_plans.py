@@ -54,18 +54,7 @@ def inventory(gpus: Sequence[Gpu]) -> Inventory:
 
 
 def physical(g: Gpu) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=g.uuid,
-        index_id=g.index_id,
-        gpu_uuid=g.uuid,
-        gpu_index=g.index,
-        kind="gpu",
-        product_name=g.product_name,
-        memory_mib=g.memory_mib,
-        multiprocessors=g.multiprocessors,
-        minor=g.minor,
-        numa_node=g.numa_node,
-    )
+    return PhysicalDevice.of_gpu(g)
 
 
 def whole(gpus: Sequence[Gpu], name: str = "nvidia.com/gpu") -> ResourcePlan:

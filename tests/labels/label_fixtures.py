@@ -78,34 +78,11 @@ def inventory(*gpus: Gpu, driver: str = "550.54.14", cuda: int = 12040) -> Inven
 
 
 def physical_gpu(g: Gpu) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=g.uuid,
-        index_id=g.index_id,
-        gpu_uuid=g.uuid,
-        gpu_index=g.index,
-        kind="gpu",
-        product_name=g.product_name,
-        memory_mib=g.memory_mib,
-        multiprocessors=g.multiprocessors,
-        minor=g.minor,
-    )
+    return PhysicalDevice.of_gpu(g)
 
 
 def physical_mig(g: Gpu, m: MigDevice) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=m.uuid,
-        index_id=m.index_id,
-        gpu_uuid=g.uuid,
-        gpu_index=g.index,
-        kind="mig",
-        product_name=g.product_name,
-        memory_mib=m.memory_mib,
-        multiprocessors=m.multiprocessors,
-        minor=g.minor,
-        profile=m.profile,
-        gi_id=m.gi_id,
-        ci_id=m.ci_id,
-    )
+    return PhysicalDevice.of_mig(g, m)
 
 
 def resource(

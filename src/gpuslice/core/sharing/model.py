@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NewType
 
-from gpuslice.core.devices import GpuUuid
+from gpuslice.core.devices import Gpu, GpuUuid, MigDevice
 
 ResourceName = NewType("ResourceName", str)
 """Fully qualified extended resource name, e.g. `nvidia.com/gpu.shared`."""
@@ -64,6 +64,41 @@ class PhysicalDevice:
     """MIG profile (`1g.10gb`), None for a whole GPU."""
     gi_id: int | None = None
     ci_id: int | None = None
+
+    @classmethod
+    def of_gpu(cls, gpu: Gpu) -> PhysicalDevice:
+        """A whole GPU as an allocatable unit."""
+        return cls(
+            uuid=gpu.uuid,
+            index_id=gpu.index_id,
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            kind="gpu",
+            product_name=gpu.product_name,
+            memory_mib=gpu.memory_mib,
+            multiprocessors=gpu.multiprocessors,
+            minor=gpu.minor,
+            numa_node=gpu.numa_node,
+        )
+
+    @classmethod
+    def of_mig(cls, gpu: Gpu, mig: MigDevice) -> PhysicalDevice:
+        """One MIG device of `gpu` as an allocatable unit (device nodes are the parent's)."""
+        return cls(
+            uuid=mig.uuid,
+            index_id=mig.index_id,
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            kind="mig",
+            product_name=gpu.product_name,
+            memory_mib=mig.memory_mib,
+            multiprocessors=mig.multiprocessors,
+            minor=gpu.minor,
+            numa_node=gpu.numa_node,
+            profile=mig.profile,
+            gi_id=mig.gi_id,
+            ci_id=mig.ci_id,
+        )
 
 
 @dataclass(frozen=True, slots=True)

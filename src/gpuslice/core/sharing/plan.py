@@ -21,7 +21,7 @@ from gpuslice.core.config import (
     allocate_settings,
 )
 from gpuslice.core.config.fields import SHARED_SUFFIX
-from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.errors import PlanError
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
@@ -84,39 +84,6 @@ class _Resource:
 def _glob(pattern: str) -> re.Pattern[str]:
     """NVIDIA's resource patterns: `*` matches any run of characters, anchored (v0.20+)."""
     return re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$")
-
-
-def _gpu_physical(gpu: Gpu) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=gpu.uuid,
-        index_id=gpu.index_id,
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        kind="gpu",
-        product_name=gpu.product_name,
-        memory_mib=gpu.memory_mib,
-        multiprocessors=gpu.multiprocessors,
-        minor=gpu.minor,
-        numa_node=gpu.numa_node,
-    )
-
-
-def _mig_physical(gpu: Gpu, mig: MigDevice) -> PhysicalDevice:
-    return PhysicalDevice(
-        uuid=mig.uuid,
-        index_id=mig.index_id,
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        kind="mig",
-        product_name=gpu.product_name,
-        memory_mib=mig.memory_mib,
-        multiprocessors=mig.multiprocessors,
-        minor=gpu.minor,
-        numa_node=gpu.numa_node,
-        profile=mig.profile,
-        gi_id=mig.gi_id,
-        ci_id=mig.ci_id,
-    )
 
 
 def _mig_resource_name(profile: str) -> ResourceName:
@@ -210,7 +177,7 @@ def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_U
             )
         if not use_mig[g.index]:
             name = _name_for(g.product_name, gpu_patterns, "GPU name", "gpus")
-            units.append(_Unit(_gpu_physical(g), g, name, -1))
+            units.append(_Unit(PhysicalDevice.of_gpu(g), g, name, -1))
             continue
         if not g.mig_devices:
             warnings.append(
@@ -218,7 +185,7 @@ def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_U
             )
         for m in sorted(g.mig_devices, key=lambda m: m.index):
             name = _name_for(m.profile, mig_patterns, "MIG profile", "mig")
-            units.append(_Unit(_mig_physical(g, m), g, name, m.index))
+            units.append(_Unit(PhysicalDevice.of_mig(g, m), g, name, m.index))
     return units
 
 
