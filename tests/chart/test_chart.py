@@ -114,6 +114,15 @@ def test_pods_are_readable_only_when_metrics_attribute_them() -> None:
     assert not [r for r in off if "pods" in r.get("resources", [])]
 
 
+def test_host_pid_for_attribution_or_mps() -> None:
+    def host_pid(**values: Any) -> bool:
+        return bool(one(render(**values), "DaemonSet")["spec"]["template"]["spec"]["hostPID"])
+
+    assert host_pid(metrics={"enabled": False}), "the MPS control daemon needs it"
+    assert not host_pid(metrics={"enabled": False}, mps={"enableHostPID": False})
+    assert host_pid(mps={"enableHostPID": False}), "per-pod attribution needs it"
+
+
 def test_service_monitor_only_when_asked() -> None:
     assert not [m for m in render().manifests if m["kind"] == "ServiceMonitor"]
     result = render("mig-mixed-monitoring")
