@@ -32,4 +32,4 @@ def test_a_leaked_task_fails_the_test(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     # the leaking test passes its own body, then errors at the fixture's teardown
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*test leaked asyncio tasks: ['forgotten']*"])
+    result.stdout.re_match_lines([r".*test leaked asyncio tasks: \['forgotten'\]"])
