@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from mig_guide import MAX_INSTANCES
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.mignames import mig_profile_name
@@ -59,46 +60,7 @@ def test_pci_device_ids_match_mig_parted_filters(key: str, device_id: int) -> No
     assert gpu.pci_device_id == device_id
 
 
-# Maximum instance counts from the MIG User Guide tables and mig-parted's `all-*` configs.
-MAX_COUNTS = {
-    "a100-40gb": {
-        "1g.5gb": 7,
-        "1g.5gb+me": 1,
-        "1g.10gb": 4,
-        "2g.10gb": 3,
-        "3g.20gb": 2,
-        "4g.20gb": 1,
-        "7g.40gb": 1,
-    },
-    "a100-80gb": {
-        "1g.10gb": 7,
-        "1g.10gb+me": 1,
-        "1g.20gb": 4,
-        "2g.20gb": 3,
-        "3g.40gb": 2,
-        "4g.40gb": 1,
-        "7g.80gb": 1,
-    },
-    "h100-80gb": {
-        "1g.10gb": 7,
-        "1g.10gb+me": 1,
-        "1g.20gb": 4,
-        "2g.20gb": 3,
-        "3g.40gb": 2,
-        "4g.40gb": 1,
-        "7g.80gb": 1,
-    },
-    "h200": {
-        "1g.18gb": 7,
-        "1g.18gb+me": 1,
-        "1g.35gb": 4,
-        "2g.35gb": 3,
-        "3g.71gb": 2,
-        "4g.71gb": 1,
-        "7g.141gb": 1,
-    },
-    "a30": {"1g.6gb": 4, "1g.6gb+me": 1, "2g.12gb": 2, "2g.12gb+me": 1, "4g.24gb": 1},
-}
+MAX_COUNTS = MAX_INSTANCES
 CASES = [(model, profile, n) for model, table in MAX_COUNTS.items() for profile, n in table.items()]
 
 
