@@ -189,6 +189,7 @@ def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
         try:
             await labeler.apply(_labels_now(agent))
         except Exception:
+            # the API server being unreachable must not take the device plugin down
             log.exception("event=labels-patch-failed")
 
     async def on_plan(_plan: Plan, _inventory: Inventory) -> None:

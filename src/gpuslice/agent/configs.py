@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.config import Config, apply_overrides, parse_config
 from gpuslice.core.config.selection import select_config
-from gpuslice.host.configfiles import NamedConfigs, read_configs
+from gpuslice.host.configfiles import NamedConfigs, fingerprint, read_configs
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,6 @@ def current_fingerprint(settings: AgentSettings) -> tuple[tuple[str, int, int], 
     if settings.config_path is None:
         return ()
     try:
-        return read_configs(settings.config_path).fingerprint
-    except Exception:
+        return fingerprint(settings.config_path)
+    except OSError:  # a ConfigMap volume mid-update (symlink swap): retried next tick
         return ()

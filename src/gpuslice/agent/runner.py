@@ -139,7 +139,7 @@ class Agent:
         snapshot = self.state.current
         if plan == snapshot.plan and inventory == snapshot.inventory:
             return True
-        self.state.publish(plan=plan, inventory=inventory, unhealthy=self._unhealthy(inventory))
+        self.state.publish(plan=plan, inventory=inventory, unhealthy=self._unhealthy())
         self._log_plan(plan, loaded.name)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)
@@ -154,6 +154,7 @@ class Agent:
             try:
                 await listener(name, accepted, message)
             except Exception:
+                # a listener (e.g. the Events API being down) must not stop reloads
                 log.exception("event=config-listener-failed")
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
@@ -189,7 +190,7 @@ class Agent:
 
     # -- health ----------------------------------------------------------------------------
 
-    def _unhealthy(self, inventory: Inventory) -> frozenset[str]:
+    def _unhealthy(self) -> frozenset[str]:
         return self.health.unhealthy | self.extra_unhealthy
 
     def set_withdrawn(self, uuids: frozenset[str]) -> None:
@@ -198,8 +199,7 @@ class Agent:
         if uuids == self.extra_unhealthy:
             return
         self.extra_unhealthy = uuids
-        snap = self.state.current
-        self.state.publish(unhealthy=self._unhealthy(snap.inventory))
+        self.state.publish(unhealthy=self._unhealthy())
 
     async def _health_loop(self, stop: asyncio.Event) -> None:
         assert self.state is not None
@@ -227,7 +227,7 @@ class Agent:
                 event.xid,
                 ",".join(sorted(self.health.unhealthy)) or "-",
             )
-            self.state.publish(unhealthy=self._unhealthy(inventory))
+            self.state.publish(unhealthy=self._unhealthy())
             for uuid in self.health.unhealthy ^ before:
                 for on_health in self.hooks.on_health:
                     on_health(uuid, uuid not in self.health.unhealthy)

@@ -82,6 +82,16 @@ def read_config_file(path: Path) -> NamedConfigs:
     return NamedConfigs(texts={SINGLE: text}, source=str(path), single_file=True, fingerprint=fp)
 
 
+def fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """What `read_configs(path).fingerprint` would be, from `stat` alone: the reload loop
+    asks every second, and reading every config's text for that would be wasted work."""
+    if path.is_dir():
+        return _fingerprint(
+            sorted(p for p in path.iterdir() if not p.name.startswith("..") and p.is_file())
+        )
+    return _fingerprint([path])
+
+
 def read_configs(path: Path) -> NamedConfigs:
     if path.is_dir():
         return read_config_dir(path)
