@@ -75,12 +75,11 @@ class DemoResult:
     steps: list[Step] = field(default_factory=list)
 
 
-async def _wait(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"demo: timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+async def _wait(kubelet: KubeletEmulator, predicate: Callable[[], bool], what: str) -> None:
+    try:
+        await kubelet.wait_for(predicate, 10.0)
+    except TimeoutError:
+        raise TimeoutError(f"demo: timed out waiting for {what}") from None
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -151,7 +150,7 @@ async def run_demo(
     names = [POD_NAMES[i] if i < len(POD_NAMES) else f"gpu-workload-{i}" for i in range(pods)]
     with tempfile.TemporaryDirectory(prefix="gsdemo-", dir="/tmp") as tmp:
         async with _running_node(node, Path(tmp)) as (kubelet, config_path):
-            await _wait(lambda: kubelet.capacity(RESOURCE) > 0, 10, "the plugin to register")
+            await _wait(kubelet, lambda: kubelet.capacity(RESOURCE) > 0, "the plugin to register")
             result.steps.append(
                 Step("node registered, no sharing configured", counts=_counts(kubelet))
             )
@@ -168,8 +167,8 @@ async def run_demo(
             before = kubelet.capacity(RESOURCE)
             _write_atomically(config_path, config_text)
             await _wait(
+                kubelet,
                 lambda: kubelet.capacity(RESOURCE) != before or not kubelet.has(RESOURCE),
-                10,
                 "the new config to be advertised",
             )
             result.steps.append(
