@@ -13,7 +13,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -147,9 +147,35 @@ def _label_interval(agent: Agent) -> float:
     return 3600.0 if math.isinf(interval) or interval <= 0 else interval
 
 
+def _wire_labels(
+    agent: Agent,
+    publish: Callable[[dict[str, str]], Awaitable[None]],
+    retract: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Publish the GFD labels on every plan put in force and every `sleepInterval` (the
+    timestamp moves); `retract` them on shutdown where the output mode says so."""
+
+    async def on_plan(_plan: Plan, _inventory: Inventory) -> None:
+        await publish(_labels_now(agent))
+
+    async def refresh(stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _label_interval(agent))
+                if not stop.is_set():
+                    await publish(_labels_now(agent))
+        finally:
+            if retract is not None:
+                await retract()
+
+    agent.hooks.on_plan.append(on_plan)
+    agent.hooks.services.append(refresh)
+
+
 def wire_label_file(agent: Agent, path: Path | None) -> None:
-    """GFD's classic output: an NFD local feature file, rewritten on every plan change and
-    every `sleepInterval` (the timestamp), removed on shutdown as GFD does."""
+    """GFD's classic output: an NFD local feature file, replaced atomically, removed on
+    shutdown as GFD does (NFD then drops the labels)."""
 
     def target() -> Path:
         if path is not None:
@@ -165,45 +191,27 @@ def wire_label_file(agent: Agent, path: Path | None) -> None:
         except OSError as exc:  # a read-only host path must not take the device plugin down
             log.error("event=labels-write-failed path=%s error=%r", where, str(exc))
 
-    async def on_plan(_plan: Plan, _inventory: Inventory) -> None:
-        await asyncio.to_thread(write, _labels_now(agent))
+    async def publish(labels: dict[str, str]) -> None:
+        await asyncio.to_thread(write, labels)
 
-    async def refresh(stop: asyncio.Event) -> None:
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), _label_interval(agent))
-                if not stop.is_set():
-                    await asyncio.to_thread(write, _labels_now(agent))
-        finally:
-            await asyncio.to_thread(LabelFile(target()).remove)
+    async def retract() -> None:
+        await asyncio.to_thread(LabelFile(target()).remove)
 
-    agent.hooks.on_plan.append(on_plan)
-    agent.hooks.services.append(refresh)
+    _wire_labels(agent, publish, retract)
 
 
 def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
-    """Patch the Node's labels directly (no NFD needed); only labels we wrote are touched."""
+    """Patch the Node's labels directly (no NFD needed); only labels we wrote are touched.
+    They stay on shutdown: a restarting agent would otherwise make them flap."""
 
-    async def on_plan_refresh() -> None:
+    async def publish(labels: dict[str, str]) -> None:
         try:
-            await labeler.apply(_labels_now(agent))
+            await labeler.apply(labels)
         except Exception:
             # the API server being unreachable must not take the device plugin down
             log.exception("event=labels-patch-failed")
 
-    async def on_plan(_plan: Plan, _inventory: Inventory) -> None:
-        await on_plan_refresh()
-
-    async def refresh(stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _label_interval(agent))
-            if not stop.is_set():
-                await on_plan_refresh()
-
-    agent.hooks.on_plan.append(on_plan)
-    agent.hooks.services.append(refresh)
+    _wire_labels(agent, publish)
 
 
 def wire_events(agent: Agent, events: NodeEvents) -> None:
