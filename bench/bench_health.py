@@ -24,17 +24,11 @@ import time
 from pathlib import Path
 
 from gpuslice.backends.simulated.control import ControlDir
+from gpuslice.demo.scenario import TIME_SLICING_CONFIG
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.testing.daemon import DaemonProcess
 
-CONFIG = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
+CONFIG = TIME_SLICING_CONFIG
 RESOURCE = "nvidia.com/gpu"
 BUDGET_S = 1.0
 

@@ -122,7 +122,7 @@ def wire_metrics(
     agent.hooks.services.extend([refresher.run, serve])
     if pods is not None:
         agent.hooks.services.append(pods.run)
-    agent.manager_options["on_allocate"] = counters.record_allocate
+    agent.hooks.on_allocate = counters.record_allocate
     return server
 
 

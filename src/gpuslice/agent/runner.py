@@ -24,6 +24,7 @@ from gpuslice.core.health import HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
+from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.kubelet.state import PlanState
 from gpuslice.ports import GpuBackend
 
@@ -40,6 +41,8 @@ class AgentHooks:
     on_config: list[ConfigListener] = field(default_factory=list)
     on_plan: list[Callable[[Plan, Inventory], Awaitable[None]]] = field(default_factory=list)
     """Called with each plan put in force (the first one too): labels, MPS daemons."""
+    on_allocate: AllocateObserver | None = None
+    """Told (resource, succeeded, seconds) after every Allocate (the metrics counters)."""
     on_health: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (physical UUID, healthy) on every health transition."""
     services: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(
@@ -74,8 +77,6 @@ class Agent:
         self.loaded: LoadedConfig | None = None
         self.state: PlanState | None = None
         self.started = asyncio.Event()
-        self.manager_options: dict[str, Any] = {}
-        """Extra keyword arguments for the device plugin manager (metrics hooks)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class Agent:
             self.state,
             plugin_dir=self.settings.plugin_dir,
             kubelet_socket=self.settings.kubelet_socket,
-            **self.manager_options,
+            on_allocate=self.hooks.on_allocate,
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(stop), name="device-plugins")

@@ -14,6 +14,7 @@ from gpuslice.core.config import Config
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
+from gpuslice.ports import GpuBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,14 +26,19 @@ class NodeView:
     backend_name: str
 
 
-def plan_for(node: str, config_path: Path | None, config_name: str = "") -> NodeView:
-    """What a node would advertise with a config: no sockets, no daemons."""
-    backend = open_backend(node)
-    try:
-        inventory = backend.inventory()
-        name = backend.name
-    finally:
-        backend.close()
+def plan_for(
+    node: str, config_path: Path | None, config_name: str = "", backend: GpuBackend | None = None
+) -> NodeView:
+    """What a node would advertise with a config: no sockets, no daemons. Uses `backend`
+    when the caller already holds one open, else opens and closes the node's own."""
+    if backend is None:
+        own = open_backend(node)
+        try:
+            return plan_for(node, config_path, config_name, own)
+        finally:
+            own.close()
+    inventory = backend.inventory()
+    name = backend.name
     settings = AgentSettings(node=node, config_path=config_path, config_name=config_name)
     loaded = load_config(settings)
     return NodeView(

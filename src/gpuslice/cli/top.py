@@ -30,11 +30,11 @@ async def _run(
     proc_root: Path,
     watch: float | None,
 ) -> None:
-    view = plan_for(node, config_file, config_name)
     backend = await asyncio.to_thread(open_backend, node)
     has_kubelet = await asyncio.to_thread(pod_resources.exists)
     client = PodResourcesClient(pod_resources) if has_kubelet else None
     try:
+        view = await asyncio.to_thread(plan_for, node, config_file, config_name, backend)
         refresher = SnapshotRefresher(
             backend=backend,
             assignments=client,
