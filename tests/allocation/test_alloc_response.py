@@ -280,9 +280,14 @@ def test_unknown_id_is_reported_before_size() -> None:
         alloc(res, ["GPU-0000::0", "nope"])
 
 
-def test_duplicate_and_empty_requests_are_rejected() -> None:
-    with pytest.raises(AllocationError, match=r"more than once: GPU-0000::1"):
-        alloc(TS, ["GPU-0000::1", "GPU-0000::1"])
+def test_repeated_id_is_granted_once_like_nvidia_server_allocate() -> None:
+    """NVIDIA `internal/plugin/server.go` (TestAllocate, "Deduplicate requested device IDs"):
+    a repeated ID is de-duplicated and granted, not refused."""
+    granted = alloc(TS, ["GPU-0000::1", "GPU-0000::1", "GPU-0001::0"])
+    assert granted.env("NVIDIA_VISIBLE_DEVICES") == "GPU-0000,GPU-0001"
+
+
+def test_empty_request_is_rejected() -> None:
     with pytest.raises(AllocationError, match="no devices requested"):
         alloc(TS, [])
 
