@@ -53,8 +53,7 @@ def test_missing_version_means_v1() -> None:
 
 def test_null_values_take_the_default() -> None:
     config = parse_config(
-        "version: null\nflags:\n  useNodeFeatureAPI: null\n  migStrategy: null\n"
-        "  gfd: null\n"
+        "version: null\nflags:\n  useNodeFeatureAPI: null\n  migStrategy: null\n  gfd: null\n"
     )
     assert config == parse_config("")
 

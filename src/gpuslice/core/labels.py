@@ -19,10 +19,11 @@ replica counts, and several advertised resources may share one original name):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import Plan, ResourcePlan, SharingStrategy
 
 PREFIX = "nvidia.com/"
@@ -81,7 +82,7 @@ def gfd_labels(
     if plan.mig_strategy != "none":
         labels[PREFIX + "mig.strategy"] = plan.mig_strategy
     labels.update(_resource_labels(inventory, plan))
-    if plan.mig_strategy == "single" and _single_layout_invalid(inventory):
+    if plan.mig_strategy == "single" and single_layout_problem(inventory.gpus) is not None:
         for key in [k for k in labels if k.startswith(GPU_RESOURCE + ".")]:
             if key.removeprefix(GPU_RESOURCE + ".").startswith(_MIG_ONLY):
                 del labels[key]
@@ -231,22 +232,6 @@ def _mig_labels(
         f"{name}.engines.jpeg": str(first.engines_jpeg),
         f"{name}.engines.ofa": str(first.engines_ofa),
     }
-
-
-def _single_layout_invalid(inventory: Inventory) -> bool:
-    """GFD's `single` validity: all GPUs in MIG mode, each with MIG devices, one profile."""
-    enabled = [g.mig_enabled for g in inventory.gpus]
-    if not any(enabled):
-        return False  # no MIG at all: `single` labels the whole GPUs
-    if not all(enabled):
-        return True
-    if any(not g.mig_devices for g in inventory.gpus):
-        return True
-    return len(_profiles(inventory.mig_devices())) != 1
-
-
-def _profiles(migs: Iterable[MigDevice]) -> set[str]:
-    return {m.profile for m in migs}
 
 
 def _invalid_single(inventory: Inventory) -> dict[str, str]:

@@ -182,6 +182,9 @@ class Plan:
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
     mig_strategy: MigStrategy = "none"
     warnings: tuple[str, ...] = ()
+    mig_layout_problem: str | None = None
+    """Why `single` cannot serve this node's MIG layout (nothing is advertised for it then,
+    and the labels say `-MIG-INVALID`), or None."""
 
     def counts(self) -> dict[str, int]:
         return {r.name: len(r.devices) for r in self.resources}
