@@ -129,6 +129,16 @@ def numa_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
     return node if node >= 0 else None
 
 
+def pci_class_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
+    """The 24-bit PCI class code (`0x030200`), read from sysfs as GFD does (go-nvlib's
+    nvpci): NVML does not report it. None when the file is missing or unreadable."""
+    try:
+        text = (sys_root / "bus/pci/devices" / sysfs_bus_id(nvml_bus_id) / "class").read_text()
+        return int(text.strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
 class NvmlBackend:
     """Implements `gpuslice.ports.GpuBackend` over NVML."""
 
@@ -304,6 +314,7 @@ class NvmlBackend:
             mig_pending=pending,
             mig_devices=mig_devices,
             pci_device_id=int(pci.pciDeviceId),
+            pci_class=pci_class_from_sysfs(self._sys_root, bus_id),
         )
 
     def _multiprocessors(self, handle: Any, capability: tuple[int, int]) -> int:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA, Gpu, Inventory, MigDevice
 from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import Plan, ResourcePlan, SharingStrategy
 
@@ -57,6 +57,16 @@ def gpu_family(compute_capability: tuple[int, int]) -> str:
     return "undefined"
 
 
+def gpu_mode(gpus: Sequence[Gpu]) -> str:
+    """GFD's `gpu.mode` from the PCI class: `graphics` for VGA controllers, `compute` for 3D
+    controllers, `unknown` for anything else or when the GPUs disagree
+    (`internal/lm/nvml.go`, TestGPUModeLabeler)."""
+    classes = {g.pci_class for g in gpus}
+    if len(classes) != 1:
+        return "unknown"
+    return {PCI_CLASS_VGA: "graphics", PCI_CLASS_3D: "compute"}.get(classes.pop(), "unknown")
+
+
 def mig_profile_label(profile: str) -> str:
     """`1g.10gb+me` -> `1g.10gb.me`: the form NVIDIA uses in resource and label names."""
     return profile.replace("+", ".")
@@ -78,7 +88,7 @@ def gfd_labels(
     uses_mps = any(r.strategy == "mps" for r in plan.resources)
     any_mig = any(g.mig_enabled for g in inventory.gpus)
     labels[PREFIX + "mps.capable"] = _bool(uses_mps and not any_mig)
-    labels[PREFIX + "gpu.mode"] = "compute"
+    labels[PREFIX + "gpu.mode"] = gpu_mode(inventory.gpus)
     if plan.mig_strategy != "none":
         labels[PREFIX + "mig.strategy"] = plan.mig_strategy
     labels.update(_resource_labels(inventory, plan))
@@ -166,7 +176,17 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
         sharing = _sharing(group)
         if gpu_uuids:
             gpus = [g for g in inventory.gpus if g.uuid in set(gpu_uuids)]
-            out |= _full_gpu_labels(label_name, gpus, sharing)
+            if all(g.mig_enabled for g in gpus):
+                # GFD labels a MIG-enabled GPU without sharing (replicas 0, strategy none, no
+                # -SHARED): its replicas cannot run CUDA while MIG is on
+                # (`internal/lm/mig-strategy.go`, TestMigStrategyNoneLabels).
+                sharing = _Sharing(replicas=0, strategy="none", shared_suffix=False)
+            also: list[Gpu] = []
+            if label_name == GPU_RESOURCE:
+                # GFD counts GPUs by product over MIG-enabled and whole GPUs alike, so under
+                # `mixed` a MIG A100 next to a whole A100 gives count 2.
+                also = [g for g in inventory.gpus if g.mig_enabled and g not in gpus]
+            out |= _full_gpu_labels(label_name, gpus, sharing, also)
         elif mig_uuids:
             wanted = set(mig_uuids)
             migs = [m for m in inventory.mig_devices() if m.uuid in wanted]
@@ -184,11 +204,13 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
     return out
 
 
-def _full_gpu_labels(name: str, gpus: Sequence[Gpu], sharing: _Sharing) -> dict[str, str]:
+def _full_gpu_labels(
+    name: str, gpus: Sequence[Gpu], sharing: _Sharing, also_counted: Sequence[Gpu] = ()
+) -> dict[str, str]:
     ordered = sorted(gpus, key=lambda g: g.index)
     first = ordered[0]
     product = sanitise(first.product_name)
-    count = sum(1 for g in ordered if g.product_name == first.product_name)
+    count = sum(1 for g in [*ordered, *also_counted] if g.product_name == first.product_name)
     if sharing.shared_suffix:
         product += "-SHARED"
     return {

@@ -99,6 +99,7 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
         mig_pending=group.mig_enabled if group.mig_pending is None else group.mig_pending,
         mig_devices=mig_devices,
         pci_device_id=model.pci_device_id,
+        pci_class=model.pci_class,
     )
 
 
