@@ -64,7 +64,8 @@ def gpu_mode(gpus: Sequence[Gpu]) -> str:
     classes = {g.pci_class for g in gpus}
     if len(classes) != 1:
         return "unknown"
-    return {PCI_CLASS_VGA: "graphics", PCI_CLASS_3D: "compute"}.get(classes.pop(), "unknown")
+    modes: dict[int | None, str] = {PCI_CLASS_VGA: "graphics", PCI_CLASS_3D: "compute"}
+    return modes.get(classes.pop(), "unknown")
 
 
 def mig_profile_label(profile: str) -> str:
