@@ -300,3 +300,40 @@ def test_same_inputs_give_equal_responses() -> None:
     again = alloc(TS, ["GPU-0000::0", "GPU-0001::1"], settings, aid="k", dev_nodes=ALL_NODES)
     assert first == again
     assert hash(first) == hash(again)
+
+
+def test_imex_channel_reaches_the_container_like_nvidia_server_go() -> None:
+    """NVIDIA `internal/plugin/server.go` (getAllocateResponse) with `internal/imex/imex.go`:
+    a present channel adds NVIDIA_IMEX_CHANNELS (envvar), an `imex/<id>` mount
+    (volume-mounts), the `imex-channel=<id>` CDI device, and its device spec."""
+    settings = AllocateSettings(imex_channels=(0,), pass_device_specs=True)
+    a = alloc(TS, ["GPU-0000::0"], settings)
+    assert a.env("NVIDIA_IMEX_CHANNELS") == "0"
+    assert (
+        DeviceSpec(
+            container_path="/dev/nvidia-caps-imex-channels/channel0",
+            host_path="/dev/nvidia-caps-imex-channels/channel0",
+            permissions="rw",
+        )
+        in a.devices
+    )
+    mounts = alloc(
+        TS,
+        ["GPU-0000::0"],
+        AllocateSettings(imex_channels=(0,), device_list_strategies=("volume-mounts",)),
+    )
+    assert (
+        Mount(
+            container_path="/var/run/nvidia-container-devices/imex/0",
+            host_path="/dev/null",
+            read_only=False,
+        )
+        in mounts.mounts
+    )
+    cdi = alloc(
+        TS,
+        ["GPU-0000::0"],
+        AllocateSettings(imex_channels=(0,), device_list_strategies=("cdi-cri",)),
+    )
+    assert "k8s.device-plugin.nvidia.com/imex-channel=0" in cdi.cdi_devices
+    assert alloc(TS, ["GPU-0000::0"]).env("NVIDIA_IMEX_CHANNELS") is None

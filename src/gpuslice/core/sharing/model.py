@@ -174,6 +174,9 @@ class AllocateSettings:
     gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    imex_channels: tuple[int, ...] = ()
+    """`imex.channelIDs` whose device node exists on the host (the agent checks; NVIDIA
+    skips a missing channel unless `imex.required`, when it refuses to start)."""
 
 
 @dataclass(frozen=True, slots=True)
