@@ -114,3 +114,9 @@ def test_pci_class_from_sysfs(tmp_path: Path) -> None:
     (device / "class").write_text("garbage\n")
     assert pci_class_from_sysfs(tmp_path, "00000000:07:00.0") is None
     assert pci_class_from_sysfs(tmp_path, "00000000:08:00.0") is None
+
+
+def test_mig_config_change_event_asks_for_a_re_plan() -> None:
+    """nvmlEventMigConfigChange (0x100) is not a health problem: the agent re-plans."""
+    event = translate_event(0x100, 0, NO_INSTANCE, NO_INSTANCE, "GPU-1")
+    assert event == HealthEvent("inventory-changed", "GPU-1")

@@ -34,15 +34,20 @@ def _labels(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+@pytest.mark.parametrize(
+    "interval",
+    ["0.2", "3600"],
+    ids=["periodic-re-read", "backend-event"],  # 3600: only the MIG change event can do it
+)
 async def test_invalid_single_layout_stays_up_and_recovers_live(
-    sock_dir: Path, apiserver: FakeApiServer
+    sock_dir: Path, apiserver: FakeApiServer, interval: str
 ) -> None:
     apiserver.add_node(NODE)
     labels_file = sock_dir / "features.d" / "gfd"
     kubeconfig = apiserver.write_kubeconfig(sock_dir / "kubeconfig")
     args = [
         "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--namespace", "gpu-system",
-        "--labels-file", str(labels_file), "--no-timestamp", "--inventory-interval", "0.2",
+        "--labels-file", str(labels_file), "--no-timestamp", "--inventory-interval", interval,
     ]  # fmt: skip
     node_spec = "sim:1xa100-80gb/mig=1g.10gb*7,1xa100-80gb"  # GPU 1 out of MIG mode
     async with running_daemon(sock_dir, SINGLE, node=node_spec, args=args, expect="") as node:

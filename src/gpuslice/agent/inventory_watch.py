@@ -2,7 +2,9 @@
 
 Seed 001: after `nvidia-smi mig -cgi` NVIDIA's plugin crash-loops ("invalid MIG
 configuration") until someone deletes its pod. Here a loop re-reads the inventory every
-`inventory_interval_s`; when MIG mode or the layout changed it re-plans through the agent's
+`inventory_interval_s` (a backend's `inventory-changed` event, such as NVML's MIG config
+change, makes the agent re-plan at once; this loop catches what no event reports, such as
+a MIG mode switch after a GPU reset); when anything changed it re-plans through the agent's
 own `reload`, so the same validation and publishing apply as for a config change. A layout
 that `migStrategy: single` cannot serve is not an error: the plan advertises nothing for
 it, the labels say `-MIG-INVALID`, and a Warning Event says what to change. Once the layout
@@ -18,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gpuslice.agent.runner import Agent
+from gpuslice.ports import BackendError
 
 log = logging.getLogger("gpuslice.agent")
 
@@ -49,7 +52,12 @@ async def _watch(agent: Agent, warn: Warn | None, stop: asyncio.Event) -> None:
         state = agent.state
         if state is None:
             continue
-        inventory = await asyncio.to_thread(agent.backend.inventory)
+        try:
+            inventory = await asyncio.to_thread(agent.backend.inventory)
+        except BackendError as exc:
+            # a GPU that stops answering is the health loop's business; keep re-reading
+            log.warning("event=inventory-read-failed error=%r", str(exc))
+            continue
         if inventory != state.current.inventory:
             log.info("event=inventory-changed: re-planning")
             await agent.reload("inventory")

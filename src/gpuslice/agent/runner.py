@@ -211,6 +211,9 @@ class Agent:
             )
             if event is None:
                 continue
+            if event.kind == "inventory-changed":  # MIG mode or layout changed
+                await self.reload("inventory-event")
+                continue
             inventory = self.state.current.inventory
             before = self.health.unhealthy
             self.health = self.health.apply(event, inventory, self.policy)

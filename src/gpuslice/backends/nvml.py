@@ -45,6 +45,8 @@ EVENT_DBE = 0x2
 EVENT_XID = 0x8
 EVENT_GPU_UNAVAILABLE = 0x4000
 EVENT_RECOVERY_ACTION = 0x8000
+EVENT_MIG_CONFIG_CHANGE = 0x100
+"""`nvmlEventMigConfigChange`: GPU or compute instances created or destroyed."""
 RECOVERY_ACTION_NONE = 0
 
 WAIT_SLICE_S = 0.5
@@ -102,6 +104,8 @@ def translate_event(
         return HealthEvent("lost", gpu_uuid)
     if event_type & EVENT_RECOVERY_ACTION and event_data == RECOVERY_ACTION_NONE:
         return HealthEvent("recovered", gpu_uuid)
+    if event_type & EVENT_MIG_CONFIG_CHANGE:
+        return HealthEvent("inventory-changed", gpu_uuid)
     return None
 
 
@@ -515,7 +519,14 @@ class NvmlBackend:
         except nv.NVMLError as exc:
             log.warning("event=nvml-health-disabled reason=%s", exc)
             return
-        wanted = EVENT_XID | EVENT_DBE | EVENT_SBE | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
+        wanted = (
+            EVENT_XID
+            | EVENT_DBE
+            | EVENT_SBE
+            | EVENT_GPU_UNAVAILABLE
+            | EVENT_RECOVERY_ACTION
+            | EVENT_MIG_CONFIG_CHANGE
+        )
         registered = 0
         for handle in self._handles:
             try:

@@ -242,6 +242,7 @@ class SimulatedBackend:
         with self._lock:
             gpus = tuple(new if g.uuid == gpu.uuid else g for g in self._inventory.gpus)
             self._inventory = dataclasses.replace(self._inventory, gpus=gpus)
+        self._events.put(HealthEvent("inventory-changed", gpu.uuid))
 
     def resolve_gpu(self, ref: str | int) -> Gpu:
         """A GPU by UUID or index (the control directory and node files accept both)."""
