@@ -205,7 +205,6 @@ def test_mps_env_and_mounts_with_default_root() -> None:
     a = alloc(res, ["GPU-0000::3"])
     assert dict(a.envs) == {
         "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe",
-        "CUDA_MPS_LOG_DIRECTORY": "/mps/nvidia.com/gpu/log",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4606M",
         "NVIDIA_VISIBLE_DEVICES": "GPU-0000",

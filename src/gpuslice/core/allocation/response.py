@@ -131,12 +131,13 @@ def _mps_edits(
 
     NVIDIA sets only the pipe directory; the limit variables are our addition. A client can
     only lower the daemon's defaults, so setting them equal to the defaults changes nothing
-    for enforcement but makes the share visible to code inside the pod.
+    for enforcement but makes the share visible to code inside the pod. No
+    `CUDA_MPS_LOG_DIRECTORY`: only the control daemon and server write logs, and the log
+    directory is not mounted into the container.
     """
     root = settings.mps_root or DEFAULT_MPS_ROOT
     pipe = f"{MPS_CONTAINER_ROOT}/{resource.name}/pipe"
     envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
-    envs["CUDA_MPS_LOG_DIRECTORY"] = f"{MPS_CONTAINER_ROOT}/{resource.name}/log"
     mounts.append(
         Mount(
             container_path=pipe,
