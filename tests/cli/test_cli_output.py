@@ -126,3 +126,14 @@ def test_describe_json_gives_each_share_as_fields(tmp_path: Path) -> None:
 
     whole = _share(_describe(tmp_path, "sim:1xt4", ""))
     assert (whole["isolation"], whole["sm_share"], whole["memory_mib"]) == ("none", 1.0, 15360)
+
+
+def test_demo_json_lists_its_steps() -> None:
+    data = json.loads(_run("demo", "-o", "json"))
+    assert data["node"] == "sim:2xt4"
+    assert len(data["steps"]) >= 3
+
+
+@pytest.mark.parametrize("command", ["describe", "labels", "top", "demo"])
+def test_every_data_command_takes_output(command: str) -> None:
+    assert "-o, --output [table|json|yaml]" in _run(command, "--help")
