@@ -4,7 +4,10 @@ Three steps, each a pure function: physical units per MIG strategy (whole GPUs o
 devices), a base resource name per unit from the `resources` patterns, then the sharing
 entries turn selected units into replicas (and move them to a new name when renamed).
 Everything NVIDIA would refuse at start-up is a `PlanError` here, with NVIDIA's wording and
-what to change, so a bad config is rejected before anything is advertised.
+what to change, so a bad config is rejected before anything is advertised. One exception: a
+MIG layout `single` cannot serve is the node's state, not the config's fault, and fixing it
+needs no config change; the plan then advertises nothing and carries the reason in
+`mig_layout_problem` (NVIDIA's plugin crash-loops there instead).
 """
 
 from __future__ import annotations
