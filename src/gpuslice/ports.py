@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from gpuslice.core.devices import Inventory
 
-HealthEventKind = Literal["xid", "recovered", "lost"]
+HealthEventKind = Literal["xid", "recovered", "lost", "inventory-changed"]
 
 NO_INSTANCE = 0xFFFFFFFF
 """NVML's marker for "not attributable to a MIG GPU/compute instance"."""
@@ -26,7 +26,9 @@ class HealthEvent:
     `xid` events carry the XID number; under MIG, `gi_id`/`ci_id` say which instance the
     error belongs to, or are None when NVML could not attribute it (the whole GPU then).
     `recovered` says the device answers normally again (NVIDIA never recovers; we do).
-    `lost` is a device that stopped answering at all.
+    `lost` is a device that stopped answering at all. `inventory-changed` is not about
+    health: the GPU's MIG mode or layout changed (NVML's MIG config change event), and the
+    agent re-plans now instead of at its next periodic inventory read.
     """
 
     kind: HealthEventKind

@@ -205,7 +205,6 @@ def test_mps_env_and_mounts_with_default_root() -> None:
     a = alloc(res, ["GPU-0000::3"])
     assert dict(a.envs) == {
         "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe",
-        "CUDA_MPS_LOG_DIRECTORY": "/mps/nvidia.com/gpu/log",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4606M",
         "NVIDIA_VISIBLE_DEVICES": "GPU-0000",
@@ -280,9 +279,14 @@ def test_unknown_id_is_reported_before_size() -> None:
         alloc(res, ["GPU-0000::0", "nope"])
 
 
-def test_duplicate_and_empty_requests_are_rejected() -> None:
-    with pytest.raises(AllocationError, match=r"more than once: GPU-0000::1"):
-        alloc(TS, ["GPU-0000::1", "GPU-0000::1"])
+def test_repeated_id_is_granted_once_like_nvidia_server_allocate() -> None:
+    """NVIDIA `internal/plugin/server.go` (TestAllocate, "Deduplicate requested device IDs"):
+    a repeated ID is de-duplicated and granted, not refused."""
+    granted = alloc(TS, ["GPU-0000::1", "GPU-0000::1", "GPU-0001::0"])
+    assert granted.env("NVIDIA_VISIBLE_DEVICES") == "GPU-0000,GPU-0001"
+
+
+def test_empty_request_is_rejected() -> None:
     with pytest.raises(AllocationError, match="no devices requested"):
         alloc(TS, [])
 
@@ -295,3 +299,40 @@ def test_same_inputs_give_equal_responses() -> None:
     again = alloc(TS, ["GPU-0000::0", "GPU-0001::1"], settings, aid="k", dev_nodes=ALL_NODES)
     assert first == again
     assert hash(first) == hash(again)
+
+
+def test_imex_channel_reaches_the_container_like_nvidia_server_go() -> None:
+    """NVIDIA `internal/plugin/server.go` (getAllocateResponse) with `internal/imex/imex.go`:
+    a present channel adds NVIDIA_IMEX_CHANNELS (envvar), an `imex/<id>` mount
+    (volume-mounts), the `imex-channel=<id>` CDI device, and its device spec."""
+    settings = AllocateSettings(imex_channels=(0,), pass_device_specs=True)
+    a = alloc(TS, ["GPU-0000::0"], settings)
+    assert a.env("NVIDIA_IMEX_CHANNELS") == "0"
+    assert (
+        DeviceSpec(
+            container_path="/dev/nvidia-caps-imex-channels/channel0",
+            host_path="/dev/nvidia-caps-imex-channels/channel0",
+            permissions="rw",
+        )
+        in a.devices
+    )
+    mounts = alloc(
+        TS,
+        ["GPU-0000::0"],
+        AllocateSettings(imex_channels=(0,), device_list_strategies=("volume-mounts",)),
+    )
+    assert (
+        Mount(
+            container_path="/var/run/nvidia-container-devices/imex/0",
+            host_path="/dev/null",
+            read_only=False,
+        )
+        in mounts.mounts
+    )
+    cdi = alloc(
+        TS,
+        ["GPU-0000::0"],
+        AllocateSettings(imex_channels=(0,), device_list_strategies=("cdi-cri",)),
+    )
+    assert "k8s.device-plugin.nvidia.com/imex-channel=0" in cdi.cdi_devices
+    assert alloc(TS, ["GPU-0000::0"]).env("NVIDIA_IMEX_CHANNELS") is None

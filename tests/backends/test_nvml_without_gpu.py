@@ -17,6 +17,7 @@ from gpuslice.backends import open_backend
 from gpuslice.backends.nvml import (
     cores_per_sm,
     numa_from_sysfs,
+    pci_class_from_sysfs,
     sysfs_bus_id,
     translate_event,
 )
@@ -102,3 +103,20 @@ def test_numa_from_sysfs(tmp_path: Path) -> None:
     (dev / "numa_node").write_text("-1\n")  # no NUMA information
     assert numa_from_sysfs(tmp_path, "00000000:87:00.0") is None
     assert numa_from_sysfs(tmp_path, "00000000:07:00.0") is None
+
+
+def test_pci_class_from_sysfs(tmp_path: Path) -> None:
+    """GFD reads the class from sysfs (go-nvlib nvpci); NVML does not report it."""
+    device = tmp_path / "bus/pci/devices/0000:07:00.0"
+    device.mkdir(parents=True)
+    (device / "class").write_text("0x030000\n")
+    assert pci_class_from_sysfs(tmp_path, "00000000:07:00.0") == 0x030000
+    (device / "class").write_text("garbage\n")
+    assert pci_class_from_sysfs(tmp_path, "00000000:07:00.0") is None
+    assert pci_class_from_sysfs(tmp_path, "00000000:08:00.0") is None
+
+
+def test_mig_config_change_event_asks_for_a_re_plan() -> None:
+    """nvmlEventMigConfigChange (0x100) is not a health problem: the agent re-plans."""
+    event = translate_event(0x100, 0, NO_INSTANCE, NO_INSTANCE, "GPU-1")
+    assert event == HealthEvent("inventory-changed", "GPU-1")

@@ -125,3 +125,26 @@ def test_a_separate_process_receives_injected_xids(tmp_path: Path) -> None:
     assert result["event"] == ["xid", ready[1], 79]
     assert result["processes"] == [[31337, ready[1], 64 * MIB]]
     assert ctl.pending() == []
+
+
+def test_mig_command_changes_mode_and_layout_live(sim: SimulatedBackend, tmp_path: Path) -> None:
+    ctl = ControlDir(tmp_path / "ctl")
+    a30 = sim.inventory().gpus[2]
+    ctl.set_mig(2, enabled=True, layout="1g.6gb*4")
+    after = sim.inventory().gpus[2]
+    assert after.uuid == a30.uuid
+    assert [m.profile for m in after.mig_devices] == ["1g.6gb"] * 4
+    ctl.set_mig(2, enabled=False)
+    off = sim.inventory().gpus[2]
+    assert not off.mig_enabled
+    assert off.mig_devices == ()
+    ctl.set_mig(2, enabled=True)  # MIG mode on, no instances yet
+    assert sim.inventory().gpus[2].mig_enabled
+    assert sim.inventory().gpus[2].mig_devices == ()
+    # A layout that does not fit, or MIG on a T4, is rejected and changes nothing.
+    ctl.set_mig(2, enabled=True, layout="4g.24gb*2")
+    ctl.set_mig(0, enabled=True, layout="1g.6gb")
+    inv = sim.inventory()
+    assert len(ctl.rejected()) == 2
+    assert inv.gpus[2].mig_devices == ()
+    assert not inv.gpus[0].mig_enabled

@@ -53,10 +53,26 @@ def test_missing_version_means_v1() -> None:
 
 def test_null_values_take_the_default() -> None:
     config = parse_config(
-        "version: null\nflags:\n  useNodeFeatureAPI: null\n  migStrategy: null\n"
-        "  gfd: null\nsharing:\n  timeSlicing: null\n"
+        "version: null\nflags:\n  useNodeFeatureAPI: null\n  migStrategy: null\n  gfd: null\n"
     )
     assert config == parse_config("")
+
+
+@pytest.mark.parametrize("block", ["timeSlicing", "mps"])
+def test_empty_sharing_block_is_refused_like_nvidia_replicas_go(block: str) -> None:
+    """NVIDIA `api/config/v1/replicas.go` (UnmarshalJSON): a present but empty block has no
+    resources and is refused with "no resources specified", whether written `{}` or null."""
+    for text in (f"sharing:\n  {block}:\n", f"sharing:\n  {block}: null\n"):
+        with pytest.raises(ConfigError, match="no resources specified"):
+            parse_config(text)
+
+
+def test_vfio_discovery_is_refused_like_nvidia_plugin_main_go() -> None:
+    """NVIDIA `cmd/nvidia-device-plugin/main.go` validateFlags: the plugin takes auto, nvml
+    and tegra; vfio is GPU Feature Discovery's only."""
+    with pytest.raises(ConfigError, match="GPU Feature Discovery only") as caught:
+        parse_config("flags:\n  deviceDiscoveryStrategy: vfio\n")
+    assert "flags.deviceDiscoveryStrategy" in [p.path for p in caught.value.problems]
 
 
 def test_dump_uses_nvidias_key_spelling() -> None:

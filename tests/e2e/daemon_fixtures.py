@@ -81,9 +81,14 @@ async def running_daemon(
     state = Node(kubelet, daemon, ControlDir(control_dir), config_path, plugin_dir, workdir)
     try:
         try:
-            await kubelet.wait_for(
-                lambda: kubelet.capacity(expect) > 0 or not daemon.running, STARTUP_S
-            )
+            if expect:
+                await kubelet.wait_for(
+                    lambda: kubelet.capacity(expect) > 0 or not daemon.running, STARTUP_S
+                )
+            else:  # nothing to advertise yet: wait for the first plan instead
+                await kubelet.wait_for(
+                    lambda: "event=plan " in daemon.log() or not daemon.running, STARTUP_S
+                )
         except TimeoutError:
             raise AssertionError(f"daemon never registered {expect}:\n{daemon.log()}") from None
         assert daemon.running, f"daemon exited:\n{daemon.log()}"

@@ -224,3 +224,35 @@ async def test_init_failure_exits_2_or_waits_when_fail_on_init_error_is_false(
         assert asyncio.get_running_loop().time() < deadline, waiting.log()
         await asyncio.sleep(0.05)
     assert await waiting.terminate() == 0
+
+
+async def test_imex_channels_follow_nvidia_imex_go(sock_dir: Path) -> None:
+    """NVIDIA `internal/imex/imex.go` and `internal/plugin/server.go`: with `required: true`
+    and no channel device the plugin refuses to start; with the channel, Allocate adds
+    NVIDIA_IMEX_CHANNELS and the channel's device spec."""
+    dev_root = sock_dir / "devroot"
+    imex = "imex:\n  channelIDs: [0]\n  required: true\n"
+    config = (
+        f"version: v1\nflags:\n  nvidiaDevRoot: {dev_root}\n  plugin:\n"
+        f"    passDeviceSpecs: true\n{imex}"
+    )
+    path = sock_dir / "imex.yaml"
+    path.write_text(config, encoding="utf-8")
+    args = ["--node", "sim:1xh100-80gb", "--config-file", str(path), "--no-labels"]
+    refused = DaemonProcess(
+        [*args, "--device-plugin-path", str(sock_dir)], log_path=sock_dir / "imex.log"
+    )
+    await refused.start()
+    assert await refused.wait_exit(30) == 2
+    assert "IMEX channel 0 does not exist" in refused.log()
+
+    channel = dev_root / "dev/nvidia-caps-imex-channels/channel0"
+    channel.parent.mkdir(parents=True)
+    channel.symlink_to("/dev/null")  # a character device, as the real channel is
+    (sock_dir / "up").mkdir()
+    async with running_daemon(sock_dir / "up", config, node="sim:1xh100-80gb") as node:
+        admission = await node.kubelet.admit("default", "p0", [("c", {"nvidia.com/gpu": 1})])
+        c = admission.containers[0]
+        assert c.envs["NVIDIA_IMEX_CHANNELS"] == "0"
+        specs = {d.container_path: d.host_path for d in c.devices}
+        assert specs["/dev/nvidia-caps-imex-channels/channel0"] == str(channel)

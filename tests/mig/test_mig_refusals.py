@@ -23,11 +23,20 @@ from mig_nodes import (
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.errors import ConfigError, PlanError
+from gpuslice.core.labels import gfd_labels
+from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.ports import BackendError
 
 SMALLEST = {model: next(iter(table)) for model, table in MAX_INSTANCES.items()}
 """The guide lists the smallest profile first: 1g.5gb, 1g.10gb, 1g.6gb, 1g.10gb, 1g.18gb."""
+
+
+def _single_problem(plan: Plan) -> str:
+    """`single` on a layout it cannot serve: nothing advertised, the reason on the plan."""
+    assert plan.resources == ()
+    assert plan.mig_layout_problem is not None
+    return plan.mig_layout_problem
 
 
 def _all_small(model: str) -> str:
@@ -40,9 +49,7 @@ def _all_small(model: str) -> str:
 @pytest.mark.parametrize("model", MIG_MODELS)
 def test_single_refuses_mig_enabled_next_to_mig_disabled(model: str) -> None:
     inv = inventory(f"sim:1x{model},1x{model}/mig={_all_small(model)},1x{model}")
-    with pytest.raises(PlanError) as err:
-        build_plan(inv, strategy_config("single"))
-    text = str(err.value)
+    text = _single_problem(build_plan(inv, strategy_config("single")))
     assert text.startswith(
         "all devices on the node must be configured with the same migEnabled value "
     )
@@ -53,16 +60,14 @@ def test_single_refuses_mig_enabled_next_to_mig_disabled(model: str) -> None:
 @pytest.mark.parametrize("model", MIG_MODELS)
 def test_single_refuses_a_mig_gpu_without_mig_devices(model: str) -> None:
     inv = inventory(f"sim:1x{model}/mig={_all_small(model)},1x{model}/mig=")
-    with pytest.raises(PlanError) as err:
-        build_plan(inv, strategy_config("single"))
-    text = str(err.value)
+    text = _single_problem(build_plan(inv, strategy_config("single")))
     assert text.startswith("device 1 has no MIG devices configured; ")
     assert "or use migStrategy 'mixed'" in text
 
 
 def test_single_refuses_a_node_whose_only_gpu_has_no_mig_devices() -> None:
-    with pytest.raises(PlanError, match=r"^device 0 has no MIG devices configured"):
-        build_plan(inventory("sim:2xa30/mig="), strategy_config("single"))
+    text = _single_problem(build_plan(inventory("sim:2xa30/mig="), strategy_config("single")))
+    assert text.startswith("device 0 has no MIG devices configured")
 
 
 @pytest.mark.parametrize("model", MIG_MODELS)
@@ -70,10 +75,9 @@ def test_single_refuses_different_profiles_on_different_gpus(model: str) -> None
     small = SMALLEST[model]
     full = list(MAX_INSTANCES[model])[-1]
     inv = inventory(f"sim:1x{model}/mig={small},1x{model}/mig={full}")
-    with pytest.raises(PlanError) as err:
-        build_plan(inv, strategy_config("single"))
+    text = _single_problem(build_plan(inv, strategy_config("single")))
     names = ", ".join(sorted({small, full}))
-    assert str(err.value).startswith(f"more than one MIG device type present on node ({names})")
+    assert text.startswith(f"more than one MIG device type present on node ({names})")
     # mixed takes the same node as it is.
     mixed = build_plan(inv, strategy_config("mixed"))
     assert mixed.counts() == {mig_resource(small): 1, mig_resource(full): 1}
@@ -81,14 +85,27 @@ def test_single_refuses_different_profiles_on_different_gpus(model: str) -> None
 
 def test_single_refuses_two_models_with_their_own_profiles() -> None:
     inv = inventory("sim:1xa100-40gb/mig=all-1g.5gb,1xa100-80gb/mig=all-1g.10gb")
-    with pytest.raises(PlanError, match=r"more than one MIG device type .*\(1g\.10gb, 1g\.5gb\)"):
-        build_plan(inv, strategy_config("single"))
+    text = _single_problem(build_plan(inv, strategy_config("single")))
+    assert re.search(r"more than one MIG device type .*\(1g\.10gb, 1g\.5gb\)", text)
 
 
 def test_single_refuses_a_me_profile_next_to_its_plain_profile() -> None:
     inv = inventory("sim:1xh100-80gb/mig=1g.10gb+me+1g.10gb*6")
-    with pytest.raises(PlanError, match=r"\(1g\.10gb, 1g\.10gb\+me\)"):
-        build_plan(inv, strategy_config("single"))
+    text = _single_problem(build_plan(inv, strategy_config("single")))
+    assert "(1g.10gb, 1g.10gb+me)" in text
+
+
+def test_single_compares_mig_attributes_like_nvidia_device_map_go() -> None:
+    """NVIDIA `internal/rm/device_map.go` (assertAllMigDevicesAreValid, uniform): MIG devices
+    are compared by NVML attributes, so 1g.10gb on an A100-80GB (14 SMs) next to 1g.10gb on
+    an H100 (16 SMs) is more than one MIG device type, though the profile names agree."""
+    inv = inventory("sim:1xa100-80gb/mig=all-1g.10gb,1xh100-80gb/mig=all-1g.10gb")
+    assert {m.profile for m in inv.mig_devices()} == {"1g.10gb"}
+    plan = build_plan(inv, strategy_config("single"))
+    text = _single_problem(plan)
+    assert text.startswith("more than one MIG device type present on node (1g.10gb with ")
+    labels = gfd_labels(inv, plan, timestamp=None, machine_type="")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-80GB-PCIe-MIG-INVALID"
 
 
 # --- layouts the driver would not create ---------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lightkube import AsyncClient
 
+from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
@@ -257,8 +258,15 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             wire_label_file(agent, settings.labels_file)
         elif settings.labels_mode == "api" and client is not None:
             wire_label_api(agent, NodeLabeler(client, settings.node_name))
+        warn = None
         if client is not None:
-            wire_events(agent, NodeEvents(client, settings.node_name, settings.namespace))
+            events = NodeEvents(client, settings.node_name, settings.namespace)
+            wire_events(agent, events)
+
+            async def warn(reason: str, message: str) -> None:
+                await events.post(reason, message, type="Warning")
+
+        agent.hooks.services.append(inventory_watcher(agent, warn))
         yield agent
     finally:
         if watcher_task is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
+from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import GpusliceError
@@ -84,7 +85,7 @@ class Agent:
         """First plan: here a bad config is fatal (there is nothing in force to keep)."""
         inventory = await asyncio.to_thread(self.backend.inventory)
         loaded = load_config(self.settings, self.label_value)
-        plan = build_plan(inventory, loaded.config)
+        plan = with_imex(build_plan(inventory, loaded.config), loaded.config)
         return plan, inventory, loaded
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -130,7 +131,7 @@ class Agent:
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
             loaded = load_config(self.settings, self.label_value)
-            plan = build_plan(inventory, loaded.config)
+            plan = with_imex(build_plan(inventory, loaded.config), loaded.config)
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
             log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))
@@ -209,6 +210,9 @@ class Agent:
                 self.backend.wait_health_event, self.settings.health_poll_s
             )
             if event is None:
+                continue
+            if event.kind == "inventory-changed":  # MIG mode or layout changed
+                await self.reload("inventory-event")
                 continue
             inventory = self.state.current.inventory
             before = self.health.unhealthy

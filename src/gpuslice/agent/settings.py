@@ -42,6 +42,9 @@ class AgentSettings:
     reload_interval_s: float = 1.0
     """How often config files are checked for changes (seconds). ConfigMap volumes update
     within about a minute; one second keeps the agent's own delay negligible."""
+    inventory_interval_s: float = 30.0
+    """How often the GPU inventory is re-read (seconds), so MIG mode and layout changes made
+    on a running node (`nvidia-smi mig -cgi`, mig-parted) are re-planned without a restart."""
     health_poll_s: float = 0.5
     """Longest wait of one blocking health-event call (seconds); bounds shutdown latency."""
     disable_healthchecks: str | None = None

@@ -45,6 +45,8 @@ EVENT_DBE = 0x2
 EVENT_XID = 0x8
 EVENT_GPU_UNAVAILABLE = 0x4000
 EVENT_RECOVERY_ACTION = 0x8000
+EVENT_MIG_CONFIG_CHANGE = 0x100
+"""`nvmlEventMigConfigChange`: GPU or compute instances created or destroyed."""
 RECOVERY_ACTION_NONE = 0
 
 WAIT_SLICE_S = 0.5
@@ -102,6 +104,8 @@ def translate_event(
         return HealthEvent("lost", gpu_uuid)
     if event_type & EVENT_RECOVERY_ACTION and event_data == RECOVERY_ACTION_NONE:
         return HealthEvent("recovered", gpu_uuid)
+    if event_type & EVENT_MIG_CONFIG_CHANGE:
+        return HealthEvent("inventory-changed", gpu_uuid)
     return None
 
 
@@ -127,6 +131,16 @@ def numa_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def pci_class_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
+    """The 24-bit PCI class code (`0x030200`), read from sysfs as GFD does (go-nvlib's
+    nvpci): NVML does not report it. None when the file is missing or unreadable."""
+    try:
+        text = (sys_root / "bus/pci/devices" / sysfs_bus_id(nvml_bus_id) / "class").read_text()
+        return int(text.strip(), 16)
+    except (OSError, ValueError):
+        return None
 
 
 class NvmlBackend:
@@ -304,6 +318,7 @@ class NvmlBackend:
             mig_pending=pending,
             mig_devices=mig_devices,
             pci_device_id=int(pci.pciDeviceId),
+            pci_class=pci_class_from_sysfs(self._sys_root, bus_id),
         )
 
     def _multiprocessors(self, handle: Any, capability: tuple[int, int]) -> int:
@@ -504,7 +519,14 @@ class NvmlBackend:
         except nv.NVMLError as exc:
             log.warning("event=nvml-health-disabled reason=%s", exc)
             return
-        wanted = EVENT_XID | EVENT_DBE | EVENT_SBE | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
+        wanted = (
+            EVENT_XID
+            | EVENT_DBE
+            | EVENT_SBE
+            | EVENT_GPU_UNAVAILABLE
+            | EVENT_RECOVERY_ACTION
+            | EVENT_MIG_CONFIG_CHANGE
+        )
         registered = 0
         for handle in self._handles:
             try:

@@ -13,6 +13,7 @@ from rich.table import Table
 from gpuslice.cli.common import console
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
+from gpuslice.cli.output import emit, output_option, plain
 from gpuslice.demo.scenario import DEFAULT_NODE, TIME_SLICING_CONFIG, DemoResult, Step, run_demo
 
 
@@ -95,8 +96,9 @@ def render(result: DemoResult, console: Console) -> None:
 )
 @click.option("--pods", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("-v", "--verbose", is_flag=True, help="Show the agent's logs.")
+@output_option
 @reports_errors
-def demo(node: str, config_file: Path | None, pods: int, verbose: bool) -> None:
+def demo(node: str, config_file: Path | None, pods: int, verbose: bool, output: str) -> None:
     """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4."""
     setup_logging("text", verbose=False)
     if not verbose:
@@ -105,4 +107,7 @@ def demo(node: str, config_file: Path | None, pods: int, verbose: bool) -> None:
         logging.getLogger().setLevel(logging.WARNING)
     text = config_file.read_text(encoding="utf-8") if config_file else TIME_SLICING_CONFIG
     result = asyncio.run(run_demo(node, text, pods))
-    render(result, console())
+    if output == "table":
+        render(result, console())
+    else:
+        emit(plain(result), output)

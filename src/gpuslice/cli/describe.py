@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from gpuslice.cli.common import NodeView, console, plan_for
 from gpuslice.cli.main import reports_errors
+from gpuslice.cli.output import emit, output_option
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
 
@@ -85,21 +84,13 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     show_default=True,
     help="nvml (this machine's GPUs) or a simulated node spec such as sim:2xt4.",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json", "yaml"]),
-    default="table",
-    show_default=True,
-)
+@output_option
 @reports_errors
 def describe_command(config_file: Path | None, config_name: str, node: str, output: str) -> None:
     """Show what this node would advertise with a config, and what each replica gets."""
     view = plan_for(node, config_file, config_name)
     report = describe_plan(view.plan, view.inventory)
-    if output == "json":
-        click.echo(json.dumps(report_to_dict(report), indent=2))
-    elif output == "yaml":
-        click.echo(yaml.safe_dump(report_to_dict(report), sort_keys=False), nl=False)
-    else:
+    if output == "table":
         _render_table(view, report, console())
+    else:
+        emit(report_to_dict(report), output)

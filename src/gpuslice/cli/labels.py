@@ -9,6 +9,7 @@ import click
 
 from gpuslice.cli.common import plan_for
 from gpuslice.cli.main import reports_errors
+from gpuslice.cli.output import emit, output_option
 from gpuslice.core.labels import gfd_labels
 
 
@@ -17,13 +18,20 @@ from gpuslice.core.labels import gfd_labels
 @click.option("--config-name", default="", help="Named config to use from a set of configs.")
 @click.option("--node", default="nvml", show_default=True, help="nvml, or a simulated node spec.")
 @click.option("--no-timestamp", is_flag=True, default=False, help="Omit nvidia.com/gfd.timestamp.")
+@output_option
 @reports_errors
-def labels(config_file: Path | None, config_name: str, node: str, no_timestamp: bool) -> None:
-    """Print `key=value` node labels, as in the NFD features.d file."""
+def labels(
+    config_file: Path | None, config_name: str, node: str, no_timestamp: bool, output: str
+) -> None:
+    """Print node labels: `key=value` lines as in the NFD features.d file (`-o table`, the
+    default), or one JSON/YAML mapping."""
     view = plan_for(node, config_file, config_name)
     stamp = None if no_timestamp or view.config.flags.gfd.no_timestamp else int(time.time())
     values = gfd_labels(
         view.inventory, view.plan, timestamp=stamp, machine_type=view.inventory.machine_type
     )
+    if output != "table":
+        emit({key: values[key] for key in sorted(values)}, output)
+        return
     for key in sorted(values):
         click.echo(f"{key}={values[key]}")

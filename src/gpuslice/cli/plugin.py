@@ -147,6 +147,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Serve Prometheus metrics on this port.",
 )
 @click.option(
+    "--inventory-interval",
+    envvar="INVENTORY_INTERVAL",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between GPU inventory re-reads (MIG mode and layout changes).",
+)
+@click.option(
     "--metrics-interval",
     envvar="METRICS_INTERVAL",
     type=click.FloatRange(min=0.1),
@@ -227,6 +235,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         metrics_port=params["metrics_port"],
         pod_resources_socket=params["pod_resources_socket"],
         metrics_interval_s=params["metrics_interval"],
+        inventory_interval_s=params["inventory_interval"],
         proc_root=params["proc_root"],
         mps_control=tuple(params["mps_control"].split()),
         set_compute_mode=not params["no_compute_mode"],

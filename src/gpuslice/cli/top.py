@@ -17,6 +17,7 @@ from rich.live import Live
 from gpuslice.backends import open_backend
 from gpuslice.cli.common import console, plan_for
 from gpuslice.cli.main import reports_errors
+from gpuslice.cli.output import emit, output_option, plain
 from gpuslice.metrics import SnapshotRefresher
 from gpuslice.metrics.top import render_top
 from gpuslice.podresources import PodResourcesClient
@@ -29,6 +30,7 @@ async def _run(
     pod_resources: Path,
     proc_root: Path,
     watch: float | None,
+    output: str = "table",
 ) -> None:
     backend = await asyncio.to_thread(open_backend, node)
     has_kubelet = await asyncio.to_thread(pod_resources.exists)
@@ -42,6 +44,15 @@ async def _run(
             hostname=socket.gethostname(),
             proc_root=proc_root,
         )
+        if output != "table":
+            while True:
+                # one document per refresh: `-o json -w 5` is a stream scripts can follow
+                emit(plain(await refresher.refresh()), output)
+                if watch is None:
+                    return
+                if output == "yaml":
+                    click.echo("---")
+                await asyncio.sleep(watch)
         con = console()
         if watch is None:
             con.print(render_top(await refresher.refresh()))
@@ -81,6 +92,7 @@ async def _run(
     default=None,
     help="Refresh every N seconds until interrupted.",
 )
+@output_option
 @reports_errors
 def top(
     node: str,
@@ -89,7 +101,10 @@ def top(
     pod_resources_socket: Path,
     proc_root: Path,
     watch: float | None,
+    output: str,
 ) -> None:
     """Per-pod GPU usage on this node, against each pod's share."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(node, config_file, config_name, pod_resources_socket, proc_root, watch))
+        asyncio.run(
+            _run(node, config_file, config_name, pod_resources_socket, proc_root, watch, output)
+        )

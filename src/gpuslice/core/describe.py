@@ -11,6 +11,7 @@ The data is plain and frozen; `report_to_dict` gives JSON/YAML, the CLI renders 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.sharing.model import (
@@ -21,6 +22,8 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+
+Isolation = Literal["none", "mps", "mig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,20 @@ class ShareReport:
     share: str
     """What one advertised device gets, in words."""
     ids: tuple[str, ...]
+    isolation: Isolation = "none"
+    """What keeps this replica's work apart from other pods' on the same hardware: `mig`
+    (an unshared MIG device), `mps` (an MPS daemon's limits), `none` (time-slicing, or a
+    whole GPU that nothing else uses)."""
+    sm_share: float = 1.0
+    """Fraction of the device's SMs: 1/replicas of the time under time-slicing, the active
+    thread percentage / 100 under MPS, 1 when not shared."""
+    active_thread_percentage: int | None = None
+    """MPS only: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` for one replica."""
+    memory_mib: int = 0
+    """Memory for one replica: MPS's pinned limit, an even share under time-slicing, the
+    whole device when not shared."""
+    memory_enforced: bool = True
+    """False under time-slicing: the even share is a convention, not a limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,23 +121,53 @@ def _mig_words(phys: PhysicalDevice) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Numbers:
+    isolation: Isolation
+    sm_share: float
+    active_thread_percentage: int | None
+    memory_mib: int
+    memory_enforced: bool
+
+
+def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
+    """`share_text` as fields, for scripts (`describe -o json`)."""
+    phys = dev.physical
+    if strategy == "mps":
+        pct = dev.mps.active_thread_percentage if dev.mps else 100
+        limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
+        return _Numbers("mps", pct / 100, pct, limit, True)
+    if dev.replicas <= 1 or strategy == "none":
+        isolation: Isolation = "mig" if phys.kind == "mig" else "none"
+        return _Numbers(isolation, 1.0, None, phys.memory_mib, True)
+    return _Numbers("none", 1 / dev.replicas, None, phys.memory_mib // dev.replicas, False)
+
+
 def _shares(resource: ResourcePlan, gpu: Gpu) -> list[ShareReport]:
     groups: dict[str, list[AdvertisedDevice]] = {}
     for dev in resource.devices:
         if dev.physical.gpu_uuid == gpu.uuid:
             groups.setdefault(dev.physical.uuid, []).append(dev)
-    return [
-        ShareReport(
-            resource=resource.name,
-            strategy=resource.strategy,
-            device_uuid=devs[0].physical.uuid,
-            device_index=devs[0].physical.index_id,
-            replicas=len(devs),
-            share=share_text(devs[0], resource.strategy),
-            ids=tuple(d.id for d in devs),
+    out = []
+    for devs in groups.values():
+        numbers = share_numbers(devs[0], resource.strategy)
+        out.append(
+            ShareReport(
+                resource=resource.name,
+                strategy=resource.strategy,
+                device_uuid=devs[0].physical.uuid,
+                device_index=devs[0].physical.index_id,
+                replicas=len(devs),
+                share=share_text(devs[0], resource.strategy),
+                ids=tuple(d.id for d in devs),
+                isolation=numbers.isolation,
+                sm_share=numbers.sm_share,
+                active_thread_percentage=numbers.active_thread_percentage,
+                memory_mib=numbers.memory_mib,
+                memory_enforced=numbers.memory_enforced,
+            )
         )
-        for devs in groups.values()
-    ]
+    return out
 
 
 def describe(plan: Plan, inventory: Inventory) -> DescribeReport:
@@ -183,6 +230,11 @@ def report_to_dict(report: DescribeReport) -> dict[str, object]:
                         "device_index": s.device_index,
                         "replicas": s.replicas,
                         "share": s.share,
+                        "isolation": s.isolation,
+                        "sm_share": round(s.sm_share, 6),
+                        "active_thread_percentage": s.active_thread_percentage,
+                        "memory_mib": s.memory_mib,
+                        "memory_enforced": s.memory_enforced,
                         "ids": list(s.ids),
                     }
                     for s in g.shares

@@ -23,6 +23,10 @@ P2PLevel = Literal[
 """How two GPUs reach each other over PCIe, from NVML's topology common ancestor."""
 
 
+PCI_CLASS_VGA = 0x030000
+PCI_CLASS_3D = 0x030200
+
+
 @dataclass(frozen=True, slots=True)
 class MigDevice:
     """One MIG device: a GPU instance with a single compute instance spanning it."""
@@ -78,6 +82,10 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     pci_device_id: int = 0
     """PCI device ID as NVML reports it (`0x20B010DE`): mig-parted keys its tables on it."""
+    pci_class: int | None = PCI_CLASS_3D
+    """24-bit PCI class code from sysfs: `0x030000` VGA controller (GeForce cards with a
+    display), `0x030200` 3D controller (data-centre cards). None when it could not be read.
+    GFD's `nvidia.com/gpu.mode` comes from it."""
 
     @property
     def index_id(self) -> str:

@@ -126,6 +126,8 @@ class HealthState:
     unhealthy: frozenset[str] = field(default_factory=frozenset)
 
     def apply(self, event: HealthEvent, inventory: Inventory, policy: HealthPolicy) -> HealthState:
+        if event.kind == "inventory-changed":
+            return self  # not a health change: the agent re-plans instead
         affected = policy.affected(event, inventory)
         if event.kind == "recovered":
             return HealthState(self.unhealthy - affected)

@@ -19,10 +19,11 @@ replica counts, and several advertised resources may share one original name):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA, Gpu, Inventory, MigDevice
+from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import Plan, ResourcePlan, SharingStrategy
 
 PREFIX = "nvidia.com/"
@@ -56,6 +57,17 @@ def gpu_family(compute_capability: tuple[int, int]) -> str:
     return "undefined"
 
 
+def gpu_mode(gpus: Sequence[Gpu]) -> str:
+    """GFD's `gpu.mode` from the PCI class: `graphics` for VGA controllers, `compute` for 3D
+    controllers, `unknown` for anything else or when the GPUs disagree
+    (`internal/lm/nvml.go`, TestGPUModeLabeler)."""
+    classes = {g.pci_class for g in gpus}
+    if len(classes) != 1:
+        return "unknown"
+    modes: dict[int | None, str] = {PCI_CLASS_VGA: "graphics", PCI_CLASS_3D: "compute"}
+    return modes.get(classes.pop(), "unknown")
+
+
 def mig_profile_label(profile: str) -> str:
     """`1g.10gb+me` -> `1g.10gb.me`: the form NVIDIA uses in resource and label names."""
     return profile.replace("+", ".")
@@ -77,11 +89,11 @@ def gfd_labels(
     uses_mps = any(r.strategy == "mps" for r in plan.resources)
     any_mig = any(g.mig_enabled for g in inventory.gpus)
     labels[PREFIX + "mps.capable"] = _bool(uses_mps and not any_mig)
-    labels[PREFIX + "gpu.mode"] = "compute"
+    labels[PREFIX + "gpu.mode"] = gpu_mode(inventory.gpus)
     if plan.mig_strategy != "none":
         labels[PREFIX + "mig.strategy"] = plan.mig_strategy
     labels.update(_resource_labels(inventory, plan))
-    if plan.mig_strategy == "single" and _single_layout_invalid(inventory):
+    if plan.mig_strategy == "single" and single_layout_problem(inventory.gpus) is not None:
         for key in [k for k in labels if k.startswith(GPU_RESOURCE + ".")]:
             if key.removeprefix(GPU_RESOURCE + ".").startswith(_MIG_ONLY):
                 del labels[key]
@@ -165,7 +177,17 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
         sharing = _sharing(group)
         if gpu_uuids:
             gpus = [g for g in inventory.gpus if g.uuid in set(gpu_uuids)]
-            out |= _full_gpu_labels(label_name, gpus, sharing)
+            if all(g.mig_enabled for g in gpus):
+                # GFD labels a MIG-enabled GPU without sharing (replicas 0, strategy none, no
+                # -SHARED): its replicas cannot run CUDA while MIG is on
+                # (`internal/lm/mig-strategy.go`, TestMigStrategyNoneLabels).
+                sharing = _Sharing(replicas=0, strategy="none", shared_suffix=False)
+            also: list[Gpu] = []
+            if label_name == GPU_RESOURCE:
+                # GFD counts GPUs by product over MIG-enabled and whole GPUs alike, so under
+                # `mixed` a MIG A100 next to a whole A100 gives count 2.
+                also = [g for g in inventory.gpus if g.mig_enabled and g not in gpus]
+            out |= _full_gpu_labels(label_name, gpus, sharing, also)
         elif mig_uuids:
             wanted = set(mig_uuids)
             migs = [m for m in inventory.mig_devices() if m.uuid in wanted]
@@ -183,11 +205,13 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
     return out
 
 
-def _full_gpu_labels(name: str, gpus: Sequence[Gpu], sharing: _Sharing) -> dict[str, str]:
+def _full_gpu_labels(
+    name: str, gpus: Sequence[Gpu], sharing: _Sharing, also_counted: Sequence[Gpu] = ()
+) -> dict[str, str]:
     ordered = sorted(gpus, key=lambda g: g.index)
     first = ordered[0]
     product = sanitise(first.product_name)
-    count = sum(1 for g in ordered if g.product_name == first.product_name)
+    count = sum(1 for g in [*ordered, *also_counted] if g.product_name == first.product_name)
     if sharing.shared_suffix:
         product += "-SHARED"
     return {
@@ -231,22 +255,6 @@ def _mig_labels(
         f"{name}.engines.jpeg": str(first.engines_jpeg),
         f"{name}.engines.ofa": str(first.engines_ofa),
     }
-
-
-def _single_layout_invalid(inventory: Inventory) -> bool:
-    """GFD's `single` validity: all GPUs in MIG mode, each with MIG devices, one profile."""
-    enabled = [g.mig_enabled for g in inventory.gpus]
-    if not any(enabled):
-        return False  # no MIG at all: `single` labels the whole GPUs
-    if not all(enabled):
-        return True
-    if any(not g.mig_devices for g in inventory.gpus):
-        return True
-    return len(_profiles(inventory.mig_devices())) != 1
-
-
-def _profiles(migs: Iterable[MigDevice]) -> set[str]:
-    return {m.profile for m in migs}
 
 
 def _invalid_single(inventory: Inventory) -> dict[str, str]:

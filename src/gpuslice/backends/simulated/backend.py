@@ -8,6 +8,7 @@ hands each event to exactly one `wait_health_event` call.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.backends.simulated.control import done, reject, take_commands
-from gpuslice.backends.simulated.node import build_inventory
+from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus, HealthEvent
@@ -231,6 +232,18 @@ class SimulatedBackend:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def set_mig(self, gpu_uuid: str, enabled: bool, layout: str | None) -> None:
+        """Switch a GPU's MIG mode and/or repartition it, as an operator does on a live node;
+        the agent sees it on its next inventory read."""
+        gpu = self._gpu(gpu_uuid)
+        if enabled and layout is None:
+            layout = ""  # MIG on, no instances yet
+        new = rebuild_gpu(self._node, gpu.index, mig_enabled=enabled, mig_layout=layout)
+        with self._lock:
+            gpus = tuple(new if g.uuid == gpu.uuid else g for g in self._inventory.gpus)
+            self._inventory = dataclasses.replace(self._inventory, gpus=gpus)
+        self._events.put(HealthEvent("inventory-changed", gpu.uuid))
+
     def resolve_gpu(self, ref: str | int) -> Gpu:
         """A GPU by UUID or index (the control directory and node files accept both)."""
         if isinstance(ref, int) and not isinstance(ref, bool):
@@ -308,6 +321,8 @@ class SimulatedBackend:
                     )
                 )
             )
+        elif kind == "mig":
+            self.set_mig(gpu.uuid, _bool(command, "enabled"), _opt_str(command, "layout"))
         elif kind == "set_status":
             power = command.get("powerW")
             if power is not None and not isinstance(power, int | float):
@@ -322,8 +337,22 @@ class SimulatedBackend:
         else:
             raise BackendError(
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
-                "remove_process, set_status"
+                "remove_process, set_status, mig"
             )
+
+
+def _bool(command: dict[str, Any], key: str) -> bool:
+    value = command.get(key)
+    if not isinstance(value, bool):
+        raise BackendError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _opt_str(command: dict[str, Any], key: str) -> str | None:
+    value = command.get(key)
+    if value is not None and not isinstance(value, str):
+        raise BackendError(f"{key}: expected a string, got {value!r}")
+    return value
 
 
 def _int(command: dict[str, Any], key: str) -> int:

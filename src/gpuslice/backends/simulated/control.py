@@ -20,6 +20,10 @@ Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under t
     {"kind": "remove_process", "pid": 4242}
     {"kind": "set_status", "gpu": 0, "gpuUtil": 80, "memoryUtil": 40, "temperatureC": 61,
      "powerW": 212.5}
+    {"kind": "mig", "gpu": 0, "enabled": true, "layout": "1g.10gb*7"}
+        MIG mode and layout changed on a live node (the inventory changes; the agent's
+        periodic re-read picks it up). `layout` uses the node spec's syntax; null or ""
+        with `enabled: true` is MIG mode with no instances.
 
 `ControlDir` writes them; the backend reads them with `take_commands`.
 """
@@ -112,6 +116,9 @@ class ControlDir:
                 "powerW": power_w,
             }
         )
+
+    def set_mig(self, gpu: str | int, *, enabled: bool, layout: str | None = None) -> Path:
+        return self.send({"kind": "mig", "gpu": gpu, "enabled": enabled, "layout": layout})
 
     def pending(self) -> list[Path]:
         """Commands not yet taken by the backend (tests wait for this to empty)."""

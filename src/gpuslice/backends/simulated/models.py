@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA
+
 Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper"]
 
 
@@ -82,6 +84,9 @@ class GpuModel:
     nvlinks: int = 0
     """NVLinks per GPU on the SXM baseboard; 0 for PCIe cards."""
     mig: MigGeometry | None = None
+    pci_class: int = PCI_CLASS_3D
+    """`lspci` says "3D controller" for data-centre cards, "VGA compatible controller" for
+    GeForce cards with display outputs."""
 
     @property
     def mig_capable(self) -> bool:
@@ -184,7 +189,16 @@ MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (
         GpuModel("t4", "Tesla T4", 15360, 40, (7, 5), 0x1EB810DE, "turing"),
-        GpuModel("rtx-3060", "NVIDIA GeForce RTX 3060", 12288, 28, (8, 6), 0x250310DE, "ampere"),
+        GpuModel(
+            "rtx-3060",
+            "NVIDIA GeForce RTX 3060",
+            12288,
+            28,
+            (8, 6),
+            0x250310DE,
+            "ampere",
+            pci_class=PCI_CLASS_VGA,
+        ),
         GpuModel("l40s", "NVIDIA L40S", 46068, 142, (8, 9), 0x26B910DE, "ada-lovelace"),
         GpuModel(
             "a100-40gb",

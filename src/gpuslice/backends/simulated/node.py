@@ -9,6 +9,7 @@ or in a direct mesh (links shared among peers, e.g. 4 per pair on a 4-GPU A100 b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from itertools import combinations
@@ -48,6 +49,27 @@ def build_inventory(spec: NodeSpec) -> Inventory:
         links=_links(spec, gpus),
         machine_type=spec.machine_type,
     )
+
+
+def rebuild_gpu(spec: NodeSpec, index: int, *, mig_enabled: bool, mig_layout: str | None) -> Gpu:
+    """GPU `index` of the node after its MIG mode or layout changed (as after `nvidia-smi
+    -mig 1` and a reset, or `nvidia-smi mig -cgi ... -C`): same identity, new MIG devices.
+    BackendError when the model has no MIG or the layout does not fit."""
+    total = sum(g.count for g in spec.groups)
+    first = 0
+    for group in spec.groups:
+        if first <= index < first + group.count:
+            if not group.model.mig_capable and mig_enabled:
+                raise BackendError(f"GPU {index} ({group.model.product_name}) does not support MIG")
+            changed = dataclasses.replace(
+                group,
+                mig_enabled=mig_enabled,
+                mig_layout=mig_layout if mig_enabled else None,
+                mig_pending=None,
+            )
+            return _gpu(changed, index, total)
+        first += group.count
+    raise BackendError(f"no GPU index {index}: this node has indices 0..{total - 1}")
 
 
 def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
@@ -99,6 +121,7 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
         mig_pending=group.mig_enabled if group.mig_pending is None else group.mig_pending,
         mig_devices=mig_devices,
         pci_device_id=model.pci_device_id,
+        pci_class=model.pci_class,
     )
 
 

@@ -45,6 +45,13 @@ DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 
 MPS_CONTAINER_ROOT = "/mps"
 
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+"""Where IMEX channel device nodes live (`internal/imex/imex.go`)."""
+
+
+def imex_channel_path(channel: int) -> str:
+    return f"{IMEX_CHANNEL_DIR}/channel{channel}"
+
 
 @dataclass(frozen=True, slots=True)
 class Mount:
@@ -109,6 +116,7 @@ def _cdi_names(ids: Sequence[str], settings: AllocateSettings) -> list[str]:
     ):
         if enabled:
             names.append(f"{CDI_VENDOR_CLASS}/{name}=all")
+    names.extend(f"{CDI_VENDOR_CLASS}/imex-channel={c}" for c in settings.imex_channels)
     return names
 
 
@@ -123,12 +131,13 @@ def _mps_edits(
 
     NVIDIA sets only the pipe directory; the limit variables are our addition. A client can
     only lower the daemon's defaults, so setting them equal to the defaults changes nothing
-    for enforcement but makes the share visible to code inside the pod.
+    for enforcement but makes the share visible to code inside the pod. No
+    `CUDA_MPS_LOG_DIRECTORY`: only the control daemon and server write logs, and the log
+    directory is not mounted into the container.
     """
     root = settings.mps_root or DEFAULT_MPS_ROOT
     pipe = f"{MPS_CONTAINER_ROOT}/{resource.name}/pipe"
     envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
-    envs["CUDA_MPS_LOG_DIRECTORY"] = f"{MPS_CONTAINER_ROOT}/{resource.name}/log"
     mounts.append(
         Mount(
             container_path=pipe,
@@ -165,6 +174,7 @@ def _device_specs(
         paths.append(f"/dev/nvidia{phys.minor}")
         if phys.kind == "mig":
             paths.extend(mig_caps.get(phys.uuid, ()))
+    paths.extend(imex_channel_path(c) for c in settings.imex_channels)
     unique = dict.fromkeys(paths)
     return tuple(
         DeviceSpec(
@@ -224,8 +234,12 @@ def build_allocation(
 
     specs: tuple[DeviceSpec, ...] = ()
     if not all(s.startswith("cdi-") for s in strategies):
+        channels = [str(c) for c in settings.imex_channels]
         if "envvar" in strategies:
             envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+            if channels:
+                # NVIDIA `internal/plugin/server.go`: the runtime hook reads the channels here.
+                envs["NVIDIA_IMEX_CHANNELS"] = ",".join(channels)
         if "volume-mounts" in strategies:
             envs["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNTS_ROOT
             mounts.extend(
@@ -235,6 +249,14 @@ def build_allocation(
                     read_only=False,
                 )
                 for i in ids
+            )
+            mounts.extend(
+                Mount(
+                    container_path=f"{VOLUME_MOUNTS_ROOT}/imex/{c}",
+                    host_path="/dev/null",
+                    read_only=False,
+                )
+                for c in channels
             )
         if settings.pass_device_specs:
             specs = _device_specs([p for _, p in physical], settings, dev_nodes, mig_caps or {})

@@ -42,7 +42,9 @@ def validate_request(
     """The advertised devices behind `device_ids`, in request order; AllocationError if invalid.
 
     Order of checks follows NVIDIA (unknown IDs first, then the size rule for shared
-    resources), so the same bad request gets the same first error.
+    resources), so the same bad request gets the same first error. A repeated ID is granted
+    once, as NVIDIA's Allocate does (`internal/plugin/server.go`, "Deduplicate requested
+    device IDs", v0.18.0), rather than refused.
     """
     devices = device_lookup(resource) if lookup is None else lookup
     if not device_ids:
@@ -54,7 +56,7 @@ def validate_request(
         if dev is None:
             raise request_error(resource, f"unknown device: {device_id}")
         if device_id in seen:
-            raise request_error(resource, f"device requested more than once: {device_id}")
+            continue  # NVIDIA de-duplicates requested IDs and grants the rest (v0.18.0)
         seen.add(device_id)
         found.append(dev)
     shared = any(dev.replica is not None for dev in found)

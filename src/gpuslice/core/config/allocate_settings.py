@@ -25,4 +25,5 @@ def allocate_settings(config: Config) -> AllocateSettings:
         gdrcopy_enabled=flags.gdrcopy_enabled,
         gds_enabled=flags.gds_enabled,
         mofed_enabled=flags.mofed_enabled,
+        imex_channels=config.imex.channel_ids,
     )

@@ -86,13 +86,26 @@ def _load(text: str, source: str) -> object:
 _TOO_DEEP = "the document is nested too deeply to be a config"
 
 
-def _without_nulls(value: object) -> object:
+_EMPTY_WHEN_NULL = frozenset({("sharing", "timeSlicing"), ("sharing", "mps")})
+"""`timeSlicing:` with nothing under it is a block the user wrote, not an unset key: NVIDIA
+unmarshals it into an empty block and refuses it ("no resources specified",
+`api/config/v1/replicas.go`), rather than loading a config that silently shares nothing."""
+
+
+def _without_nulls(value: object, path: tuple[str, ...] = ()) -> object:
     """A key set to null means "unset" (NVIDIA's own dump writes `useNodeFeatureAPI: null`),
     so it takes the default instead of failing a type check."""
     if isinstance(value, dict):
-        return {str(k): _without_nulls(v) for k, v in value.items() if v is not None}
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            key = (*path, str(k))
+            if v is None and key in _EMPTY_WHEN_NULL:
+                out[str(k)] = {}
+            elif v is not None:
+                out[str(k)] = _without_nulls(v, key)
+        return out
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [_without_nulls(v, path) for v in value]
     return value
 
 

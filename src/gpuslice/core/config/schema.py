@@ -52,7 +52,9 @@ MAX_REPLICAS = 4096
 """Each replica is one device in every ListAndWatch update; a typo such as `replicas: 1000000`
 would otherwise make the plugin build and stream millions of devices."""
 
-DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra", "vfio"]
+DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
+"""What NVIDIA's device plugin accepts (`cmd/nvidia-device-plugin/main.go`). GFD alone also
+takes `vfio`; gpuslice is the plugin, so `vfio` is refused with that reason."""
 
 ResourceNameField = Annotated[StrictStr, AfterValidator(resource_name)]
 Devices = Annotated[DeviceSelection, BeforeValidator(device_selection)]
@@ -82,6 +84,15 @@ def _non_empty_resources(value: object) -> object:
     """Checked before the items, so an empty list is not confused with invalid items."""
     if isinstance(value, list | tuple) and not value:
         raise config_error("no resources specified (the list is empty)")
+    return value
+
+
+def _plugin_discovery(value: object) -> object:
+    if value == "vfio":
+        raise config_error(
+            "invalid --device-discovery-strategy option: 'vfio' is accepted by GPU Feature "
+            "Discovery only, not by the device plugin; use 'auto', 'nvml' or 'tegra'"
+        )
     return value
 
 
@@ -135,9 +146,9 @@ class Flags(_Model):
     gds_enabled: StrictBool = Field(default=False, alias="gdsEnabled")
     mofed_enabled: StrictBool = Field(default=False, alias="mofedEnabled")
     use_node_feature_api: StrictBool | None = Field(default=None, alias="useNodeFeatureAPI")
-    device_discovery_strategy: DeviceDiscoveryStrategy = Field(
-        default="auto", alias="deviceDiscoveryStrategy"
-    )
+    device_discovery_strategy: Annotated[
+        DeviceDiscoveryStrategy, BeforeValidator(_plugin_discovery)
+    ] = Field(default="auto", alias="deviceDiscoveryStrategy")
     plugin: PluginFlags = Field(default_factory=PluginFlags, alias="plugin")
     gfd: GfdFlags = Field(default_factory=GfdFlags, alias="gfd")
 

@@ -174,6 +174,9 @@ class AllocateSettings:
     gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    imex_channels: tuple[int, ...] = ()
+    """`imex.channelIDs` whose device node exists on the host (the agent checks; NVIDIA
+    skips a missing channel unless `imex.required`, when it refuses to start)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,9 @@ class Plan:
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
     mig_strategy: MigStrategy = "none"
     warnings: tuple[str, ...] = ()
+    mig_layout_problem: str | None = None
+    """Why `single` cannot serve this node's MIG layout (nothing is advertised for it then,
+    and the labels say `-MIG-INVALID`), or None."""
 
     def counts(self) -> dict[str, int]:
         return {r.name: len(r.devices) for r in self.resources}

@@ -4,7 +4,10 @@ Three steps, each a pure function: physical units per MIG strategy (whole GPUs o
 devices), a base resource name per unit from the `resources` patterns, then the sharing
 entries turn selected units into replicas (and move them to a new name when renamed).
 Everything NVIDIA would refuse at start-up is a `PlanError` here, with NVIDIA's wording and
-what to change, so a bad config is rejected before anything is advertised.
+what to change, so a bad config is rejected before anything is advertised. One exception: a
+MIG layout `single` cannot serve is the node's state, not the config's fault, and fixing it
+needs no config change; the plan then advertises nothing and carries the reason in
+`mig_layout_problem` (NVIDIA's plugin crash-loops there instead).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gpuslice.core.config import (
 from gpuslice.core.config.fields import SHARED_SUFFIX
 from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.errors import PlanError
+from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
@@ -118,35 +122,6 @@ def _name_for(
     )
 
 
-def _check_single(gpus: Sequence[Gpu]) -> bool:
-    """NVIDIA's `single` strategy rules. Returns whether the node runs MIG."""
-    enabled = [g.index for g in gpus if g.mig_enabled]
-    disabled = [g.index for g in gpus if not g.mig_enabled]
-    if enabled and disabled:
-        raise PlanError(
-            "all devices on the node must be configured with the same migEnabled value "
-            f"(MIG enabled on GPUs {enabled}, disabled on GPUs {disabled}); with migStrategy "
-            "'single' enable MIG on every GPU or on none, or use migStrategy 'mixed'"
-        )
-    if not enabled:
-        return False
-    for gpu in gpus:
-        if not gpu.mig_devices:
-            raise PlanError(
-                f"device {gpu.index} has no MIG devices configured; create MIG devices on it "
-                "(e.g. with mig-parted or `nvidia-smi mig -cgi ... -C`), or use migStrategy "
-                "'mixed'"
-            )
-    profiles = sorted({m.profile for g in gpus for m in g.mig_devices})
-    if len(profiles) > 1:
-        raise PlanError(
-            f"more than one MIG device type present on node ({', '.join(profiles)}); "
-            "migStrategy 'single' needs one MIG profile on every GPU: repartition the GPUs, "
-            "or use migStrategy 'mixed'"
-        )
-    return True
-
-
 def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_Unit]:
     strategy = config.flags.mig_strategy
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
@@ -162,7 +137,13 @@ def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_U
                     "advertised as a whole GPU, which containers cannot use while MIG is on"
                 )
     elif strategy == "single":
-        mig_node = _check_single(gpus)
+        problem = single_layout_problem(gpus)
+        if problem is not None:
+            # NVIDIA's plugin exits here and crash-loops until someone repartitions; gpuslice
+            # stays up, advertises nothing for the layout, and the labels say MIG-INVALID.
+            warnings.append(f"invalid MIG configuration for migStrategy 'single': {problem}")
+            return []
+        mig_node = any(g.mig_enabled for g in gpus)
         use_mig = dict.fromkeys((g.index for g in gpus), mig_node)
     else:
         use_mig = {g.index: g.mig_enabled for g in gpus}
@@ -371,9 +352,13 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
                 devices=tuple(d for _, d in sorted(res.devices, key=lambda item: item[0])),
             )
         )
+    layout_problem = None
+    if config.flags.mig_strategy == "single":
+        layout_problem = single_layout_problem(sorted(inventory.gpus, key=lambda g: g.index))
     return Plan(
         resources=tuple(plans),
         allocate=allocate_settings(config),
         mig_strategy=config.flags.mig_strategy,
         warnings=tuple(warnings),
+        mig_layout_problem=layout_problem,
     )
