@@ -7,11 +7,13 @@ sequences without a clock, and the benchmark drives the same code in simulated t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from gpuslice.core.attribution import EntitlementKind
+from gpuslice.core.errors import GpusliceError
 
 GuardMode = Literal["off", "observe", "enforce"]
 """`off`: not evaluated; `observe`: decisions are logged and posted, nothing is stopped;
@@ -77,6 +79,31 @@ class Reserve:
 
     def of(self, total_bytes: int) -> int:
         return max(self.bytes, int(total_bytes * self.fraction))
+
+    @classmethod
+    def parse(cls, text: str, field_name: str = "memory-guard-reserve") -> Reserve:
+        """`10%`, a byte count (`4294967296`) or a size with a binary unit (`4Gi`, `512MiB`)."""
+        value = text.strip()
+        match = _RESERVE.fullmatch(value)
+        if match is None:
+            raise GpusliceError(
+                f"{field_name}: expected a percentage of the GPU (10%), bytes (4294967296) "
+                f"or a size (4Gi, 512MiB), got {text!r}"
+            )
+        number = float(match.group("number"))
+        unit = (match.group("unit") or "").lower()
+        if unit == "%":
+            if not 0 <= number < 100:
+                raise GpusliceError(f"{field_name}: a percentage must be 0..<100, got {text!r}")
+            return cls(fraction=number / 100.0)
+        return cls(bytes=int(number * _UNITS[unit.removesuffix("b")]))
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%" if self.fraction else f"{self.bytes}B"
+
+
+_RESERVE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|[KMGT]i(?:B)?|B)?", re.IGNORECASE)
+_UNITS = {"": 1, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
 
 
 @dataclass(frozen=True, slots=True)
