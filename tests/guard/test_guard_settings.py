@@ -92,3 +92,39 @@ def test_reserve_forms(text: str, expected: Reserve) -> None:
 def test_reserve_error_names_the_field() -> None:
     with pytest.raises(GpusliceError, match=r"memoryGuard.reserve: .*'x'"):
         Reserve.parse("x", "memoryGuard.reserve")
+
+
+TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+@pytest.mark.parametrize("soft", [True, False])
+def test_the_agent_flag_reaches_allocate(soft: bool) -> None:
+    from gpuslice.agent.runner import Agent
+    from gpuslice.agent.settings import AgentSettings, GuardSettings
+    from gpuslice.backends import open_backend
+    from gpuslice.core.allocation import build_allocation
+    from gpuslice.core.config import parse_config
+
+    backend = open_backend("sim:1xl40s", environ={})
+    try:
+        settings = AgentSettings(node="sim:1xl40s", memory_guard=GuardSettings(soft_limits=soft))
+        agent = Agent(settings, backend)
+        plan = agent._plan(backend.inventory(), parse_config(TIME_SLICING))
+        [resource] = plan.resources
+        envs = dict(
+            build_allocation(
+                resource, plan.allocate, [resource.devices[0].id], annotation_id="x"
+            ).envs
+        )
+    finally:
+        backend.close()
+    assert ("GPUSLICE_MEMORY_LIMIT_MIB" in envs) is soft
+    if soft:
+        assert envs["GPUSLICE_MEMORY_LIMIT_MIB"] == str(46068 // 4)

@@ -174,6 +174,10 @@ class AllocateSettings:
     gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    memory_soft_limits: bool = False
+    """Not a config field: the agent's `--memory-soft-limits` flag (on by default there; off
+    here so a plan alone answers exactly as NVIDIA's plugin does). Time-sliced replicas get
+    env hints with their memory share (`core.allocation.softlimits`)."""
 
 
 @dataclass(frozen=True, slots=True)
