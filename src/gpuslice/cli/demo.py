@@ -95,9 +95,22 @@ def render(result: DemoResult, console: Console) -> None:
 )
 @click.option("--pods", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("-v", "--verbose", is_flag=True, help="Show the agent's logs.")
+@click.option(
+    "--scenario",
+    type=click.Choice(["seed000", "guard"]),
+    default="seed000",
+    show_default=True,
+    help="guard: seed 001, one time-sliced pod leaking memory, the memory guard off and on.",
+)
 @reports_errors
-def demo(node: str, config_file: Path | None, pods: int, verbose: bool) -> None:
+def demo(node: str, config_file: Path | None, pods: int, verbose: bool, scenario: str) -> None:
     """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4."""
+    if scenario == "guard":
+        from gpuslice.cli.demo_guard import render_guard
+        from gpuslice.demo.guard import run_guard_demo
+
+        render_guard(run_guard_demo(), console())
+        return
     setup_logging("text", verbose=False)
     if not verbose:
         import logging
