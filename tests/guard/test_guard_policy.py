@@ -128,6 +128,14 @@ def test_grace_filters_a_short_spike() -> None:
     assert reclaimed(ev) == ["a"]
 
 
+def test_a_deep_dip_skips_the_grace() -> None:
+    params = enforce(grace_s=5.0)  # critical below 2 GiB free
+    ev = run([tenant("a", 30), tenant("b", 15)], params, now=0.0)  # 3 GiB free: wait
+    assert reclaimed(ev) == []
+    ev = run([tenant("a", 31.5), tenant("b", 15)], params, now=1.0, state=ev.state)
+    assert reclaimed(ev) == ["a"]  # 1.5 GiB free: no waiting
+
+
 def test_hysteresis_keeps_the_pressure_clock_while_free_memory_hovers_at_the_reserve() -> None:
     params = enforce(grace_s=2.0)  # release at 5 GiB free
     ev = run([tenant("a", 30), tenant("b", 15)], params, now=0.0)  # 3 GiB free

@@ -116,6 +116,10 @@ class GuardParams:
     """Seconds the pressure (or, in strict mode, the overrun) must last before a reclaim,
     and seconds between SIGTERM and SIGKILL. Filters short spikes; widens the window in which
     a fast leaker can still hurt a neighbour (see docs/memory-guard.md)."""
+    critical: float = 0.5
+    """Below reserve x this, the grace is skipped: a dip that deep is no short spike, and
+    the next neighbour to allocate is about to fail. Keeps the grace for shallow dips
+    without letting a fast leak use it."""
     hysteresis: float = 0.25
     """Pressure on a GPU ends only once free memory is back above reserve x (1 + this), so
     free memory hovering at the reserve does not restart the grace clock on every poll."""

@@ -6,7 +6,8 @@ it is. The policy turns that around:
 
 * a container may use more than its share (GPU memory / replicas x replicas held) while the
   GPU keeps at least the reserve free;
-* when free memory stays below the reserve for the grace period, containers over their
+* when free memory stays below the reserve for the grace period (or falls below the
+  critical part of it, when waiting would only let a neighbour fail), containers over their
   share are reclaimed, largest overrun first, until the memory they hold (counted as freed)
   brings free memory back to the reserve;
 * a container within its share on a GPU is never chosen because of that GPU;
@@ -161,9 +162,10 @@ def evaluate(
 
     for g in gpu_list:
         since = pressure_since.get(g.uuid)
-        if since is None or now - since < params.grace_s:
-            continue
         reserve = params.reserve.of(g.total_bytes)
+        critical = g.free_bytes + freeing.get(g.uuid, 0) < reserve * params.critical
+        if since is None or (now - since < params.grace_s and not critical):
+            continue
         candidates = sorted(
             (t for t in reclaimable if t.gpu_uuid == g.uuid and t.overrun_bytes > 0),
             key=lambda t: (-t.overrun_bytes, t.key),
