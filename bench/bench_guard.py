@@ -125,8 +125,8 @@ def main() -> None:
     )
     rng = random.Random(args.seed)
     started = time.perf_counter()
-    lost = {label: {m: 0 for m in MULTIPLES} for label, _, _ in modes}
-    total_wb = {m: 0 for m in MULTIPLES}
+    lost = {label: dict.fromkeys(MULTIPLES, 0) for label, _, _ in modes}
+    total_wb = dict.fromkeys(MULTIPLES, 0)
     reactions: dict[str, list[float]] = {label: [] for label, _, _ in modes}
     leakers_stopped = {label: 0 for label, _, _ in modes}
     leakers_total = 0
