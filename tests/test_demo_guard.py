@@ -16,16 +16,16 @@ def test_guard_off_the_last_pod_dies_guard_on_the_leaker_is_stopped() -> None:
     [oom] = [e for e in demo.off.events if e.what == "oom"]
     assert (oom.at, oom.used_mib, oom.free_mib) == (50.0, 3800, 2668)
     # Enforce: only the leaker is stopped, after free memory fell below the 10 % reserve
-    # (4606 MiB) and the 2 s grace passed; everyone else keeps running.
+    # (4606 MiB) and the 1 s grace passed; everyone else keeps running.
     assert {n: f for n, f in demo.enforce.fates.items() if f != "running"} == {
         "stress-2": "reclaimed"
     }
     [reclaim] = [e for e in demo.enforce.events if e.what == "reclaim"]
     assert (reclaim.at, reclaim.pod, reclaim.used_mib, reclaim.free_mib) == (
-        43.0,
+        42.0,
         "stress-2",
-        11600,
-        4068,
+        11400,
+        4268,
     )
     assert demo.enforce.lost(demo.pods) == []
     assert demo.off.lost(demo.pods) == ["stress-9"]

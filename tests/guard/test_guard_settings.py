@@ -25,7 +25,7 @@ def test_defaults_observe_with_ten_percent_reserve() -> None:
     g = _guard_settings(parse([]))
     assert g.params.mode == "observe"
     assert g.params.reserve == Reserve(fraction=0.10)
-    assert (g.params.grace_s, g.interval_s, g.action) == (2.0, 1.0, "kill")
+    assert (g.params.grace_s, g.interval_s, g.action) == (1.0, 1.0, "kill")
     assert g.params.strict is False
     assert g.soft_limits is True
 

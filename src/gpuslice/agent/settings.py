@@ -25,7 +25,7 @@ class GuardSettings:
 
     params: GuardParams = field(default_factory=GuardParams)
     """`MEMORY_GUARD*`: mode (default `observe`), reserve (default 10 % of each GPU), grace
-    (default 2 s), strict (default off); see `core.guard.model.GuardParams`."""
+    (default 1 s), strict (default off); see `core.guard.model.GuardParams`."""
     interval_s: float = 1.0
     """`MEMORY_GUARD_INTERVAL`: seconds between polls. A leaker growing faster than
     reserve / (interval + grace) can still push a neighbour into OOM before it is stopped;

@@ -216,7 +216,7 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     "--memory-guard-grace",
     envvar="MEMORY_GUARD_GRACE",
     type=click.FloatRange(min=0),
-    default=2.0,
+    default=1.0,
     show_default=True,
     help="Seconds pressure must last before a reclaim; also SIGTERM to SIGKILL.",
 )

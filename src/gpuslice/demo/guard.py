@@ -76,7 +76,7 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
     [resource] = plan.resources
     device = resource.devices[0]
     total = device.physical.memory_mib
-    params = GuardParams(mode="enforce")  # the defaults: reserve 10 %, grace 2 s
+    params = GuardParams(mode="enforce")  # the defaults: reserve 10 %, grace 1 s
     story = pods()
     results = {
         mode: simulate(

@@ -112,7 +112,7 @@ class GuardParams:
     reserve: Reserve = field(default_factory=lambda: Reserve(fraction=0.10))
     """Default 10 % of each GPU: on a 48 GiB L40S a leaker must grow 4.8 GiB within one poll
     plus the grace to push a neighbour into OOM."""
-    grace_s: float = 2.0
+    grace_s: float = 1.0
     """Seconds the pressure (or, in strict mode, the overrun) must last before a reclaim,
     and seconds between SIGTERM and SIGKILL. Filters short spikes; widens the window in which
     a fast leaker can still hurt a neighbour (see docs/memory-guard.md)."""
