@@ -108,6 +108,18 @@ def test_observe_mode_reports_without_enforcing_or_remembering() -> None:
     assert ev.state.stopping == {}
 
 
+def test_observe_mode_reports_a_would_be_victim_once_while_it_stays_one() -> None:
+    params = enforce(mode="observe")
+    pods = [tenant("leaker", 30), tenant("b", 16)]
+    ev = run(pods, params, now=0)
+    assert reclaimed(ev) == ["leaker"]
+    ev = run(pods, params, now=1, state=ev.state)
+    assert reclaimed(ev) == []
+    ev = run([tenant("leaker", 20), tenant("b", 16)], params, now=2, state=ev.state)
+    ev = run(pods, params, now=3, state=ev.state)
+    assert reclaimed(ev) == ["leaker"]
+
+
 def test_off_mode_decides_nothing() -> None:
     ev = run([tenant("leaker", 30), tenant("b", 16)], enforce(mode="off"))
     assert ev.decisions == ()

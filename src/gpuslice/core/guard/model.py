@@ -139,6 +139,9 @@ class GuardState:
     stopping: Mapping[ContainerKey, float] = field(default_factory=dict)
     """Container -> when it was reclaimed; its memory counts as being freed meanwhile."""
     escalated: frozenset[ContainerKey] = frozenset()
+    reported: frozenset[ContainerKey] = frozenset()
+    """Observe mode: would-be victims already reported, not repeated on every poll while
+    they stay victims."""
 
 
 @dataclass(frozen=True, slots=True)

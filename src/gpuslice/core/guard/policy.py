@@ -147,7 +147,8 @@ def evaluate(
 
     def reclaim(t: Tenant, reason: ReclaimReason) -> None:
         chosen.add(t.key)
-        decide("reclaim", t, reason, enforce)
+        if enforce or t.key not in state.reported:
+            decide("reclaim", t, reason, enforce)
         count_freed(t.key)  # observe reports the victims enforce would choose
         if enforce:
             stopping[t.key] = now
@@ -185,6 +186,7 @@ def evaluate(
             over_since=over_since,
             stopping=stopping,
             escalated=frozenset(escalated),
+            reported=frozenset() if enforce else frozenset(chosen),
         ),
     )
 
