@@ -1,6 +1,7 @@
 """The memory guard in the real daemon: three pods time-slicing one simulated L40S, one
 growing past its share; the guard stops that one (its real process gets SIGTERM) and posts
-a Warning Event on its pod, and the others keep running."""
+a Warning Event on its pod, and the others keep running. The leak runs in the simulator's
+memory model, driven through the control directory."""
 
 from __future__ import annotations
 
@@ -92,7 +93,12 @@ async def test_the_overrunning_pod_is_stopped_and_the_others_untouched(sock_dir:
                     await wait_scrape(port, over, "the leaker over its share")
                     # Borrowing while memory is free: 18 GiB free, nobody stopped.
                     assert all(c.poll() is None for c in children.values())
-                    node.control.add_process(children["leaker"].pid, 0, used_memory_mib=27000)
+                    # Now it leaks, 3000 MiB/s, in the simulator's CUDA-like memory: left
+                    # alone it would fill the card in ~6 s and the next allocation would
+                    # fail; the guard must stop it when free memory drops below 4606 MiB.
+                    node.control.grow_process(
+                        children["leaker"].pid, 0, start_mib=12000, rate_mib_s=3000
+                    )
                     code = await asyncio.to_thread(children["leaker"].wait, WAIT_S)
                     assert code == -signal.SIGTERM
                     node.control.remove_process(children["leaker"].pid)
@@ -106,7 +112,10 @@ async def test_the_overrunning_pod_is_stopped_and_the_others_untouched(sock_dir:
                     [event] = [e for e in api.events("ml") if e["reason"] == "GPUMemoryReclaimed"]
                     assert event["involvedObject"]["name"] == "leaker"
                     assert event["involvedObject"]["uid"] == uids["leaker"]
-                    assert "27000 MiB" in event["message"]
+                    assert (
+                        "reserve 4606 MiB: reclaimed (memory-pressure) with SIGTERM"
+                        in (event["message"])
+                    )
 
                     def counted(text: str) -> bool:
                         got = samples(text, "gpuslice_memory_guard_decisions_total")
