@@ -289,3 +289,32 @@ def test_invariants(rows, reserve, strict, free_other) -> None:  # type: ignore[
                 assert g.free_bytes + freed_before_last < reserve
             over = sorted((by_pair[(d.key, g.uuid)].overrun_bytes for d in mine), reverse=True)
             assert over == [by_pair[(d.key, g.uuid)].overrun_bytes for d in mine]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 20), min_size=3, max_size=3), min_size=1, max_size=12),
+    st.sampled_from([0.0, 1.0, 2.5]),
+    st.booleans(),
+    st.sampled_from(["observe", "enforce"]),
+)
+def test_over_any_sequence_of_polls_only_overrunning_pods_are_victims(
+    polls: list[list[int]], grace: float, strict: bool, mode: str
+) -> None:
+    params = GuardParams(
+        mode=mode,  # type: ignore[arg-type]
+        reserve=Reserve(bytes=4 * GIB),
+        grace_s=grace,
+        strict=strict,
+    )
+    state = GuardState()
+    for step, usage in enumerate(polls):
+        tenants = [tenant(f"p{i}", used) for i, used in enumerate(usage)]
+        ev = run(tenants, params, now=float(step), state=state)
+        state = ev.state
+        by_key = {t.key: t for t in tenants}
+        for d in ev.decisions:
+            if d.kind == "reclaim":
+                assert by_key[d.key].used_bytes > by_key[d.key].share_bytes
+                # without strict, only while free memory is below the reserve
+                assert strict or d.free_bytes < 4 * GIB
