@@ -104,7 +104,11 @@ def render(result: DemoResult, console: Console) -> None:
 )
 @reports_errors
 def demo(node: str, config_file: Path | None, pods: int, verbose: bool, scenario: str) -> None:
-    """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4."""
+    """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4.
+
+    `--scenario guard` replays seed 001 instead (a leaking pod on a time-sliced L40S, the
+    memory guard off and enforcing; --node and --pods do not apply).
+    """
     if scenario == "guard":
         from gpuslice.cli.demo_guard import render_guard
         from gpuslice.demo.guard import run_guard_demo
