@@ -106,12 +106,31 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
     assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]} in rules
 
 
-def test_pods_are_readable_only_when_metrics_attribute_them() -> None:
-    """Per-pod attribution maps pod UIDs through the API; without metrics, no pod access."""
+def test_pods_are_readable_only_when_metrics_or_the_guard_attribute_them() -> None:
+    """Per-pod attribution maps pod UIDs through the API; without metrics and memory guard,
+    no pod access."""
     pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     assert pods_rule in one(render(), "ClusterRole")["rules"]
-    off = one(render(metrics={"enabled": False}), "ClusterRole")["rules"]
-    assert not [r for r in off if "pods" in r.get("resources", [])]
+    guard_only = one(render(metrics={"enabled": False}), "ClusterRole")["rules"]
+    assert pods_rule in guard_only
+    off = one(render(metrics={"enabled": False}, memoryGuard={"mode": "off"}), "ClusterRole")[
+        "rules"
+    ]
+    assert not [r for r in off if any(x.startswith("pods") for x in r.get("resources", []))]
+
+
+def test_memory_guard_values_reach_the_daemon_and_evict_gets_its_rbac() -> None:
+    result = render(memoryGuard={"mode": "enforce", "reserve": "4Gi", "action": "evict"})
+    container = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MEMORY_GUARD"] == "enforce"
+    assert env["MEMORY_GUARD_RESERVE"] == "4Gi"
+    assert env["MEMORY_GUARD_ACTION"] == "evict"
+    assert env["MEMORY_SOFT_LIMITS"] == "true"
+    assert "POD_UID" in env, "the guard never signals its own pod"
+    evict = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+    assert evict in one(result, "ClusterRole")["rules"]
+    assert evict not in one(render(), "ClusterRole")["rules"]
 
 
 def test_host_pid_for_attribution_or_mps() -> None:
@@ -119,7 +138,10 @@ def test_host_pid_for_attribution_or_mps() -> None:
         return bool(one(render(**values), "DaemonSet")["spec"]["template"]["spec"]["hostPID"])
 
     assert host_pid(metrics={"enabled": False}), "the MPS control daemon needs it"
-    assert not host_pid(metrics={"enabled": False}, mps={"enableHostPID": False})
+    assert host_pid(metrics={"enabled": False}, mps={"enableHostPID": False}), "memory guard"
+    assert not host_pid(
+        metrics={"enabled": False}, mps={"enableHostPID": False}, memoryGuard={"mode": "off"}
+    )
     assert host_pid(mps={"enableHostPID": False}), "per-pod attribution needs it"
 
 

@@ -187,6 +187,8 @@ async def test_over_share_is_one_comparison(node: Node) -> None:
     ent = {lab["pod"]: v for lab, v in got["gpuslice_pod_entitled_memory_bytes"]}
     over = {pod for pod in used if used[pod] > ent[pod]}
     assert over == {"train"}
+    gauge = {lab["pod"]: v for lab, v in got["gpuslice_pod_memory_over_share"]}
+    assert gauge == {"train": 1, "mps-job": 0}
     sm = {lab["pod"]: v for lab, v in got["gpuslice_pod_sm_util_percent"]}
     sm_ent = {lab["pod"]: v for lab, v in got["gpuslice_pod_entitled_sm_fraction"]}
     assert {pod for pod in sm if sm[pod] / 100 > sm_ent[pod]} == {"train"}

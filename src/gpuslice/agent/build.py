@@ -24,16 +24,29 @@ from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
+from gpuslice.core.guard import GpuMemory, tenants_from
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
+from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.labelfile import LabelFile
-from gpuslice.k8s import NodeEvents, NodeLabeler, NodeLabelWatcher, NodePods, make_client
+from gpuslice.k8s import (
+    NodeEvents,
+    NodeLabeler,
+    NodeLabelWatcher,
+    NodePods,
+    PodEvents,
+    PodEvictor,
+    make_client,
+)
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
+from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
 
 log = logging.getLogger("gpuslice.agent")
+
+MIB = 1024 * 1024
 
 
 def wire_mps(
@@ -80,8 +93,20 @@ def wire_mps(
     return manager
 
 
+def _current_plan(agent: Agent) -> tuple[Plan, Inventory] | None:
+    if agent.state is None:
+        return None
+    snap = agent.state.current
+    return snap.plan, snap.inventory
+
+
 def wire_metrics(
-    agent: Agent, *, port: int, host: str = "0.0.0.0", pods: NodePods | None = None
+    agent: Agent,
+    *,
+    port: int,
+    host: str = "0.0.0.0",
+    pods: NodePods | None = None,
+    guard: MemoryGuard | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics; scrapes read the latest snapshot and never wait on NVML.
 
@@ -124,7 +149,71 @@ def wire_metrics(
     if pods is not None:
         agent.hooks.services.append(pods.run)
     agent.hooks.on_allocate = counters.record_allocate
+    if guard is not None:
+        guard.on_decision = lambda d: counters.record_guard_decision(d.kind, d.enforced)
     return server
+
+
+def wire_guard(
+    agent: Agent,
+    *,
+    pods: NodePods | None = None,
+    client: AsyncClient | None = None,
+    run_pods: bool = False,
+) -> MemoryGuard | None:
+    """The memory guard (docs/memory-guard.md): polls the attribution at its own interval
+    (NVML and /proc only while the plan shares a GPU by time-slicing or MPS), evaluates the
+    pure policy and acts. `pods` names the pods on a shared GPU (without it several pods on
+    one GPU cannot be told apart and nobody is reclaimed); `client` posts Events and
+    evictions; `run_pods` starts the pod watch when the metrics exporter does not."""
+    settings = agent.settings
+    guard_settings = settings.memory_guard
+    if guard_settings.params.mode == "off":
+        return None
+    refresher = SnapshotRefresher(
+        backend=agent.backend,
+        assignments=PodResourcesClient(settings.pod_resources_socket),
+        current=lambda: _current_plan(agent),
+        hostname=settings.node_name or socket.gethostname(),
+        proc_root=settings.proc_root,
+        pods=pods.uid_map if pods is not None else None,
+        container_names=pods.container_names if pods is not None else None,
+    )
+
+    async def read() -> GuardView | None:
+        current = _current_plan(agent)
+        if current is None or not any(
+            r.strategy in ("time-slicing", "mps") for r in current[0].resources
+        ):
+            return None
+        snap = await refresher.refresh()
+        tenants = tenants_from(snap.attribution)
+        pids = [p for t in tenants for p in t.pids]
+        identities = await asyncio.to_thread(cgroup_identities, pids, settings.proc_root)
+        gpus = tuple(
+            GpuMemory(
+                g.uuid,
+                g.index,
+                g.memory_total_mib * MIB,
+                min(g.status.memory_free_mib, g.memory_total_mib) * MIB,
+            )
+            for g in snap.gpus
+        )
+        return GuardView(gpus, tenants, identities)
+
+    guard = MemoryGuard(
+        read=read,
+        params=guard_settings.params,
+        interval_s=guard_settings.interval_s,
+        action=guard_settings.action,
+        signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid()),
+        evict=PodEvictor(client).evict if client is not None else None,
+        post_event=PodEvents(client, settings.node_name).post if client is not None else None,
+    )
+    agent.hooks.services.append(guard.run)
+    if run_pods and pods is not None:
+        agent.hooks.services.append(pods.run)
+    return guard
 
 
 def _labels_now(agent: Agent) -> dict[str, str]:
@@ -251,9 +340,11 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             set_compute_mode=settings.set_compute_mode,
             timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
         )
+        metrics_on = settings.metrics_port is not None
+        node_pods = NodePods(client, settings.node_name) if client is not None else None
+        guard = wire_guard(agent, pods=node_pods, client=client, run_pods=not metrics_on)
         if settings.metrics_port is not None:
-            node_pods = NodePods(client, settings.node_name) if client is not None else None
-            wire_metrics(agent, port=settings.metrics_port, pods=node_pods)
+            wire_metrics(agent, port=settings.metrics_port, pods=node_pods, guard=guard)
         if settings.labels_mode == "file":
             wire_label_file(agent, settings.labels_file)
         elif settings.labels_mode == "api" and client is not None:

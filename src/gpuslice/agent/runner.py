@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.core.config.schema import Config
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
@@ -85,8 +86,16 @@ class Agent:
         """First plan: here a bad config is fatal (there is nothing in force to keep)."""
         inventory = await asyncio.to_thread(self.backend.inventory)
         loaded = load_config(self.settings, self.label_value)
-        plan = with_imex(build_plan(inventory, loaded.config), loaded.config)
+        plan = with_imex(self._plan(inventory, loaded.config), loaded.config)
         return plan, inventory, loaded
+
+    def _plan(self, inventory: Inventory, config: Config) -> Plan:
+        """`build_plan`, plus the agent flags that shape Allocate but are no config field."""
+        plan = build_plan(inventory, config)
+        soft = self.settings.memory_guard.soft_limits
+        if plan.allocate.memory_soft_limits == soft:
+            return plan
+        return replace(plan, allocate=replace(plan.allocate, memory_soft_limits=soft))
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.label_values is not None:
@@ -131,7 +140,7 @@ class Agent:
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
             loaded = load_config(self.settings, self.label_value)
-            plan = with_imex(build_plan(inventory, loaded.config), loaded.config)
+            plan = with_imex(self._plan(inventory, loaded.config), loaded.config)
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
             log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))

@@ -11,9 +11,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.core.guard import GuardParams
+from gpuslice.core.guard.model import GuardAction
+
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSettings:
+    """The memory guard (docs/memory-guard.md); needs the metrics exporter's attribution."""
+
+    params: GuardParams = field(default_factory=GuardParams)
+    """`MEMORY_GUARD*`: mode (default `observe`), reserve (default 10 % of each GPU), grace
+    (default 1 s), strict (default off); see `core.guard.model.GuardParams`."""
+    interval_s: float = 1.0
+    """`MEMORY_GUARD_INTERVAL`: seconds between polls. A leaker growing faster than
+    reserve / (interval + grace) can still push a neighbour into OOM before it is stopped;
+    one NVML process query per GPU per second costs well under 1 % of a core."""
+    action: GuardAction = "kill"
+    """`MEMORY_GUARD_ACTION`: `kill` signals the container's processes (SIGTERM, SIGKILL after
+    the grace: fast, the pod restarts in place) or `evict` uses the Eviction API (honours
+    PodDisruptionBudgets; needs RBAC to create pods/eviction)."""
+    soft_limits: bool = True
+    """`MEMORY_SOFT_LIMITS`: Allocate passes time-sliced replicas env hints with their share
+    (TF allow-growth, JAX memory fraction, GPUSLICE_MEMORY_LIMIT_MIB, GPUSLICE_GPU_FRACTION)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +106,4 @@ class AgentSettings:
     set_compute_mode: bool = True
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
     kubeconfig: Path | None = None
+    memory_guard: GuardSettings = field(default_factory=GuardSettings)

@@ -96,10 +96,33 @@ def render(result: DemoResult, console: Console) -> None:
 )
 @click.option("--pods", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("-v", "--verbose", is_flag=True, help="Show the agent's logs.")
+@click.option(
+    "--scenario",
+    type=click.Choice(["seed000", "guard"]),
+    default="seed000",
+    show_default=True,
+    help="guard: seed 001, one time-sliced pod leaking memory, the memory guard off and on.",
+)
 @output_option
 @reports_errors
-def demo(node: str, config_file: Path | None, pods: int, verbose: bool, output: str) -> None:
-    """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4."""
+def demo(
+    node: str, config_file: Path | None, pods: int, verbose: bool, scenario: str, output: str
+) -> None:
+    """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4.
+
+    `--scenario guard` replays seed 001 instead (a leaking pod on a time-sliced L40S, the
+    memory guard off and enforcing; --node and --pods do not apply).
+    """
+    if scenario == "guard":
+        from gpuslice.cli.demo_guard import render_guard
+        from gpuslice.demo.guard import run_guard_demo
+
+        guard_result = run_guard_demo()
+        if output == "table":
+            render_guard(guard_result, console())
+        else:
+            emit(plain(guard_result), output)
+        return
     setup_logging("text", verbose=False)
     if not verbose:
         import logging

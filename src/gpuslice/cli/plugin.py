@@ -20,10 +20,16 @@ from click.core import ParameterSource
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
 from gpuslice.agent.runner import Agent
-from gpuslice.agent.settings import DEFAULT_NODE_LABEL, DEFAULT_PLUGIN_DIR, AgentSettings
+from gpuslice.agent.settings import (
+    DEFAULT_NODE_LABEL,
+    DEFAULT_PLUGIN_DIR,
+    AgentSettings,
+    GuardSettings,
+)
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.guard import GuardParams, Reserve
 from gpuslice.ports import BackendError
 
 # CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
@@ -199,6 +205,59 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 )
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(path_type=Path), default=None)
 @click.option(
+    "--memory-guard",
+    envvar="MEMORY_GUARD",
+    type=click.Choice(["off", "observe", "enforce"]),
+    default="observe",
+    show_default=True,
+    help="Memory guard for time-sliced GPUs (docs/memory-guard.md).",
+)
+@click.option(
+    "--memory-guard-reserve",
+    envvar="MEMORY_GUARD_RESERVE",
+    default="10%",
+    callback=lambda _ctx, _param, value: _reserve(value),
+    show_default=True,
+    help="Free memory kept per GPU: a percentage, bytes, or a size (4Gi).",
+)
+@click.option(
+    "--memory-guard-grace",
+    envvar="MEMORY_GUARD_GRACE",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Seconds pressure must last before a reclaim; also SIGTERM to SIGKILL.",
+)
+@click.option(
+    "--memory-guard-interval",
+    envvar="MEMORY_GUARD_INTERVAL",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between memory guard polls.",
+)
+@click.option(
+    "--memory-guard-action",
+    envvar="MEMORY_GUARD_ACTION",
+    type=click.Choice(["kill", "evict"]),
+    default="kill",
+    show_default=True,
+    help="Signal the container's processes, or evict the pod.",
+)
+@click.option(
+    "--memory-guard-strict/--no-memory-guard-strict",
+    envvar="MEMORY_GUARD_STRICT",
+    default=False,
+    help="Stop any time-sliced pod over its share, even while memory is free.",
+)
+@click.option(
+    "--memory-soft-limits/--no-memory-soft-limits",
+    envvar="MEMORY_SOFT_LIMITS",
+    default=True,
+    show_default=True,
+    help="Pass time-sliced replicas their memory share as env hints.",
+)
+@click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
 @click.option("-v", "--verbose", is_flag=True, default=False)
@@ -241,6 +300,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         set_compute_mode=not params["no_compute_mode"],
         mps_health_interval_s=params["mps_health_interval"],
         kubeconfig=params["kubeconfig"],
+        memory_guard=_guard_settings(params),
     )
     asyncio.run(_serve(settings))
 
@@ -272,6 +332,27 @@ async def _serve(settings: AgentSettings) -> None:
         )
         await stop.wait()
     logging.getLogger("gpuslice").info("event=stopped")
+
+
+def _reserve(value: str) -> Reserve:
+    try:
+        return Reserve.parse(value)
+    except GpusliceError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _guard_settings(params: dict[str, Any]) -> GuardSettings:
+    return GuardSettings(
+        params=GuardParams(
+            mode=params["memory_guard"],
+            reserve=params["memory_guard_reserve"],
+            grace_s=params["memory_guard_grace"],
+            strict=params["memory_guard_strict"],
+        ),
+        interval_s=params["memory_guard_interval"],
+        action=params["memory_guard_action"],
+        soft_limits=params["memory_soft_limits"],
+    )
 
 
 def _fail_on_init_error(settings: AgentSettings) -> bool:

@@ -9,6 +9,7 @@ server double (`gpuslice.testing.apiserver`) over real HTTP.
 from gpuslice.k8s.client import ClientSettingsError, make_client
 from gpuslice.k8s.events import NodeEvents
 from gpuslice.k8s.labeling import NodeLabeler
+from gpuslice.k8s.podevents import PodEvents, PodEvictor
 from gpuslice.k8s.pods import NodePods
 from gpuslice.k8s.watching import Backoff, NodeLabelWatcher
 
@@ -19,5 +20,7 @@ __all__ = [
     "NodeLabelWatcher",
     "NodeLabeler",
     "NodePods",
+    "PodEvents",
+    "PodEvictor",
     "make_client",
 ]

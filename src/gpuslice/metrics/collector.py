@@ -46,6 +46,11 @@ _POD_FAMILIES: tuple[tuple[str, str], ...] = (
         "Share of the GPU's SMs the container's devices entitle it to (1/replicas for "
         "time-slicing, the active thread percentage for MPS, MIG SMs/GPU SMs).",
     ),
+    (
+        "gpuslice_pod_memory_over_share",
+        "1 while the container uses more GPU memory than its entitlement on that GPU, else 0 "
+        "(borrowing under time-slicing; the memory guard reclaims it under pressure).",
+    ),
 )
 
 
@@ -110,6 +115,8 @@ class SnapshotCollector(Collector):
                 fams["gpuslice_pod_sm_util_percent"].add_metric(labels, u.sm_util_percent)
             ent = u.entitlement
             fams["gpuslice_pod_entitled_memory_bytes"].add_metric(labels, ent.memory_bytes)
+            over = 1 if u.memory_used_bytes > ent.memory_bytes else 0
+            fams["gpuslice_pod_memory_over_share"].add_metric(labels, over)
             if ent.sm_fraction is not None:
                 fams["gpuslice_pod_entitled_sm_fraction"].add_metric(labels, ent.sm_fraction)
         for resource, n in sorted(snap.advertised.items()):

@@ -44,6 +44,14 @@ class PluginMetrics:
             ["result"],
             registry=registry,
         )
+        self.memory_guard_decisions = Counter(
+            "gpuslice_memory_guard_decisions",
+            "Memory guard decisions, by kind (over-share: a container went over its share; "
+            "reclaim: it was stopped, or would be in observe mode; escalate: SIGKILL after "
+            "the grace) and whether it was enforced (true|false).",
+            ["kind", "enforced"],
+            registry=registry,
+        )
 
     def record_allocate(self, resource: str, ok: bool, seconds: float) -> None:
         self.allocate_requests.labels(resource, _result(ok)).inc()
@@ -54,3 +62,6 @@ class PluginMetrics:
 
     def record_config_reload(self, ok: bool) -> None:
         self.config_reloads.labels(_result(ok)).inc()
+
+    def record_guard_decision(self, kind: str, enforced: bool) -> None:
+        self.memory_guard_decisions.labels(kind, "true" if enforced else "false").inc()

@@ -89,6 +89,10 @@ class FakeApiServer:
         self._sockets: set[socket.socket] = set()
         self.requests: list[RecordedRequest] = []
         self.watches_started = 0
+        self.evictions: list[tuple[str, str]] = []
+        """(namespace, pod) of each eviction the API accepted, in order."""
+        self.block_evictions = False
+        """True answers evictions 429, as a PodDisruptionBudget that allows none does."""
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -464,7 +468,39 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"] and method == "GET":
             self._collection("Pod", parts[3], query)
             return
+        if (
+            parts[:3] == ["api", "v1", "namespaces"]
+            and len(parts) == 7
+            and parts[4] == "pods"
+            and parts[6] == "eviction"
+            and method == "POST"
+        ):
+            self._evict(parts[3], parts[5], body)
+            return
         self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+
+    # -- pods ----------------------------------------------------------------------------
+
+    def _evict(self, namespace: str, name: str, body: bytes) -> None:
+        """The Eviction subresource: deletes the pod at once (no graceful termination here),
+        or 429 while `block_evictions` stands in for a PodDisruptionBudget."""
+        api = self.server_state
+        eviction = json.loads(body or b"{}")
+        if eviction.get("kind") != "Eviction":
+            self._send(400, _status(400, "BadRequest", "expected an Eviction"))
+            return
+        with api._cond:
+            if (namespace, name) not in api._pods:
+                self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                return
+            if api.block_evictions:
+                message = "Cannot evict pod as it would violate the pod's disruption budget."
+                self._send(429, _status(429, "TooManyRequests", message))
+                return
+            pod = api._pods.pop((namespace, name))
+            api.evictions.append((namespace, name))
+            api._record("DELETED", pod)
+        self._send(201, eviction)
 
     # -- nodes ---------------------------------------------------------------------------
 

@@ -14,11 +14,13 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpuslice.backends.simulated.control import done, reject, take_commands
+from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
 from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
@@ -48,6 +50,7 @@ class SimulatedBackend:
         *,
         control_dir: Path | None = None,
         poll_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node
         self._inventory = build_inventory(node)
@@ -59,6 +62,10 @@ class SimulatedBackend:
         self._last_xid: dict[str, int] = {}
         self._closed = False
         self._poll_interval_s = poll_interval_s
+        self._clock = clock
+        self._memory: dict[str, GpuMemoryModel] = {}
+        """GPU UUID -> the memory of its growing processes (`start_growing`)."""
+        self._oom: list[tuple[str, OomDeath]] = []
         control = control_dir if control_dir is not None else node.control_dir
         self._events_dir: Path | None = None
         if control is not None:
@@ -111,11 +118,13 @@ class SimulatedBackend:
     def processes(self) -> tuple[GpuProcess, ...]:
         self._poll_control()
         with self._lock:
+            self._advance_memory()
             return tuple(self._processes)
 
     def statuses(self) -> tuple[GpuStatus, ...]:
         self._poll_control()
         with self._lock:
+            self._advance_memory()
             out = []
             for gpu in self._inventory.gpus:
                 used = sum(
@@ -198,6 +207,72 @@ class SimulatedBackend:
         """Forget every context of `pid` (it exited)."""
         with self._lock:
             self._processes = [p for p in self._processes if p.pid != pid]
+            for model in self._memory.values():
+                model.stop(pid)
+
+    def start_growing(self, pid: int, gpu_uuid: str, allocation: Allocation) -> None:
+        """A process whose memory follows `allocation` over time, and which dies of OOM (is
+        removed, and listed by `oom_deaths`) when the GPU cannot hold what it asks for."""
+        gpu = self._gpu(gpu_uuid)
+        if gpu.mig_enabled:
+            raise BackendError(f"process {pid}: growing memory is not simulated on MIG GPUs")
+        self.remove_process(pid)
+        with self._lock:
+            self._advance_memory()
+            model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
+            model.fixed_mib = self._fixed_mib(gpu.uuid)
+            death = model.start(pid, allocation, self._clock())
+            if death is not None:
+                self._record_deaths(gpu.uuid, [death])
+                return
+            used = model.usage(pid) or 0
+            self._processes.append(GpuProcess(pid, gpu.uuid, used * MIB, sm_util_percent=0))
+
+    def oom_deaths(self) -> tuple[tuple[str, OomDeath], ...]:
+        """(GPU UUID, death) for every simulated process that died of out-of-memory."""
+        with self._lock:
+            self._advance_memory()
+            return tuple(self._oom)
+
+    def _fixed_mib(self, gpu_uuid: str) -> int:
+        growing = self._memory.get(gpu_uuid)
+        return sum(
+            math.ceil(p.used_memory_bytes / MIB)
+            for p in self._processes
+            if p.gpu_uuid == gpu_uuid
+            and p.used_memory_bytes is not None
+            and (growing is None or p.pid not in growing.procs)
+        )
+
+    def _advance_memory(self) -> None:
+        """Under the lock: grow, and kill what runs out of memory."""
+        now = self._clock()
+        for uuid, model in self._memory.items():
+            model.fixed_mib = self._fixed_mib(uuid)
+            died = model.advance(now)
+            self._record_deaths(uuid, died)
+            self._processes = [
+                replace(p, used_memory_bytes=(model.usage(p.pid) or 0) * MIB)
+                if p.gpu_uuid == uuid and p.pid in model.procs
+                else p
+                for p in self._processes
+            ]
+
+    def _record_deaths(self, uuid: str, died: list[OomDeath]) -> None:
+        for death in died:
+            log.warning(
+                "event=sim-oom pid=%d gpu=%s wanted_mib=%d free_mib=%d",
+                death.pid,
+                uuid,
+                death.wanted_mib,
+                death.free_mib,
+            )
+            self._oom.append((uuid, death))
+        dead = {d.pid for d in died}
+        if dead:
+            self._processes = [
+                p for p in self._processes if not (p.gpu_uuid == uuid and p.pid in dead)
+            ]
 
     def set_status(
         self,
@@ -323,6 +398,20 @@ class SimulatedBackend:
             )
         elif kind == "mig":
             self.set_mig(gpu.uuid, _bool(command, "enabled"), _opt_str(command, "layout"))
+        elif kind == "grow_process":
+            target = command.get("targetMiB")
+            self.start_growing(
+                _int(command, "pid"),
+                gpu.uuid,
+                Allocation(
+                    start_mib=_opt_int(command, "startMiB") or 0,
+                    rate_mib_s=_number(command, "rateMiBPerS"),
+                    target_mib=None if target is None else _int(command, "targetMiB"),
+                    burst_mib=_opt_int(command, "burstMiB") or 0,
+                    burst_every_s=_number(command, "burstEveryS"),
+                    burst_s=_number(command, "burstS"),
+                ),
+            )
         elif kind == "set_status":
             power = command.get("powerW")
             if power is not None and not isinstance(power, int | float):
@@ -337,7 +426,7 @@ class SimulatedBackend:
         else:
             raise BackendError(
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
-                "remove_process, set_status, mig"
+                "grow_process, remove_process, set_status, mig"
             )
 
 
@@ -360,6 +449,13 @@ def _int(command: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BackendError(f"{key}: expected a whole number, got {value!r}")
     return value
+
+
+def _number(command: dict[str, Any], key: str) -> float:
+    value = command.get(key, 0) or 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BackendError(f"{key}: expected a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _opt_int(command: dict[str, Any], key: str) -> int | None:

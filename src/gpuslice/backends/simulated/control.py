@@ -17,6 +17,8 @@ Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under t
     {"kind": "lost", "gpu": 1}
     {"kind": "add_process", "pid": 4242, "gpu": 0, "mig": null, "usedMemoryMiB": 512,
      "smUtil": 30, "mps": false}
+    {"kind": "grow_process", "pid": 4243, "gpu": 0, "startMiB": 2048, "rateMiBPerS": 256,
+     "targetMiB": null, "burstMiB": 0, "burstEveryS": 0, "burstS": 0}
     {"kind": "remove_process", "pid": 4242}
     {"kind": "set_status", "gpu": 0, "gpuUtil": 80, "memoryUtil": 40, "temperatureC": 61,
      "powerW": 212.5}
@@ -91,6 +93,34 @@ class ControlDir:
                 "usedMemoryMiB": used_memory_mib,
                 "smUtil": sm_util_percent,
                 "mps": mps,
+            }
+        )
+
+    def grow_process(
+        self,
+        pid: int,
+        gpu: str | int,
+        *,
+        start_mib: int = 0,
+        rate_mib_s: float = 0.0,
+        target_mib: int | None = None,
+        burst_mib: int = 0,
+        burst_every_s: float = 0.0,
+        burst_s: float = 0.0,
+    ) -> Path:
+        """A process whose memory grows over time and dies of OOM when the GPU is full
+        (see `memory.Allocation`)."""
+        return self.send(
+            {
+                "kind": "grow_process",
+                "pid": pid,
+                "gpu": gpu,
+                "startMiB": start_mib,
+                "rateMiBPerS": rate_mib_s,
+                "targetMiB": target_mib,
+                "burstMiB": burst_mib,
+                "burstEveryS": burst_every_s,
+                "burstS": burst_s,
             }
         )
 

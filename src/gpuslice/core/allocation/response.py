@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuslice.core.allocation.softlimits import soft_limit_envs
 from gpuslice.core.allocation.validation import validate_request
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
@@ -224,6 +225,8 @@ def build_allocation(
             cdi_devices.extend(names)
     if resource.strategy == "mps":
         _mps_edits(resource, devices, settings, envs, mounts)
+    if resource.strategy == "time-slicing" and settings.memory_soft_limits:
+        envs.update(soft_limit_envs(devices))
     for enabled, name in (
         (settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
         (settings.gds_enabled, "NVIDIA_GDS"),

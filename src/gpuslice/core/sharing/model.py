@@ -177,6 +177,10 @@ class AllocateSettings:
     imex_channels: tuple[int, ...] = ()
     """`imex.channelIDs` whose device node exists on the host (the agent checks; NVIDIA
     skips a missing channel unless `imex.required`, when it refuses to start)."""
+    memory_soft_limits: bool = False
+    """Not a config field: the agent's `--memory-soft-limits` flag (on by default there; off
+    here so a plan alone answers exactly as NVIDIA's plugin does). Time-sliced replicas get
+    env hints with their memory share (`core.allocation.softlimits`)."""
 
 
 @dataclass(frozen=True, slots=True)

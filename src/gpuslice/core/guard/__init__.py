@@ -1,0 +1,25 @@
+"""The memory guard's pure policy: who may borrow GPU memory, and who is stopped."""
+
+from gpuslice.core.guard.model import (
+    ContainerKey,
+    Decision,
+    GpuMemory,
+    GuardParams,
+    GuardState,
+    Reserve,
+    Tenant,
+)
+from gpuslice.core.guard.policy import Evaluation, evaluate, tenants_from
+
+__all__ = [
+    "ContainerKey",
+    "Decision",
+    "Evaluation",
+    "GpuMemory",
+    "GuardParams",
+    "GuardState",
+    "Reserve",
+    "Tenant",
+    "evaluate",
+    "tenants_from",
+]

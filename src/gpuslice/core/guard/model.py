@@ -1,0 +1,162 @@
+"""Plain data the guard policy reads and writes: GPUs, tenants, parameters, carried state.
+
+Everything here is frozen so an evaluation is a pure function of (view, state, params, now):
+the adapter keeps the returned state and hands it back on the next poll, tests replay
+sequences without a clock, and the benchmark drives the same code in simulated time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuslice.core.attribution import EntitlementKind
+from gpuslice.core.errors import GpusliceError
+
+GuardMode = Literal["off", "observe", "enforce"]
+"""`off`: not evaluated; `observe`: decisions are logged and posted, nothing is stopped;
+`enforce`: reclaim decisions stop the container."""
+
+GuardAction = Literal["kill", "evict"]
+"""How a reclaim is carried out: signal the container's processes, or the Eviction API."""
+
+DecisionKind = Literal["over-share", "reclaim", "escalate"]
+"""`over-share`: a container went over its share (once per crossing, for Events and logs);
+`reclaim`: stop it (SIGTERM or eviction); `escalate`: it outlived the grace after `reclaim`
+(SIGKILL)."""
+
+ReclaimReason = Literal["memory-pressure", "strict"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ContainerKey:
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """One physical GPU's memory as the last poll saw it."""
+
+    uuid: str
+    index: int | None
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """One container on one physical GPU: its usage and what it is entitled to."""
+
+    key: ContainerKey
+    gpu_uuid: str
+    kind: EntitlementKind
+    """Only `time-slicing` tenants can be reclaimed; `mps` ones are observed (the MPS server
+    enforces their pinned limit); `mig` and `exclusive` ones are exempt."""
+    share_bytes: int
+    used_bytes: int
+    pids: tuple[int, ...] = ()
+
+    @property
+    def overrun_bytes(self) -> int:
+        return self.used_bytes - self.share_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Free memory the guard keeps on each GPU: a byte count, a fraction of the GPU, or both
+    (the larger wins). A reserve of zero only acts once the GPU is completely full, when
+    neighbours are already failing their allocations."""
+
+    bytes: int = 0
+    fraction: float = 0.0
+
+    def of(self, total_bytes: int) -> int:
+        return max(self.bytes, int(total_bytes * self.fraction))
+
+    @classmethod
+    def parse(cls, text: str, field_name: str = "memory-guard-reserve") -> Reserve:
+        """`10%`, a byte count (`4294967296`) or a size with a binary unit (`4Gi`, `512MiB`)."""
+        value = text.strip()
+        match = _RESERVE.fullmatch(value)
+        if match is None:
+            raise GpusliceError(
+                f"{field_name}: expected a percentage of the GPU (10%), bytes (4294967296) "
+                f"or a size (4Gi, 512MiB), got {text!r}"
+            )
+        number = float(match.group("number"))
+        unit = (match.group("unit") or "").lower()
+        if unit == "%":
+            if not 0 <= number < 100:
+                raise GpusliceError(f"{field_name}: a percentage must be 0..<100, got {text!r}")
+            return cls(fraction=number / 100.0)
+        return cls(bytes=int(number * _UNITS[unit.removesuffix("b")]))
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%" if self.fraction else f"{self.bytes}B"
+
+
+_RESERVE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|[KMGT]i(?:B)?|B)?", re.IGNORECASE)
+_UNITS = {"": 1, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardParams:
+    mode: GuardMode = "observe"
+    reserve: Reserve = field(default_factory=lambda: Reserve(fraction=0.10))
+    """Default 10 % of each GPU: on a 48 GiB L40S a leaker must grow 4.8 GiB within one poll
+    plus the grace to push a neighbour into OOM."""
+    grace_s: float = 1.0
+    """Seconds the pressure (or, in strict mode, the overrun) must last before a reclaim,
+    and seconds between SIGTERM and SIGKILL. Filters short spikes; widens the window in which
+    a fast leaker can still hurt a neighbour (see docs/memory-guard.md)."""
+    critical: float = 0.5
+    """Below reserve x this, the grace is skipped: a dip that deep is no short spike, and
+    the next neighbour to allocate is about to fail. Keeps the grace for shallow dips
+    without letting a fast leak use it."""
+    hysteresis: float = 0.25
+    """Pressure on a GPU ends only once free memory is back above reserve x (1 + this), so
+    free memory hovering at the reserve does not restart the grace clock on every poll."""
+    strict: bool = False
+    """Stop any time-sliced container over its share after the grace, whatever the free
+    memory (tenants that must not borrow)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuardState:
+    """What one evaluation hands to the next (plain data; the adapter only stores it)."""
+
+    pressure_since: Mapping[str, float] = field(default_factory=dict)
+    """GPU UUID -> when its free memory fell below the reserve (cleared with hysteresis)."""
+    over_since: Mapping[tuple[ContainerKey, str], float] = field(default_factory=dict)
+    """(container, GPU) -> when it went over its share."""
+    stopping: Mapping[ContainerKey, float] = field(default_factory=dict)
+    """Container -> when it was reclaimed; its memory counts as being freed meanwhile."""
+    escalated: frozenset[ContainerKey] = frozenset()
+    reported: frozenset[ContainerKey] = frozenset()
+    """Observe mode: would-be victims already reported, not repeated on every poll while
+    they stay victims."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One thing the guard decided about one container on one GPU (logged and posted)."""
+
+    kind: DecisionKind
+    key: ContainerKey
+    gpu_uuid: str
+    gpu_index: int | None
+    used_bytes: int
+    share_bytes: int
+    free_bytes: int
+    reserve_bytes: int
+    enforced: bool
+    """False in observe mode and for MPS tenants: the decision is only reported."""
+    reason: ReclaimReason | None = None
+    pids: tuple[int, ...] = ()

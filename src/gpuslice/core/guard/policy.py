@@ -1,0 +1,199 @@
+""" "Guaranteed share, borrow while free": which time-sliced containers to stop, and when.
+
+Nothing in the driver or the kernel caps CUDA memory per container under time-slicing, so
+the last process to allocate is the one that gets the out-of-memory error, however small
+it is. The policy turns that around:
+
+* a container may use more than its share (GPU memory / replicas x replicas held) while the
+  GPU keeps at least the reserve free;
+* when free memory stays below the reserve for the grace period (or falls below the
+  critical part of it, when waiting would only let a neighbour fail), containers over their
+  share are reclaimed, largest overrun first, until the memory they hold (counted as freed)
+  brings free memory back to the reserve;
+* a container within its share on a GPU is never chosen because of that GPU;
+* `strict` stops any container over its share once the overrun has lasted the grace;
+* a reclaimed container still holding memory after another grace is escalated (SIGKILL);
+  while it is being stopped its memory counts as freed, so a slow exit does not pull in
+  more victims.
+
+MPS tenants are reported but never reclaimed (the MPS server enforces their pinned limit);
+MIG and exclusive tenants are skipped (nobody shares their memory). A container on several
+GPUs is one victim: stopping it frees its memory on each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpuslice.core.attribution import Attribution
+from gpuslice.core.guard.model import (
+    ContainerKey,
+    Decision,
+    DecisionKind,
+    GpuMemory,
+    GuardParams,
+    GuardState,
+    ReclaimReason,
+    Tenant,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    decisions: tuple[Decision, ...]
+    over_share: frozenset[tuple[ContainerKey, str]]
+    """(container, GPU) pairs over their share now, MPS included (the exporter's gauge)."""
+    state: GuardState
+
+
+def tenants_from(attribution: Attribution) -> tuple[Tenant, ...]:
+    """The guard's view of the exporter's attribution (one tenant per container per GPU)."""
+    return tuple(
+        Tenant(
+            key=ContainerKey(u.namespace, u.pod, u.container),
+            gpu_uuid=u.gpu_uuid,
+            kind=u.entitlement.kind,
+            share_bytes=u.entitlement.memory_bytes,
+            used_bytes=u.memory_used_bytes,
+            pids=u.pids,
+        )
+        for u in attribution.usages
+    )
+
+
+def evaluate(
+    gpus: Iterable[GpuMemory],
+    tenants: Iterable[Tenant],
+    state: GuardState,
+    params: GuardParams,
+    now: float,
+) -> Evaluation:
+    """One poll's decisions and the state for the next poll (rules in the module docstring)."""
+    gpu_list = sorted(gpus, key=lambda g: g.uuid)
+    by_gpu = {g.uuid: g for g in gpu_list}
+    watched = [t for t in tenants if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu]
+    if params.mode == "off":
+        return Evaluation((), frozenset(), GuardState())
+    enforce = params.mode == "enforce"
+    decisions: list[Decision] = []
+
+    def decide(kind: DecisionKind, t: Tenant, reason: ReclaimReason | None, enforced: bool) -> None:
+        g = by_gpu[t.gpu_uuid]
+        decisions.append(
+            Decision(
+                kind=kind,
+                key=t.key,
+                gpu_uuid=g.uuid,
+                gpu_index=g.index,
+                used_bytes=t.used_bytes,
+                share_bytes=t.share_bytes,
+                free_bytes=g.free_bytes,
+                reserve_bytes=params.reserve.of(g.total_bytes),
+                enforced=enforced,
+                reason=reason,
+                pids=t.pids,
+            )
+        )
+
+    # Containers being stopped: gone once they hold no memory anywhere.
+    holding: dict[ContainerKey, list[Tenant]] = {}
+    for t in watched:
+        holding.setdefault(t.key, []).append(t)
+    alive = {k for k, ts in holding.items() if any(t.used_bytes > 0 or t.pids for t in ts)}
+    stopping = {k: at for k, at in state.stopping.items() if k in alive} if enforce else {}
+    escalated = {k for k in state.escalated if k in stopping}
+    for key, at in sorted(stopping.items()):
+        if key not in escalated and now - at >= params.grace_s:
+            escalated.add(key)
+            for t in holding[key]:
+                if t.used_bytes > 0 or t.pids:
+                    decide("escalate", t, None, True)
+                    break
+
+    # Over-share bookkeeping and one notice per crossing.
+    over_now = {(t.key, t.gpu_uuid) for t in watched if t.overrun_bytes > 0}
+    over_since: dict[tuple[ContainerKey, str], float] = {}
+    for t in sorted(watched, key=lambda t: (t.key, t.gpu_uuid)):
+        pair = (t.key, t.gpu_uuid)
+        if pair not in over_now:
+            continue
+        if pair in state.over_since:
+            over_since[pair] = state.over_since[pair]
+        else:
+            over_since[pair] = now
+            decide("over-share", t, None, False)
+
+    # Memory pressure per GPU, with hysteresis; memory of containers being stopped counts
+    # as free already.
+    freeing: dict[str, int] = {}
+
+    def count_freed(key: ContainerKey) -> None:
+        for t in holding.get(key, ()):
+            freeing[t.gpu_uuid] = freeing.get(t.gpu_uuid, 0) + t.used_bytes
+
+    for key in stopping:
+        count_freed(key)
+    pressure_since: dict[str, float] = {}
+    for g in gpu_list:
+        reserve = params.reserve.of(g.total_bytes)
+        free = g.free_bytes + freeing.get(g.uuid, 0)
+        release = reserve + int(reserve * params.hysteresis)
+        if free < reserve or (g.uuid in state.pressure_since and free < release):
+            pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
+
+    reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
+    chosen: set[ContainerKey] = set()
+
+    def reclaim(t: Tenant, reason: ReclaimReason) -> None:
+        chosen.add(t.key)
+        if enforce or t.key not in state.reported:
+            decide("reclaim", t, reason, enforce)
+        count_freed(t.key)  # observe reports the victims enforce would choose
+        if enforce:
+            stopping[t.key] = now
+
+    if params.strict:
+        for t in sorted(reclaimable, key=lambda t: (-t.overrun_bytes, t.key, t.gpu_uuid)):
+            pair = (t.key, t.gpu_uuid)
+            if t.key in chosen or pair not in over_since:
+                continue
+            if now - over_since[pair] >= params.grace_s:
+                reclaim(t, "strict")
+
+    for g in gpu_list:
+        since = pressure_since.get(g.uuid)
+        reserve = params.reserve.of(g.total_bytes)
+        critical = g.free_bytes + freeing.get(g.uuid, 0) < reserve * params.critical
+        if since is None or (now - since < params.grace_s and not critical):
+            continue
+        candidates = sorted(
+            (t for t in reclaimable if t.gpu_uuid == g.uuid and t.overrun_bytes > 0),
+            key=lambda t: (-t.overrun_bytes, t.key),
+        )
+        for t in candidates:
+            if g.free_bytes + freeing.get(g.uuid, 0) >= reserve:
+                break
+            if t.key in chosen:
+                continue
+            reclaim(t, "memory-pressure")
+
+    return Evaluation(
+        decisions=tuple(decisions),
+        over_share=frozenset(over_now),
+        state=GuardState(
+            pressure_since=pressure_since,
+            over_since=over_since,
+            stopping=stopping,
+            escalated=frozenset(escalated),
+            reported=frozenset() if enforce else frozenset(chosen),
+        ),
+    )
+
+
+def over_share_pods(evaluation: Evaluation) -> Mapping[tuple[str, str], bool]:
+    """(namespace, pod) -> over its share on any GPU (the per-pod gauge)."""
+    out: dict[tuple[str, str], bool] = {}
+    for key, _gpu in evaluation.over_share:
+        out[(key.namespace, key.pod)] = True
+    return out

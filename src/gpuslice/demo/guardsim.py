@@ -1,0 +1,156 @@
+"""Pods sharing one GPU's memory in simulated time, with the guard's pure policy in the loop.
+
+The memory is the simulator's model (`backends.simulated.memory`: processes grow, and die
+of OOM when the card is full, as CUDA does) and the decisions are the real policy's
+(`core.guard.evaluate`); only the clock and the process exits are simulated: the guard
+polls every `interval_s`, a signalled process lets go of its memory `exit_s` later. That
+makes `gpuslice demo --scenario guard` and `bench/bench_guard.py` fast and deterministic;
+the daemon test (`tests/e2e/test_memory_guard.py`) covers the real signals and Events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
+from gpuslice.core.guard import ContainerKey, GpuMemory, GuardParams, GuardState, Tenant, evaluate
+
+MIB = 1024 * 1024
+GPU_UUID = "GPU-sim-0"
+
+Fate = Literal["running", "oom", "reclaimed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimPod:
+    name: str
+    allocation: Allocation
+    start_s: float = 0.0
+    replicas: int = 1
+    """Time-slicing replicas it holds (its share is memory/replicas x this)."""
+    well_behaved: bool = True
+    """Stays within its share (what the bench counts as a pod that must not be lost)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    at: float
+    pod: str
+    what: str
+    """`started`, `oom`, `over-share`, `reclaim`, `would-reclaim`, `exited`."""
+    used_mib: int = 0
+    free_mib: int = 0
+
+
+@dataclass(slots=True)
+class SimResult:
+    events: list[SimEvent] = field(default_factory=list)
+    fates: dict[str, Fate] = field(default_factory=dict)
+    reactions_s: list[float] = field(default_factory=list)
+    """For each time free memory fell below the reserve: seconds until the first signal."""
+    peak_used_mib: dict[str, int] = field(default_factory=dict)
+
+    def lost(self, pods: Sequence[SimPod]) -> list[str]:
+        """Well-behaved pods that died of OOM."""
+        return [p.name for p in pods if p.well_behaved and self.fates.get(p.name) == "oom"]
+
+
+def simulate(
+    total_mib: int,
+    replicas: int,
+    pods: Sequence[SimPod],
+    params: GuardParams,
+    *,
+    interval_s: float = 1.0,
+    until_s: float = 120.0,
+    step_s: float = 0.05,
+    exit_s: float = 0.2,
+    first_poll_s: float = 0.0,
+) -> SimResult:
+    """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling."""
+    model = GpuMemoryModel(total_mib, step_s=step_s)
+    result = SimResult()
+    pid_of = {p.name: 1000 + i for i, p in enumerate(pods)}
+    by_pid = {pid: name for name, pid in pid_of.items()}
+    share = {p.name: total_mib * MIB * p.replicas // replicas for p in pods}
+    reserve_mib = params.reserve.of(total_mib * MIB) // MIB
+    pending_start = sorted(pods, key=lambda p: (p.start_s, p.name))
+    exiting: dict[str, float] = {}
+    state = GuardState()
+    next_poll = first_poll_s
+    below_since: float | None = None
+    reacted = False
+    t = 0.0
+    model.advance(0.0)
+
+    def note(at: float, pod: str, what: str) -> None:
+        used = model.usage(pid_of[pod]) or 0
+        result.events.append(SimEvent(at, pod, what, used, model.free_mib))
+
+    def record_deaths(deaths: Sequence[OomDeath]) -> None:
+        for d in deaths:
+            name = by_pid[d.pid]
+            result.fates[name] = "oom"
+            result.events.append(SimEvent(d.at, name, "oom", d.wanted_mib, d.free_mib))
+
+    while t <= until_s + 1e-9:
+        while pending_start and pending_start[0].start_s <= t + 1e-9:
+            pod = pending_start.pop(0)
+            death = model.start(pid_of[pod.name], pod.allocation, t)
+            result.fates[pod.name] = "running"
+            if death is None:
+                note(t, pod.name, "started")
+            else:
+                record_deaths([death])
+        record_deaths(model.advance(t))
+        for name, at in list(exiting.items()):
+            if t + 1e-9 >= at:
+                model.stop(pid_of[name])
+                del exiting[name]
+                if result.fates.get(name) == "running":
+                    result.fates[name] = "reclaimed"
+                result.events.append(SimEvent(t, name, "exited", 0, model.free_mib))
+        for name, pid in pid_of.items():
+            used = model.usage(pid)
+            if used is not None:
+                result.peak_used_mib[name] = max(result.peak_used_mib.get(name, 0), used)
+        if model.free_mib < reserve_mib:
+            if below_since is None:
+                below_since, reacted = t, False
+        elif below_since is not None and not exiting:
+            below_since = None
+        if t + 1e-9 >= next_poll:
+            next_poll += interval_s
+            tenants = [
+                Tenant(
+                    ContainerKey("default", p.name, "main"),
+                    GPU_UUID,
+                    "time-slicing",
+                    share[p.name],
+                    (model.usage(pid_of[p.name]) or 0) * MIB,
+                    (pid_of[p.name],),
+                )
+                for p in pods
+                if model.usage(pid_of[p.name]) is not None
+            ]
+            gpu = GpuMemory(GPU_UUID, 0, total_mib * MIB, model.free_mib * MIB)
+            ev = evaluate([gpu], tenants, state, params, t)
+            state = ev.state
+            for d in ev.decisions:
+                name = d.key.pod
+                if d.kind == "over-share":
+                    note(t, name, "over-share")
+                elif d.kind == "reclaim" and not d.enforced:
+                    note(t, name, "would-reclaim")
+                elif d.kind == "reclaim":
+                    note(t, name, "reclaim")
+                    exiting.setdefault(name, t + exit_s)
+                    if below_since is not None and not reacted:
+                        result.reactions_s.append(t - below_since)
+                        reacted = True
+                elif d.kind == "escalate":
+                    exiting[name] = t
+        t = round(t + step_s, 9)
+    return result

@@ -1,0 +1,197 @@
+"""The memory guard's loop: poll, evaluate the pure policy, then log, post and act.
+
+The policy (`gpuslice.core.guard`) decides; this module only carries decisions out. Every
+decision is logged with the pod, GPU, usage, share, free memory and action, posted as a
+Warning Event on the pod when an Event sink is wired, and counted. In `observe` mode
+nothing is stopped. A reclaim the adapter could not carry out (no signallable process, a
+refused eviction) is dropped from the carried state so the next poll tries again instead
+of counting that memory as being freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from gpuslice.core.cgroups import CgroupIdentity, PodUid
+from gpuslice.core.guard import (
+    ContainerKey,
+    Decision,
+    GpuMemory,
+    GuardParams,
+    GuardState,
+    Tenant,
+    evaluate,
+)
+from gpuslice.core.guard.model import GuardAction
+from gpuslice.core.guard.policy import Evaluation
+from gpuslice.guard.signals import ProcessSignaller, Target
+
+log = logging.getLogger("gpuslice.guard")
+
+MIB = 1024 * 1024
+
+OVER_SHARE = "GPUMemoryOverShare"
+RECLAIMED = "GPUMemoryReclaimed"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardView:
+    """One poll: the GPUs' memory, the tenants on them, and the cgroup of each tenant PID."""
+
+    gpus: tuple[GpuMemory, ...]
+    tenants: tuple[Tenant, ...]
+    identities: Mapping[int, CgroupIdentity]
+
+
+ReadView = Callable[[], Awaitable[GuardView | None]]
+PostEvent = Callable[[str, str, PodUid | None, str, str], Awaitable[bool]]
+"""(namespace, pod, pod UID, reason, message) -> posted; always a Warning Event."""
+Evict = Callable[[str, str], Awaitable[bool]]
+"""(namespace, pod) -> the Eviction API accepted it."""
+
+
+class MemoryGuard:
+    def __init__(
+        self,
+        *,
+        read: ReadView,
+        params: GuardParams,
+        interval_s: float = 1.0,
+        action: GuardAction = "kill",
+        signaller: ProcessSignaller | None = None,
+        evict: Evict | None = None,
+        post_event: PostEvent | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.read = read
+        self.params = params
+        self.interval_s = interval_s
+        self.action = action
+        self.signaller = signaller or ProcessSignaller()
+        self.evict = evict
+        self.post_event = post_event
+        self.on_decision = on_decision
+        self.clock = clock
+        self.state = GuardState()
+        self.latest: Evaluation | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.params.mode == "off":
+            return
+        log.info(
+            "event=guard-started mode=%s reserve=%s grace_s=%g interval_s=%g action=%s strict=%s",
+            self.params.mode,
+            self.params.reserve,
+            self.params.grace_s,
+            self.interval_s,
+            self.action,
+            self.params.strict,
+        )
+        while not stop.is_set():
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("event=guard-poll-failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+    async def poll(self) -> Evaluation | None:
+        view = await self.read()
+        if view is None:
+            return None
+        ev = evaluate(view.gpus, view.tenants, self.state, self.params, self.clock())
+        failed: set[ContainerKey] = set()
+        for d in ev.decisions:
+            if not await self._carry_out(d, view):
+                failed.add(d.key)
+        state = ev.state
+        if failed:
+            stopping = {k: v for k, v in state.stopping.items() if k not in failed}
+            state = dataclasses.replace(state, stopping=stopping)
+        self.state = state
+        self.latest = ev
+        return ev
+
+    async def _carry_out(self, d: Decision, view: GuardView) -> bool:
+        """Log, count, post and (when enforced) act; False when an enforced act failed."""
+        pids = tuple(sorted({p for t in view.tenants if t.key == d.key for p in t.pids}))
+        target = _target(pids, view.identities)
+        acted = True
+        what = "report"
+        if d.enforced and d.kind in ("reclaim", "escalate"):
+            if self.action == "evict":
+                what = "evict" if d.kind == "reclaim" else "wait-eviction"
+                if d.kind == "reclaim":
+                    acted = self.evict is not None and await self.evict(d.key.namespace, d.key.pod)
+            else:
+                sig = signal.SIGTERM if d.kind == "reclaim" else signal.SIGKILL
+                what = sig.name
+                if target is None:
+                    acted = False
+                else:
+                    report = await asyncio.to_thread(self.signaller.send, target, pids, sig)
+                    acted = bool(report.signalled)
+        elif d.kind == "reclaim":
+            what = "would-reclaim"
+        log.warning(
+            "event=guard-%s namespace=%s pod=%s container=%s gpu=%s uuid=%s used_mib=%d "
+            "share_mib=%d free_mib=%d reserve_mib=%d reason=%s action=%s enforced=%s ok=%s "
+            "pids=%s",
+            d.kind,
+            d.key.namespace,
+            d.key.pod,
+            d.key.container,
+            d.gpu_index,
+            d.gpu_uuid,
+            d.used_bytes // MIB,
+            d.share_bytes // MIB,
+            d.free_bytes // MIB,
+            d.reserve_bytes // MIB,
+            d.reason or "-",
+            what,
+            d.enforced,
+            acted,
+            ",".join(map(str, pids)) or "-",
+        )
+        if self.on_decision is not None:
+            self.on_decision(d)
+        if self.post_event is not None:
+            reason = OVER_SHARE if d.kind == "over-share" or not d.enforced else RECLAIMED
+            uid = target.pod_uid if target is not None else None
+            await self.post_event(d.key.namespace, d.key.pod, uid, reason, message(d, what))
+        return acted
+
+
+def _target(pids: tuple[int, ...], identities: Mapping[int, CgroupIdentity]) -> Target | None:
+    """The one pod (and container, when all agree) the container's PIDs were seen in."""
+    seen = [identities[p] for p in pids if p in identities]
+    uids = {i.pod_uid for i in seen}
+    if len(uids) != 1:
+        return None
+    containers = {i.container_id for i in seen}
+    container = next(iter(containers)) if len(containers) == 1 else None
+    return Target(next(iter(uids)), container)
+
+
+def message(d: Decision, what: str) -> str:
+    gpu = f"GPU {d.gpu_index} ({d.gpu_uuid})" if d.gpu_index is not None else d.gpu_uuid
+    head = (
+        f"container {d.key.container} uses {d.used_bytes // MIB} MiB of {gpu}, "
+        f"its share is {d.share_bytes // MIB} MiB; {d.free_bytes // MIB} MiB free, "
+        f"reserve {d.reserve_bytes // MIB} MiB"
+    )
+    if d.kind == "over-share":
+        return f"{head}: borrowing while memory is free"
+    if not d.enforced:
+        return f"{head}: would be reclaimed ({d.reason}), memory guard in observe mode"
+    if d.kind == "escalate":
+        return f"{head}: still running after the grace period, {what}"
+    return f"{head}: reclaimed ({d.reason}) with {what}"

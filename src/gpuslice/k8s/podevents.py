@@ -1,0 +1,119 @@
+"""Warning Events on a pod and the Eviction API, for the memory guard.
+
+`kubectl describe pod` is where the owner of a stopped pod looks; the guard's
+`GPUMemoryOverShare` / `GPUMemoryReclaimed` Events land there, naming the GPU, the usage,
+the share and the free memory. Like `NodeEvents`, posting is best effort: a failure is
+logged and reported as False, never raised into the guard's loop; a repeat of the same
+event on the same pod bumps its count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Pod
+from lightkube.types import PatchType
+
+from gpuslice.k8s.events import MESSAGE_LIMIT
+
+log = logging.getLogger(__name__)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class PodEvents:
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        *,
+        component: str = "gpuslice",
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._component = component
+        self._clock = clock
+        self._last: dict[tuple[str, str], tuple[tuple[str, str], str, int]] = {}
+        """(namespace, pod) -> ((reason, message), event name, count)."""
+
+    async def post(
+        self, namespace: str, pod: str, uid: str | None, reason: str, message: str
+    ) -> bool:
+        """A Warning Event on the pod (`uid` lets `kubectl describe pod` match it)."""
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 3] + "..."
+        now = self._clock().replace(microsecond=0)
+        where = (namespace, pod)
+        last = self._last.get(where)
+        try:
+            if last is not None and last[0] == (reason, message):
+                count = last[2] + 1
+                await self._client.patch(
+                    Event,
+                    last[1],
+                    {"count": count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                self._last[where] = (last[0], last[1], count)
+                return True
+            event = Event(
+                metadata=ObjectMeta(generateName=f"{pod}.", namespace=namespace),
+                involvedObject=ObjectReference(
+                    kind="Pod", apiVersion="v1", name=pod, namespace=namespace, uid=uid
+                ),
+                reason=reason,
+                message=message,
+                type="Warning",
+                source=EventSource(component=self._component, host=self._node),
+                reportingComponent=self._component,
+                reportingInstance=self._node,
+                firstTimestamp=now,
+                lastTimestamp=now,
+                count=1,
+            )
+            created = await self._client.create(event)
+        except Exception as exc:
+            log.warning("event=k8s-event-failed reason=%s pod=%s error=%r", reason, pod, str(exc))
+            self._last.pop(where, None)
+            return False
+        name = created.metadata.name if created.metadata is not None else None
+        if name is not None:
+            self._last[where] = ((reason, message), name, 1)
+        return True
+
+
+class PodEvictor:
+    """The Eviction API: the pod is deleted with its grace period, and a
+    PodDisruptionBudget that allows no disruption refuses it (429)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        body = Pod.Eviction(metadata=ObjectMeta(name=pod, namespace=namespace))
+        try:
+            await self._client.create(body, name=pod, namespace=namespace)
+        except ApiError as exc:
+            log.warning(
+                "event=guard-eviction-refused namespace=%s pod=%s status=%s error=%r",
+                namespace,
+                pod,
+                exc.status.code,
+                exc.status.message,
+            )
+            return False
+        except Exception as exc:
+            log.warning(
+                "event=guard-eviction-failed namespace=%s pod=%s error=%r", namespace, pod, str(exc)
+            )
+            return False
+        return True

@@ -1,0 +1,194 @@
+"""The guard loop end to end below the daemon: real child processes as pods' GPU processes,
+a fake /proc, Events and evictions through the Kubernetes API double, counters scraped
+from a real registry."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from guard_procs import AGENT_POD, in_pod, sleeper
+from lightkube import AsyncClient
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuslice.core.cgroups import PodUid
+from gpuslice.core.guard import (
+    ContainerKey,
+    GpuMemory,
+    GuardParams,
+    Reserve,
+    Tenant,
+)
+from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller
+from gpuslice.k8s import PodEvents, PodEvictor, make_client
+from gpuslice.metrics.plugin import PluginMetrics
+from gpuslice.metrics.procfs import cgroup_identities
+from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+
+GIB = 1024**3
+TOTAL = 48 * GIB
+SHARE = TOTAL // 4
+NODE = "gpu-node"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with running_apiserver() as server:
+        server.add_node(NODE)
+        yield server
+
+
+@pytest.fixture
+async def client(api: FakeApiServer) -> AsyncIterator[AsyncClient]:
+    c = make_client(api.kubeconfig(), trust_env=False)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@dataclass
+class Pod:
+    name: str
+    uid: str
+    container_id: str
+    used_gib: float
+    proc: subprocess.Popen[bytes]
+
+
+@pytest.fixture
+def pods(tmp_path: Path, api: FakeApiServer) -> Iterator[dict[str, Pod]]:
+    out: dict[str, Pod] = {}
+    for i, (name, used) in enumerate([("leaker", 30.0), ("steady", 10.0), ("late", 6.0)]):
+        uid = f"1f3a5c7e-0000-4000-8000-{i:012d}"
+        cid = f"{i}" * 64
+        p = sleeper()
+        in_pod(tmp_path, p.pid, uid, cid)
+        api.add_pod("ml", name, uid, NODE, {"main": f"containerd://{cid}"})
+        out[name] = Pod(name, uid, cid, used, p)
+    yield out
+    for pod in out.values():
+        if pod.proc.poll() is None:
+            pod.proc.kill()
+        pod.proc.wait()
+
+
+def reader(tmp_path: Path, pods: dict[str, Pod]):  # type: ignore[no-untyped-def]
+    async def read() -> GuardView:
+        live = [p for p in pods.values() if p.proc.poll() is None]
+        tenants = tuple(
+            Tenant(
+                ContainerKey("ml", p.name, "main"),
+                "GPU-0",
+                "time-slicing",
+                SHARE,
+                int(p.used_gib * GIB),
+                (p.proc.pid,),
+            )
+            for p in live
+        )
+        used = sum(t.used_bytes for t in tenants)
+        return GuardView(
+            (GpuMemory("GPU-0", 0, TOTAL, TOTAL - used),),
+            tenants,
+            cgroup_identities((p.proc.pid for p in live), tmp_path),
+        )
+
+    return read
+
+
+def guard(  # type: ignore[no-untyped-def]
+    tmp_path: Path, pods: dict[str, Pod], client: AsyncClient, mode: str = "enforce", **kw
+) -> tuple[MemoryGuard, CollectorRegistry]:
+    registry = CollectorRegistry()
+    counters = PluginMetrics(registry)
+    events = PodEvents(client, NODE)
+    g = MemoryGuard(
+        read=reader(tmp_path, pods),
+        params=GuardParams(mode=mode, reserve=Reserve(bytes=4 * GIB), grace_s=0),  # type: ignore[arg-type]
+        signaller=ProcessSignaller(tmp_path, own_pod=PodUid(AGENT_POD)),
+        post_event=events.post,
+        on_decision=lambda d: counters.record_guard_decision(d.kind, d.enforced),
+        **kw,
+    )
+    return g, registry
+
+
+def counter(registry: CollectorRegistry, kind: str, enforced: str) -> float:
+    value = registry.get_sample_value(
+        "gpuslice_memory_guard_decisions_total", {"kind": kind, "enforced": enforced}
+    )
+    return value or 0.0
+
+
+async def test_enforce_stops_the_overrunning_pod_and_tells_its_owner(
+    tmp_path: Path, pods: dict[str, Pod], api: FakeApiServer, client: AsyncClient
+) -> None:
+    g, registry = guard(tmp_path, pods, client)
+    ev = await g.poll()
+    assert ev is not None
+    assert pods["leaker"].proc.wait(10) == -signal.SIGTERM
+    assert pods["steady"].proc.poll() is None
+    assert pods["late"].proc.poll() is None
+    events = {(e["involvedObject"]["name"], e["reason"]): e for e in api.events("ml")}
+    assert set(events) == {("leaker", "GPUMemoryOverShare"), ("leaker", "GPUMemoryReclaimed")}
+    reclaimed = events[("leaker", "GPUMemoryReclaimed")]
+    assert reclaimed["type"] == "Warning"
+    assert reclaimed["involvedObject"]["kind"] == "Pod"
+    assert reclaimed["involvedObject"]["uid"] == pods["leaker"].uid
+    assert reclaimed["message"] == (
+        "container main uses 30720 MiB of GPU 0 (GPU-0), its share is 12288 MiB; "
+        "2048 MiB free, reserve 4096 MiB: reclaimed (memory-pressure) with SIGTERM"
+    )
+    assert counter(registry, "reclaim", "true") == 1
+    assert counter(registry, "over-share", "false") == 1
+    assert b"gpuslice_memory_guard_decisions_total" in generate_latest(registry)
+    # The leaker is gone; nothing else is over its share; the next poll does nothing.
+    ev = await g.poll()
+    assert ev is not None
+    assert ev.decisions == ()
+    assert ev.state.stopping == {}
+
+
+async def test_observe_only_reports(
+    tmp_path: Path, pods: dict[str, Pod], api: FakeApiServer, client: AsyncClient
+) -> None:
+    g, registry = guard(tmp_path, pods, client, mode="observe")
+    await g.poll()
+    assert all(p.proc.poll() is None for p in pods.values())
+    reasons = sorted(e["reason"] for e in api.events("ml"))
+    assert reasons == ["GPUMemoryOverShare", "GPUMemoryOverShare"]
+    assert any("observe mode" in e["message"] for e in api.events("ml"))
+    assert counter(registry, "reclaim", "false") == 1
+    assert counter(registry, "reclaim", "true") == 0
+
+
+async def test_evict_goes_through_the_eviction_api_and_retries_when_refused(
+    tmp_path: Path, pods: dict[str, Pod], api: FakeApiServer, client: AsyncClient
+) -> None:
+    g, _registry = guard(tmp_path, pods, client, action="evict", evict=PodEvictor(client).evict)
+    api.block_evictions = True  # a PodDisruptionBudget allows no disruption
+    await g.poll()
+    assert api.evictions == []
+    assert g.state.stopping == {}  # not counted as being freed: the next poll tries again
+    api.block_evictions = False
+    await g.poll()
+    assert api.evictions == [("ml", "leaker")]
+    assert all(p.proc.poll() is None for p in pods.values())  # eviction, not signals
+    with pytest.raises(KeyError):
+        api.pod("ml", "leaker")
+
+
+async def test_the_agents_own_pod_is_never_reclaimed(
+    tmp_path: Path, pods: dict[str, Pod], client: AsyncClient
+) -> None:
+    leaker = pods["leaker"]
+    g, _registry = guard(tmp_path, pods, client)
+    g.signaller = ProcessSignaller(tmp_path, own_pod=PodUid(leaker.uid))
+    await g.poll()
+    assert leaker.proc.poll() is None
+    assert g.state.stopping == {}

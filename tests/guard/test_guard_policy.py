@@ -1,0 +1,320 @@
+"""The guard policy: borrowing, reclaim order, reserve, grace, hysteresis, strict, exemptions."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslice.core.attribution import EntitlementKind
+from gpuslice.core.guard import (
+    ContainerKey,
+    GpuMemory,
+    GuardParams,
+    GuardState,
+    Reserve,
+    Tenant,
+    evaluate,
+)
+
+GIB = 1024**3
+TOTAL = 48 * GIB  # an L40S
+SHARE = TOTAL // 4  # four time-slicing replicas
+
+
+def key(pod: str) -> ContainerKey:
+    return ContainerKey("default", pod, "main")
+
+
+def tenant(
+    pod: str,
+    used_gib: float,
+    *,
+    gpu: str = "GPU-0",
+    share: int = SHARE,
+    kind: EntitlementKind = "time-slicing",
+) -> Tenant:
+    return Tenant(key(pod), gpu, kind, share, int(used_gib * GIB), (hash(pod) % 30000 + 100,))
+
+
+def gpu(used: int, uuid: str = "GPU-0", total: int = TOTAL) -> GpuMemory:
+    return GpuMemory(uuid, 0, total, total - used)
+
+
+def enforce(**kw: object) -> GuardParams:
+    base: dict[str, object] = {"mode": "enforce", "reserve": Reserve(bytes=4 * GIB), "grace_s": 0}
+    base.update(kw)
+    return GuardParams(**base)  # type: ignore[arg-type]
+
+
+def run(
+    tenants: list[Tenant], params: GuardParams, now: float = 0.0, state: GuardState | None = None
+):  # type: ignore[no-untyped-def]
+    used = sum(t.used_bytes for t in tenants if t.gpu_uuid == "GPU-0")
+    gpus = [gpu(used)]
+    if any(t.gpu_uuid == "GPU-1" for t in tenants):
+        gpus.append(gpu(sum(t.used_bytes for t in tenants if t.gpu_uuid == "GPU-1"), "GPU-1"))
+    return evaluate(gpus, tenants, state or GuardState(), params, now)
+
+
+def reclaimed(ev) -> list[str]:  # type: ignore[no-untyped-def]
+    return [d.key.pod for d in ev.decisions if d.kind == "reclaim"]
+
+
+def test_borrowing_allowed_while_free_memory_above_reserve() -> None:
+    ev = run([tenant("a", 30), tenant("b", 5)], enforce())  # 13 GiB free > 4 GiB reserve
+    assert reclaimed(ev) == []
+    assert [d.kind for d in ev.decisions] == ["over-share"]
+    assert ev.over_share == {(key("a"), "GPU-0")}
+
+
+def test_below_reserve_the_overrunning_pod_is_reclaimed_not_the_last_comer() -> None:
+    ev = run([tenant("leaker", 30), tenant("b", 10), tenant("late", 6)], enforce())
+    assert reclaimed(ev) == ["leaker"]
+    d = next(d for d in ev.decisions if d.kind == "reclaim")
+    assert (d.used_bytes, d.share_bytes, d.free_bytes, d.reserve_bytes) == (
+        30 * GIB,
+        SHARE,
+        2 * GIB,
+        4 * GIB,
+    )
+    assert d.enforced
+    assert d.reason == "memory-pressure"
+
+
+def test_largest_overrun_first_and_only_as_many_as_needed() -> None:
+    # 46 GiB used, 2 GiB free: freeing the largest (18 GiB, overrun 6) restores the reserve.
+    ev = run([tenant("big", 18), tenant("mid", 16), tenant("c", 12)], enforce())
+    assert reclaimed(ev) == ["big"]
+
+
+def test_several_victims_when_one_does_not_restore_the_reserve() -> None:
+    # 47 GiB used; overruns: x 1 GiB (13), y 0.5 GiB (12.5); pods under share fill the rest.
+    ev = run(
+        [tenant("x", 13), tenant("y", 12.5), tenant("ok1", 11.5), tenant("ok2", 10)],
+        enforce(reserve=Reserve(bytes=20 * GIB)),
+    )
+    assert reclaimed(ev) == ["x", "y"]
+
+
+def test_pods_within_share_are_never_victims_even_when_reserve_cannot_be_restored() -> None:
+    ev = run([tenant("a", 12), tenant("b", 12), tenant("c", 12), tenant("d", 11)], enforce())
+    assert reclaimed(ev) == []
+
+
+def test_observe_mode_reports_without_enforcing_or_remembering() -> None:
+    ev = run([tenant("leaker", 30), tenant("b", 16)], enforce(mode="observe"))
+    [d] = [d for d in ev.decisions if d.kind == "reclaim"]
+    assert not d.enforced
+    assert ev.state.stopping == {}
+
+
+def test_observe_mode_reports_a_would_be_victim_once_while_it_stays_one() -> None:
+    params = enforce(mode="observe")
+    pods = [tenant("leaker", 30), tenant("b", 16)]
+    ev = run(pods, params, now=0)
+    assert reclaimed(ev) == ["leaker"]
+    ev = run(pods, params, now=1, state=ev.state)
+    assert reclaimed(ev) == []
+    ev = run([tenant("leaker", 20), tenant("b", 16)], params, now=2, state=ev.state)
+    ev = run(pods, params, now=3, state=ev.state)
+    assert reclaimed(ev) == ["leaker"]
+
+
+def test_off_mode_decides_nothing() -> None:
+    ev = run([tenant("leaker", 30), tenant("b", 16)], enforce(mode="off"))
+    assert ev.decisions == ()
+    assert ev.over_share == frozenset()
+
+
+def test_grace_filters_a_short_spike() -> None:
+    params = enforce(grace_s=2.0)
+    spike = [tenant("a", 30), tenant("b", 16)]
+    ev = run(spike, params, now=0.0)
+    assert reclaimed(ev) == []
+    ev = run([tenant("a", 20), tenant("b", 16)], params, now=1.0, state=ev.state)  # 12 free
+    assert reclaimed(ev) == []
+    assert ev.state.pressure_since == {}
+    ev = run(spike, params, now=2.0, state=ev.state)  # a new spike restarts the clock
+    assert reclaimed(ev) == []
+    ev = run(spike, params, now=4.0, state=ev.state)  # lasted the grace
+    assert reclaimed(ev) == ["a"]
+
+
+def test_a_deep_dip_skips_the_grace() -> None:
+    params = enforce(grace_s=5.0)  # critical below 2 GiB free
+    ev = run([tenant("a", 30), tenant("b", 15)], params, now=0.0)  # 3 GiB free: wait
+    assert reclaimed(ev) == []
+    ev = run([tenant("a", 31.5), tenant("b", 15)], params, now=1.0, state=ev.state)
+    assert reclaimed(ev) == ["a"]  # 1.5 GiB free: no waiting
+
+
+def test_hysteresis_keeps_the_pressure_clock_while_free_memory_hovers_at_the_reserve() -> None:
+    params = enforce(grace_s=2.0)  # release at 5 GiB free
+    ev = run([tenant("a", 30), tenant("b", 15)], params, now=0.0)  # 3 GiB free
+    ev = run([tenant("a", 29.5), tenant("b", 14)], params, now=1.0, state=ev.state)  # 4.5 free
+    assert ev.state.pressure_since == {"GPU-0": 0.0}
+    ev = run([tenant("a", 30), tenant("b", 15)], params, now=2.0, state=ev.state)
+    assert reclaimed(ev) == ["a"]
+
+
+def test_stopping_pod_counts_as_freed_then_is_escalated_after_grace() -> None:
+    params = enforce(grace_s=1.0)
+    pods = [tenant("a", 30), tenant("b", 15)]
+    ev = run(pods, params, now=0.0)
+    ev = run(pods, params, now=1.0, state=ev.state)
+    assert reclaimed(ev) == ["a"]
+    ev = run(pods, params, now=1.5, state=ev.state)  # still exiting: no second victim
+    assert ev.decisions == ()
+    ev = run(pods, params, now=2.0, state=ev.state)
+    assert [(d.kind, d.key.pod) for d in ev.decisions] == [("escalate", "a")]
+    ev = run(pods, params, now=5.0, state=ev.state)
+    assert ev.decisions == ()  # escalated once
+    gone = [tenant("a", 0), tenant("b", 15)]
+    gone[0] = Tenant(key("a"), "GPU-0", "time-slicing", SHARE, 0, ())
+    ev = run(gone, params, now=6.0, state=ev.state)
+    assert ev.state.stopping == {}
+    assert ev.state.escalated == frozenset()
+
+
+def test_strict_stops_any_overrun_whatever_the_free_memory() -> None:
+    params = enforce(strict=True, grace_s=1.0)
+    pods = [tenant("a", 13), tenant("b", 2)]
+    ev = run(pods, params, now=0.0)
+    assert reclaimed(ev) == []
+    ev = run(pods, params, now=1.0, state=ev.state)
+    assert reclaimed(ev) == ["a"]
+    assert ev.decisions[-1].reason == "strict"
+
+
+def test_mps_is_observed_and_mig_exclusive_are_exempt() -> None:
+    ev = run(
+        [
+            tenant("mps", 30, kind="mps"),
+            tenant("mig", 12, kind="mig", share=6 * GIB),
+            tenant("excl", 5, kind="exclusive", share=TOTAL),
+        ],
+        enforce(),
+    )
+    assert reclaimed(ev) == []
+    assert [(d.kind, d.key.pod, d.enforced) for d in ev.decisions] == [("over-share", "mps", False)]
+
+
+def test_multi_gpu_pod_is_one_victim_and_its_memory_counts_on_every_gpu() -> None:
+    # "wide" overruns on both GPUs; both are under pressure; it is chosen once, and its
+    # memory on GPU-1 restores that GPU's reserve, so "other" there is spared.
+    tenants = [
+        tenant("wide", 20),
+        tenant("b", 12),
+        tenant("c", 12),
+        tenant("wide", 16, gpu="GPU-1"),
+        tenant("other", 13, gpu="GPU-1"),
+        tenant("d", 12, gpu="GPU-1"),
+        tenant("e", 5, gpu="GPU-1"),
+    ]
+    ev = run(tenants, enforce())
+    assert reclaimed(ev) == ["wide"]
+    assert ev.over_share == {
+        (key("wide"), "GPU-0"),
+        (key("wide"), "GPU-1"),
+        (key("other"), "GPU-1"),
+    }
+
+
+def test_over_share_notice_once_per_crossing() -> None:
+    params = enforce(mode="observe")
+    ev = run([tenant("a", 13)], params, now=0)
+    assert [d.kind for d in ev.decisions] == ["over-share"]
+    ev = run([tenant("a", 14)], params, now=1, state=ev.state)
+    assert ev.decisions == ()
+    ev = run([tenant("a", 5)], params, now=2, state=ev.state)
+    ev = run([tenant("a", 13)], params, now=3, state=ev.state)
+    assert [d.kind for d in ev.decisions] == ["over-share"]
+
+
+def test_reserve_as_fraction_of_the_gpu() -> None:
+    assert Reserve(fraction=0.1).of(TOTAL) == int(TOTAL * 0.1)
+    assert Reserve(bytes=8 * GIB, fraction=0.1).of(TOTAL) == 8 * GIB
+
+
+usage = st.lists(
+    st.tuples(
+        st.integers(0, 30 * GIB),
+        st.sampled_from(["time-slicing", "time-slicing", "mps", "mig", "exclusive"]),
+        st.sampled_from(["GPU-0", "GPU-1"]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    usage,
+    st.integers(0, 20 * GIB),
+    st.booleans(),
+    st.integers(0, 12 * GIB),
+)
+def test_invariants(rows, reserve, strict, free_other) -> None:  # type: ignore[no-untyped-def]
+    tenants = [
+        Tenant(key(f"p{i}"), g, kind, SHARE, used, (1000 + i,))  # type: ignore[arg-type]
+        for i, (used, kind, g) in enumerate(rows)
+    ]
+    gpus = []
+    for uuid in ("GPU-0", "GPU-1"):
+        used = sum(t.used_bytes for t in tenants if t.gpu_uuid == uuid)
+        gpus.append(GpuMemory(uuid, 0, used + free_other, free_other))
+    params = GuardParams(mode="enforce", reserve=Reserve(bytes=reserve), grace_s=0, strict=strict)
+    ev = evaluate(gpus, tenants, GuardState(), params, 0.0)
+    by_pair = {(t.key, t.gpu_uuid): t for t in tenants}
+    victims = [d for d in ev.decisions if d.kind == "reclaim"]
+    for d in victims:
+        t = by_pair[(d.key, d.gpu_uuid)]
+        assert t.used_bytes > t.share_bytes  # within its share: never a victim
+        assert t.kind == "time-slicing"  # MPS observed, MIG/exclusive exempt
+    assert len({d.key for d in victims}) == len(victims)  # each container stopped once
+    if not strict:
+        for d in victims:  # only under pressure, and only as many as needed
+            g = next(g for g in gpus if g.uuid == d.gpu_uuid)
+            assert g.free_bytes < reserve
+        for g in gpus:
+            mine = [d for d in victims if d.gpu_uuid == g.uuid]
+            freed_before_last = sum(
+                t.used_bytes
+                for t in tenants
+                if t.gpu_uuid == g.uuid
+                and t.key in {d.key for d in victims}
+                and t.key != (mine[-1].key if mine else None)
+            )
+            if mine:
+                assert g.free_bytes + freed_before_last < reserve
+            over = sorted((by_pair[(d.key, g.uuid)].overrun_bytes for d in mine), reverse=True)
+            assert over == [by_pair[(d.key, g.uuid)].overrun_bytes for d in mine]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 20), min_size=3, max_size=3), min_size=1, max_size=12),
+    st.sampled_from([0.0, 1.0, 2.5]),
+    st.booleans(),
+    st.sampled_from(["observe", "enforce"]),
+)
+def test_over_any_sequence_of_polls_only_overrunning_pods_are_victims(
+    polls: list[list[int]], grace: float, strict: bool, mode: str
+) -> None:
+    params = GuardParams(
+        mode=mode,  # type: ignore[arg-type]
+        reserve=Reserve(bytes=4 * GIB),
+        grace_s=grace,
+        strict=strict,
+    )
+    state = GuardState()
+    for step, usage in enumerate(polls):
+        tenants = [tenant(f"p{i}", used) for i, used in enumerate(usage)]
+        ev = run(tenants, params, now=float(step), state=state)
+        state = ev.state
+        by_key = {t.key: t for t in tenants}
+        for d in ev.decisions:
+            if d.kind == "reclaim":
+                assert by_key[d.key].used_bytes > by_key[d.key].share_bytes
+                # without strict, only while free memory is below the reserve
+                assert strict or d.free_bytes < 4 * GIB
