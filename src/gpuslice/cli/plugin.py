@@ -144,7 +144,21 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     envvar="METRICS_PORT",
     type=int,
     default=None,
-    help="Serve Prometheus metrics on this port.",
+    help="Serve /metrics, /healthz, /readyz and /status on this port.",
+)
+@click.option(
+    "--metrics-address",
+    envvar="METRICS_ADDRESS",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address the metrics/probe endpoint binds (:: for IPv6).",
+)
+@click.option(
+    "--gpu-metrics/--no-gpu-metrics",
+    envvar="GPU_METRICS",
+    default=True,
+    show_default=True,
+    help="Gather GPU and per-pod telemetry; off, the endpoint serves only probes and counters.",
 )
 @click.option(
     "--metrics-interval",
@@ -225,6 +239,8 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         no_timestamp=params["no_timestamp"],
         namespace=params["namespace"],
         metrics_port=params["metrics_port"],
+        metrics_address=params["metrics_address"],
+        gpu_metrics=params["gpu_metrics"],
         pod_resources_socket=params["pod_resources_socket"],
         metrics_interval_s=params["metrics_interval"],
         proc_root=params["proc_root"],
