@@ -205,7 +205,11 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 )
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(path_type=Path), default=None)
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    envvar="LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
 )
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.pass_context
