@@ -1,0 +1,58 @@
+"""The shipped wheel: no test doubles inside, everything `gpuslice demo` needs inside."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    out = tmp_path_factory.mktemp("wheel")
+    build = tmp_path_factory.mktemp("build")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=build,
+        timeout=300,
+    )
+    if proc.returncode != 0 and "No module named pip" in proc.stderr:
+        pytest.skip("pip is not available in this interpreter")
+    assert proc.returncode == 0, proc.stderr
+    [whl] = out.glob("gpuslice-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        return set(z.namelist())
+
+
+def test_the_test_doubles_are_not_shipped(wheel_names: set[str]) -> None:
+    assert not [n for n in wheel_names if n.startswith("gpuslice/testing/")]
+
+
+def test_what_the_demo_needs_is_shipped(wheel_names: set[str]) -> None:
+    for module in (
+        "gpuslice/cli/demo.py",
+        "gpuslice/demo/scenario.py",
+        "gpuslice/emulator/kubelet.py",
+        "gpuslice/backends/simulated/__init__.py",
+        "gpuslice/kubelet/protos/deviceplugin/v1beta1/api_pb2.py",
+    ):
+        assert module in wheel_names, module
