@@ -56,3 +56,22 @@ def test_what_the_demo_needs_is_shipped(wheel_names: set[str]) -> None:
         "gpuslice/kubelet/protos/deviceplugin/v1beta1/api_pb2.py",
     ):
         assert module in wheel_names, module
+
+
+def test_the_charts_default_image_is_the_one_make_image_push_publishes() -> None:
+    import re
+    import tomllib
+
+    import yaml
+
+    chart = ROOT / "deploy/helm/gpuslice"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    app_version = yaml.safe_load((chart / "Chart.yaml").read_text())["appVersion"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    make = (ROOT / "Makefile").read_text()
+    [image] = re.findall(r"^IMAGE \?= (\S+)$", make, re.M)
+    assert values["image"]["repository"] == image
+    assert values["image"]["tag"] == "", "the tag follows the chart's appVersion"
+    assert app_version == version, "make tags the image with pyproject's version"
+    workflow = (ROOT / ".github/workflows/image.yml").read_text()
+    assert "/gpuslice:${{ steps.version.outputs.version }}" in workflow
