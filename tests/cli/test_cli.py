@@ -118,3 +118,15 @@ def test_top_says_plainly_when_the_daemon_is_unreachable() -> None:
     assert code == 2
     assert err.startswith("error: cannot reach the gpuslice daemon at http://127.0.0.1:")
     assert "Traceback" not in err
+
+
+def test_device_discovery_strategy_is_read_and_a_bogus_one_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["plugin", "--node", "sim:1xt4", "--device-plugin-path", str(tmp_path), "--no-labels"],
+        env={"DEVICE_DISCOVERY_STRATEGY": "bogus"},
+    )
+    assert result.exit_code == 2
+    assert "DEVICE_DISCOVERY_STRATEGY" in result.stderr
+    assert "'bogus'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -41,6 +41,7 @@ OVERRIDES = {
     "gdrcopy_enabled": "flags.gdrcopyEnabled",
     "gds_enabled": "flags.gdsEnabled",
     "mofed_enabled": "flags.mofedEnabled",
+    "device_discovery_strategy": "flags.deviceDiscoveryStrategy",
 }
 
 SHUTDOWN_GRACE_S = 20.0
@@ -110,6 +111,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 @click.option("--gdrcopy-enabled/--no-gdrcopy-enabled", envvar="GDRCOPY_ENABLED", default=False)
 @click.option("--gds-enabled/--no-gds-enabled", envvar="GDS_ENABLED", default=False)
 @click.option("--mofed-enabled/--no-mofed-enabled", envvar="MOFED_ENABLED", default=False)
+@click.option(
+    "--device-discovery-strategy",
+    envvar="DEVICE_DISCOVERY_STRATEGY",
+    default="auto",
+    show_default=True,
+    help="NVIDIA's auto|nvml|tegra|vfio, validated like the config's value; GPUs are found "
+    "through NVML whatever it says.",
+)
 @click.option(
     "--node-name",
     envvar="NODE_NAME",
