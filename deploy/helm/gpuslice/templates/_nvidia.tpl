@@ -41,4 +41,10 @@
 {{- if hasKey .Values "selectorLabelsOverride" }}
 {{- fail "selectorLabelsOverride is a value of NVIDIA's chart, not gpuslice's: remove it" }}
 {{- end }}
+{{- if hasKey .Values "gdrcopyEnabled" }}
+{{- fail "gdrcopyEnabled is a value of NVIDIA's chart, not gpuslice's: set flags.gdrcopyEnabled in the config (config.map), or extraEnv GDRCOPY_ENABLED" }}
+{{- end }}
+{{- if hasKey .Values "deviceDiscoveryStrategy" }}
+{{- fail "deviceDiscoveryStrategy is a value of NVIDIA's chart, not gpuslice's: gpuslice finds GPUs through NVML; set extraEnv DEVICE_DISCOVERY_STRATEGY if a value must be validated" }}
+{{- end }}
 {{- end -}}
