@@ -49,6 +49,21 @@ SHUTDOWN_GRACE_S = 20.0
 kubelet never has to SIGKILL us with sockets left behind."""
 
 
+def _labels_mode(params: dict[str, Any]) -> str:
+    """A simulated node writes its labels only where told (`--labels-file`): the default
+    path is the real NFD directory, and simulated labels there would relabel a real node."""
+    if params["no_labels"]:
+        return "off"
+    mode = str(params["labels_mode"])
+    if mode == "file" and params["labels_file"] is None and params["node"] != "nvml":
+        logging.getLogger("gpuslice").warning(
+            "event=labels-off reason=simulated-node node=%s: pass --labels-file to write them",
+            params["node"],
+        )
+        return "off"
+    return mode
+
+
 def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, path in OVERRIDES.items():
@@ -248,7 +263,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         disable_healthchecks=os.environ.get("DP_DISABLE_HEALTHCHECKS"),
         enable_healthchecks=os.environ.get("DP_ENABLE_HEALTHCHECKS"),
         labels_file=params["labels_file"],
-        labels_mode="off" if params["no_labels"] else params["labels_mode"],
+        labels_mode=_labels_mode(params),
         no_timestamp=params["no_timestamp"],
         namespace=params["namespace"],
         metrics_port=params["metrics_port"],
