@@ -24,6 +24,7 @@ from gpuslice.agent.settings import DEFAULT_NODE_LABEL, DEFAULT_PLUGIN_DIR, Agen
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
+from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError
 
 # CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
@@ -56,9 +57,11 @@ def _labels_mode(params: dict[str, Any]) -> str:
         return "off"
     mode = str(params["labels_mode"])
     if mode == "file" and params["labels_file"] is None and params["node"] != "nvml":
-        logging.getLogger("gpuslice").warning(
-            "event=labels-off reason=simulated-node node=%s: pass --labels-file to write them",
-            params["node"],
+        get_logger("gpuslice").warning(
+            "labels-off",
+            reason="simulated-node",
+            node=params["node"],
+            hint="pass --labels-file to write them",
         )
         return "off"
     return mode

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -34,7 +33,9 @@ import h11
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-log = logging.getLogger("gpuslice.metrics")
+from gpuslice.logs import get_logger
+
+log = get_logger("gpuslice.metrics")
 
 Readiness = Callable[[], tuple[bool, str]]
 """() -> (ready, why): why is the body of `/readyz`."""
@@ -146,6 +147,7 @@ class MetricsServer:
         try:
             if self._open > self.limits.max_connections:
                 # h11 answers only after a request; this fixed reply needs none
+                log.debug("http-refused", reason="connection-limit", open=self._open)
                 writer.write(_TOO_MANY)
                 await writer.drain()
                 return
