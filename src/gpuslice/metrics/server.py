@@ -12,7 +12,8 @@ prometheus_client's (`choose_encoder`/`generate_latest`, content negotiation inc
 - a connection idle for `idle_timeout_s` (no request, or a request trickling in) is closed;
 - a request head is bounded by h11 (16 KiB), bodies are not read (every route is a GET);
 - rendering `/metrics` runs in a worker thread, so `/healthz` keeps answering during a big
-  scrape.
+  scrape, and scrapes that arrive while one renders share that rendering (200 concurrent
+  scrapes cost a few renderings, not 200; see bench/bench_endpoint.py).
 
 `/healthz` is 200 while the loop answers (the probe fails when the loop is stuck);
 `/readyz` is 200 once `ready()` says the device plugins are registered with the kubelet;
@@ -82,6 +83,7 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
         self._open = 0
         self._connections: set[asyncio.Task[Any]] = set()
+        self._rendering: dict[str, asyncio.Future[bytes]] = {}
 
     @property
     def port(self) -> int:
@@ -202,6 +204,18 @@ class MetricsServer:
                 return event
             return None  # ConnectionClosed, PAUSED
 
+    async def _render(self, accept: str) -> tuple[bytes, str]:
+        """Scrapes arriving while one rendering of the same format runs share its result:
+        rendering is most of a scrape's cost, and N concurrent scrapes otherwise cost N
+        renderings (each a consistent view of the registry a few ms old at most)."""
+        encoder, content_type = choose_encoder(accept)
+        pending = self._rendering.get(content_type)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(encoder, self.registry))
+            self._rendering[content_type] = pending
+            pending.add_done_callback(lambda _f: self._rendering.pop(content_type, None))
+        return await asyncio.shield(pending), content_type
+
     async def _respond(
         self, writer: asyncio.StreamWriter, conn: h11.Connection, request: h11.Request
     ) -> None:
@@ -212,8 +226,7 @@ class MetricsServer:
             return
         if path == "/metrics":
             accept = dict(request.headers).get(b"accept", b"").decode("latin-1")
-            encoder, content_type = choose_encoder(accept)
-            body = await asyncio.to_thread(encoder, self.registry)
+            body, content_type = await self._render(accept)
             await self._send(writer, conn, 200, body, content_type, head_only)
         elif path == "/healthz":
             await self._send(writer, conn, 200, b"ok\n", "text/plain", head_only)
