@@ -130,3 +130,12 @@ def test_device_discovery_strategy_is_read_and_a_bogus_one_refused(tmp_path: Pat
     assert "DEVICE_DISCOVERY_STRATEGY" in result.stderr
     assert "'bogus'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_top_finds_the_agent_on_the_pods_metrics_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(main, ["top"], env={"METRICS_PORT": str(port)})
+    assert result.exit_code == 2
+    assert f"at http://127.0.0.1:{port}:" in result.stderr

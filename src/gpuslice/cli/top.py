@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,15 @@ from gpuslice.cli.main import EXIT_BAD_INPUT
 from gpuslice.metrics.top import render_status
 
 DEFAULT_URL = "http://127.0.0.1:9400"
+
+
+def default_url() -> str:
+    """Inside the agent's pod METRICS_PORT is set (the chart's `metrics.port`), so
+    `kubectl exec ... gpuslice top` finds its agent whatever port the chart chose."""
+    port = os.environ.get("METRICS_PORT", "").strip()
+    return f"http://127.0.0.1:{port}" if port.isdigit() else DEFAULT_URL
+
+
 TIMEOUT_S = 5.0
 
 
@@ -58,8 +68,8 @@ def fetch_status(url: str) -> dict[str, Any]:
 @click.option(
     "--url",
     envvar="GPUSLICE_URL",
-    default=DEFAULT_URL,
-    show_default=True,
+    default=default_url,
+    show_default="http://127.0.0.1:$METRICS_PORT, else port 9400",
     help="The daemon's endpoint (its --metrics-address and --metrics-port).",
 )
 @click.option(
