@@ -15,6 +15,7 @@ from test_metrics import CONFIG, PID, WAIT_S, fake_proc, free_port, samples, wai
 
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.podresources import PodResourcesEmulator
+from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.daemon import DaemonProcess
 
 
@@ -189,3 +190,38 @@ async def test_status_says_when_the_daemon_has_no_pod_resources_socket(sock_dir:
         out, err = await top.communicate()
         assert top.returncode == 0, err.decode()
         assert "no PodResources socket" in " ".join(out.decode().split())
+
+
+async def test_top_header_is_the_daemons_node_name(sock_dir: Path) -> None:
+    """Not this machine's hostname: the node the daemon runs for (NODE_NAME)."""
+    port = free_port()
+    with running_apiserver() as api:
+        api.add_node("gpu-node-9")
+        args = [
+            "--no-labels",
+            "--node-name",
+            "gpu-node-9",
+            "--kubeconfig",
+            str(api.write_kubeconfig(sock_dir / "kubeconfig")),
+            "--metrics-port",
+            str(port),
+            "--pod-resources-socket",
+            str(sock_dir / "none.sock"),
+        ]
+        async with running_daemon(sock_dir, CONFIG, node="sim:1xt4", args=args):
+            url = f"http://127.0.0.1:{port}"
+            await wait_code(f"{url}/status", 200)
+            top = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gpuslice",
+                "top",
+                "--url",
+                url,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "COLUMNS": "200"},
+            )
+            out, err = await top.communicate()
+            assert top.returncode == 0, err.decode()
+            assert out.decode().splitlines()[0].startswith("gpu-node-9  config ")
