@@ -232,3 +232,10 @@ def test_default_resources_and_json_logs_value() -> None:
     assert "cpu" not in container["resources"]["limits"], "a CPU limit throttles Allocate"
     env = {e["name"]: e.get("value") for e in container_of(render(logFormat="json"))["env"]}
     assert env["LOG_FORMAT"] == "json"
+
+
+def test_the_plugin_runs_as_root_although_the_image_does_not() -> None:
+    """The image's USER is 65532; the kubelet's device-plugin directory is root-owned."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert "\nUSER 65532:65532\n" in dockerfile
+    assert container_of(render())["securityContext"]["runAsUser"] == 0
