@@ -103,3 +103,12 @@ def test_every_documented_chart_value_exists() -> None:
     for value, *_ in rows:
         for name in CODE.findall(value):
             assert _has_value(values, name), f"docs/install.md documents {name}: not a value"
+
+
+def test_every_nvidia_value_the_chart_refuses_is_in_the_migration_guide() -> None:
+    template = (ROOT / "deploy/helm/gpuslice/templates/_nvidia.tpl").read_text()
+    refused = re.findall(r'hasKey \.Values "([^"]+)"', template)
+    assert "compatWithCPUManager" in refused
+    guide = (DOCS / "migrating-from-nvidia.md").read_text()
+    missing = [key for key in refused if f"`{key}" not in guide]
+    assert not missing, f"refused by the chart but not in the migration guide: {missing}"

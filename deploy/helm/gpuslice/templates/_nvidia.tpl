@@ -36,7 +36,7 @@
 {{- fail "mofedEnabled is a value of NVIDIA's chart, not gpuslice's: set flags.mofedEnabled in the config (config.map) instead" }}
 {{- end }}
 {{- if hasKey .Values "nvidiaDevRoot" }}
-{{- fail "nvidiaDevRoot is a value of NVIDIA's chart, not gpuslice's: set flags.plugin.nvidiaDevRoot in the config (config.map), or nvidiaDriverRoot" }}
+{{- fail "nvidiaDevRoot is a value of NVIDIA's chart, not gpuslice's: set flags.nvidiaDevRoot in the config (config.map), or nvidiaDriverRoot" }}
 {{- end }}
 {{- if hasKey .Values "selectorLabelsOverride" }}
 {{- fail "selectorLabelsOverride is a value of NVIDIA's chart, not gpuslice's: remove it" }}
