@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,12 +13,24 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip(
-    "helm_sdkpy",
-    reason="helm-sdkpy not installed: pip install --ignore-requires-python "
-    "-r scripts/requirements-chart.txt",
-)
-pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+INSTALL = "pip install --ignore-requires-python -r scripts/requirements-chart.txt"
+
+
+def _tools_or_skip() -> None:
+    """Skip on a developer's machine without the chart tooling, but fail in CI (`CI` set, as
+    every CI system does) or under scripts/check: there, 17+ tests vanishing silently is the
+    bug issue 15 item 8 describes."""
+    required = bool(os.environ.get("CI") or os.environ.get("GPUSLICE_REQUIRE_CHART_TOOLS"))
+    for module in ("helm_sdkpy", "kubernetes_validate", "jsonschema"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            if required:
+                pytest.fail(f"chart tooling missing ({exc}); {INSTALL}", pytrace=False)
+            pytest.skip(f"{module} not installed: {INSTALL}", allow_module_level=True)
+
+
+_tools_or_skip()
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check-chart"
 
@@ -161,8 +175,11 @@ def test_service_monitor_only_when_asked() -> None:
             "unlabelled nodes would have no config",
         ),
         ({"config": {"map": {"a": ""}, "default": "b"}}, "config.default=b is not a key"),
-        ({"labels": {"mode": "nfd"}}, "labels.mode=nfd"),
-        ({"config": {"fallbackStrategies": ["named", "first"]}}, "unknown fallback strategy"),
+        ({"labels": {"mode": "nfd"}}, "labels.mode: 'nfd' is not one of"),
+        (
+            {"config": {"fallbackStrategies": ["named", "first"]}},
+            "config.fallbackStrategies.1: 'first' is not one of",
+        ),
     ],
 )
 def test_chart_validation_rejects_bad_values(overrides: dict[str, Any], expected: str) -> None:
@@ -175,3 +192,72 @@ def test_schema_validation_catches_bad_manifests() -> None:
     result = render(updateStrategy={"type": "RollingUpdate", "rollingUpdates": {}})
     assert not result.ok
     assert any("DaemonSet" in p and "rollingUpdates" in p for p in result.problems)
+
+
+def container_of(result: Any) -> dict[str, Any]:
+    [container] = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"lables": {"mode": "api"}}, "'lables' was unexpected"),
+        ({"metrics": {"enable": True}}, "'enable' was unexpected"),
+        ({"labels": {"mode": "apis"}}, "labels.mode: 'apis' is not one of"),
+        ({"probes": {"liveness": {"periodSecond": 3}}}, "'periodSecond' was unexpected"),
+    ],
+)
+def test_a_typo_is_refused_by_the_schema_and_by_helm(overrides: dict[str, Any], named: str) -> None:
+    result = render(**overrides)
+    assert not result.ok
+    assert any(named in p for p in result.problems), result.problems
+    assert "helm lint error in values.yaml" in result.problems, "real Helm refuses it too"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "instead"),
+    [
+        ({"compatWithCPUManager": True}, "deviceListStrategy"),
+        ({"gfd": {"enabled": True}}, "labels.mode"),
+        ({"nfd": {"enabled": False}}, "labels.mode=api"),
+        ({"devicePlugin": {"enabled": True}}, "remove devicePlugin"),
+    ],
+)
+def test_an_nvidia_only_value_is_refused_with_what_to_use_instead(
+    overrides: dict[str, Any], instead: str
+) -> None:
+    result = render(**overrides)
+    assert not result.ok
+    [key] = overrides
+    message = f"chart validation: {key} is a value of NVIDIA's chart"
+    assert any(p.startswith(message) and instead in p for p in result.problems), result.problems
+
+
+def test_probes_use_the_agents_real_endpoints_even_without_gpu_metrics() -> None:
+    for metrics_enabled in (True, False):
+        result = render(metrics={"enabled": metrics_enabled})
+        assert result.ok, result.problems
+        container = container_of(result)
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        [port] = container["ports"]
+        assert (port["name"], port["containerPort"]) == ("metrics", 9400)
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["METRICS_PORT"] == "9400"
+        assert env["GPU_METRICS"] == str(metrics_enabled).lower()
+
+
+def test_default_resources_and_json_logs_value() -> None:
+    container = container_of(render())
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "96Mi"}
+    assert "cpu" not in container["resources"]["limits"], "a CPU limit throttles Allocate"
+    env = {e["name"]: e.get("value") for e in container_of(render(logFormat="json"))["env"]}
+    assert env["LOG_FORMAT"] == "json"
+
+
+def test_the_plugin_runs_as_root_although_the_image_does_not() -> None:
+    """The image's USER is 65532; the kubelet's device-plugin directory is root-owned."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert "\nUSER 65532:65532\n" in dockerfile
+    assert container_of(render())["securityContext"]["runAsUser"] == 0

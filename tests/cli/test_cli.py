@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -109,13 +110,32 @@ def test_labels_for_seed_002() -> None:
     assert "nvidia.com/gfd.timestamp" not in labels
 
 
-def test_top_renders_gpus_of_a_simulated_node(tmp_path: Path) -> None:
-    code, out, _ = run(
-        "top",
-        "--node",
-        "sim:2xt4",
-        "--pod-resources-socket",
-        str(tmp_path / "none.sock"),
+def test_top_says_plainly_when_the_daemon_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connection refused
+        code, _, err = run("top", "--url", f"http://127.0.0.1:{port}")
+    assert code == 2
+    assert err.startswith("error: cannot reach the gpuslice daemon at http://127.0.0.1:")
+    assert "Traceback" not in err
+
+
+def test_device_discovery_strategy_is_read_and_a_bogus_one_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["plugin", "--node", "sim:1xt4", "--device-plugin-path", str(tmp_path), "--no-labels"],
+        env={"DEVICE_DISCOVERY_STRATEGY": "bogus"},
     )
-    assert code == 0
-    assert out.count("Tesla T4") == 2
+    assert result.exit_code == 2
+    assert "DEVICE_DISCOVERY_STRATEGY" in result.stderr
+    assert "'bogus'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_top_finds_the_agent_on_the_pods_metrics_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(main, ["top"], env={"METRICS_PORT": str(port)})
+    assert result.exit_code == 2
+    assert f"at http://127.0.0.1:{port}:" in result.stderr

@@ -55,22 +55,6 @@ def test_labels_json_and_yaml_hold_the_same_labels_as_the_table() -> None:
     assert table["nvidia.com/gpu.count"] == "2"
 
 
-def test_top_json_is_one_parseable_snapshot(tmp_path: Path) -> None:
-    data = json.loads(
-        _run(
-            "top",
-            "--node",
-            "sim:1xt4",
-            "--pod-resources-socket",
-            str(tmp_path / "no"),
-            "-o",
-            "json",
-        )
-    )
-    assert data["advertised"] == {"nvidia.com/gpu": 1}
-    assert data["gpus"][0]["model"] == "Tesla T4"
-
-
 @pytest.mark.parametrize(
     ("node", "config"),
     [

@@ -41,6 +41,7 @@ from gpuslice.k8s import (
 )
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.procfs import cgroup_identities
+from gpuslice.metrics.status import build_status
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
 
@@ -107,8 +108,11 @@ def wire_metrics(
     host: str = "0.0.0.0",
     pods: NodePods | None = None,
     guard: MemoryGuard | None = None,
+    gpu_metrics: bool = True,
 ) -> MetricsServer:
-    """Serve Prometheus metrics; scrapes read the latest snapshot and never wait on NVML.
+    """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
+    and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
+    without gathering GPU telemetry.
 
     `pods` (this node's pods from the API server) maps a process's pod UID to its pod: the
     only way to tell apart several pods time-slicing one GPU. Without it, attribution falls
@@ -132,8 +136,24 @@ def wire_metrics(
         pods=pods.uid_map if pods is not None else None,
         container_names=pods.container_names if pods is not None else None,
     )
-    registry, counters = exporter_registry(lambda: refresher.latest)
-    server = MetricsServer(registry, host=host, port=port)
+    registry, counters = exporter_registry(
+        (lambda: refresher.latest) if gpu_metrics else (lambda: None)
+    )
+
+    def status() -> dict[str, object]:
+        plan = None if agent.state is None else agent.state.current.plan
+        return build_status(
+            node_name=refresher.hostname,
+            config_name=None if agent.loaded is None else agent.loaded.name,
+            plan=plan,
+            snapshot=refresher.latest if gpu_metrics else None,
+            gpu_metrics=gpu_metrics,
+            pod_resources_socket=str(settings.pod_resources_socket),
+            pod_resources_present=settings.pod_resources_socket.exists(),
+            ready=agent.readiness(),
+        )
+
+    server = MetricsServer(registry, host=host, port=port, ready=agent.readiness, status=status)
 
     async def on_config(_name: str, accepted: bool, _message: str) -> None:
         counters.record_config_reload(accepted)
@@ -145,8 +165,10 @@ def wire_metrics(
 
     agent.hooks.on_config.append(on_config)
     agent.hooks.on_health.append(counters.record_health_transition)
-    agent.hooks.services.extend([refresher.run, serve])
-    if pods is not None:
+    agent.hooks.services.append(serve)
+    if gpu_metrics:
+        agent.hooks.services.append(refresher.run)
+    if pods is not None and gpu_metrics:
         agent.hooks.services.append(pods.run)
     agent.hooks.on_allocate = counters.record_allocate
     if guard is not None:
@@ -342,9 +364,18 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
         )
         metrics_on = settings.metrics_port is not None
         node_pods = NodePods(client, settings.node_name) if client is not None else None
-        guard = wire_guard(agent, pods=node_pods, client=client, run_pods=not metrics_on)
+        guard = wire_guard(
+            agent, pods=node_pods, client=client, run_pods=not (metrics_on and settings.gpu_metrics)
+        )
         if settings.metrics_port is not None:
-            wire_metrics(agent, port=settings.metrics_port, pods=node_pods, guard=guard)
+            wire_metrics(
+                agent,
+                port=settings.metrics_port,
+                host=settings.metrics_address,
+                pods=node_pods,
+                guard=guard,
+                gpu_metrics=settings.gpu_metrics,
+            )
         if settings.labels_mode == "file":
             wire_label_file(agent, settings.labels_file)
         elif settings.labels_mode == "api" and client is not None:

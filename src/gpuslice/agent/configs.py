@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.config import Config, apply_overrides, parse_config
-from gpuslice.core.config.selection import select_config
+from gpuslice.core.config.selection import select_config, usable_names
+from gpuslice.core.errors import ConfigError, FieldProblem
 from gpuslice.host.configfiles import NamedConfigs, fingerprint, read_configs
 
 
@@ -27,7 +28,21 @@ def choose(named: NamedConfigs, *, pinned: str, label_value: str, settings: Agen
     """The name to use from a set of named configs, or `""` for the empty config."""
     if named.single_file:
         return ""
-    wanted = pinned or label_value
+    if pinned:
+        # a pinned name (--config-name / CONFIG_NAME) is not the node label's doing: say so
+        names = usable_names(list(named.texts))
+        if pinned not in names:
+            raise ConfigError(
+                [
+                    FieldProblem(
+                        "--config-name / CONFIG_NAME",
+                        f"config {pinned} does not exist in {named.source} "
+                        f"(configs: {', '.join(names) or 'none'})",
+                    )
+                ]
+            )
+        return pinned
+    wanted = label_value
     default = settings.default_config or named.default
     selection = select_config(
         list(named.texts),
@@ -42,6 +57,16 @@ def choose(named: NamedConfigs, *, pinned: str, label_value: str, settings: Agen
 def load_config(settings: AgentSettings, label_value: str = "") -> LoadedConfig:
     """Read, choose, parse and override. Raises ConfigError (core) with every problem."""
     if settings.config_path is None:
+        if settings.config_name:
+            raise ConfigError(
+                [
+                    FieldProblem(
+                        "--config-name / CONFIG_NAME",
+                        f"{settings.config_name!r} names a config, but no --config-file "
+                        "(a ConfigMap, directory or Helm values of named configs) was given",
+                    )
+                ]
+            )
         config = apply_overrides(parse_config("", source="<defaults>"), settings.overrides)
         return LoadedConfig(name="", config=config, fingerprint=())
     named = read_configs(settings.config_path)

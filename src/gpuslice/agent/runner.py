@@ -79,6 +79,8 @@ class Agent:
         self.loaded: LoadedConfig | None = None
         self.state: PlanState | None = None
         self.started = asyncio.Event()
+        self.manager: DevicePluginManager | None = None
+        """The device plugins' manager once `run` has built it (readiness reads it)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -123,6 +125,7 @@ class Agent:
             kubelet_socket=self.settings.kubelet_socket,
             on_allocate=self.hooks.on_allocate,
         )
+        self.manager = manager
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(stop), name="device-plugins")
             tg.create_task(self._health_loop(stop), name="health")
@@ -131,6 +134,20 @@ class Agent:
                 tg.create_task(service(stop), name=getattr(service, "__name__", "service"))
             self.started.set()
             await stop.wait()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once a plan is in force and every device plugin is registered with the
+        kubelet; the reason is the body of `/readyz`."""
+        if self.manager is None or self.state is None:
+            return False, "no plan in force yet\n"
+        registered = self.manager.registered
+        wanted = {r.name for r in self.state.current.plan.resources if r.devices}
+        waiting = sorted(n for n in wanted | set(registered) if not registered.get(n, False))
+        if waiting:
+            return False, f"not registered with the kubelet yet: {', '.join(waiting)}\n"
+        if not registered:
+            return True, "ready: no devices to advertise\n"
+        return True, f"ready: registered {', '.join(sorted(registered))}\n"
 
     # -- plan changes ----------------------------------------------------------------------
 

@@ -89,7 +89,15 @@ class AgentSettings:
     NVIDIA's config-manager stopped blocking here (v0.18.2) and may then select a config
     before its informer has synced; a short bounded wait avoids applying the wrong config."""
     metrics_port: int | None = None
-    """Prometheus exporter port; None disables it. 0 picks a free port (tests)."""
+    """`METRICS_PORT`: port of the agent's HTTP endpoint (`/metrics`, `/healthz`, `/readyz`,
+    `/status`); None disables it. 0 picks a free port (tests). The chart always sets it, since
+    the kubelet's probes need it; `gpu_metrics` turns off the GPU telemetry instead."""
+    metrics_address: str = "0.0.0.0"
+    """`METRICS_ADDRESS`: address the HTTP endpoint binds (`::` for IPv6, `127.0.0.1` to keep
+    it on the node)."""
+    gpu_metrics: bool = True
+    """`GPU_METRICS`: gather GPU and per-pod telemetry (NVML, PodResources, /proc). Off, the
+    endpoint still serves the plugin's own counters and the probes, and `/status` has no pods."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     metrics_interval_s: float = 10.0
     """Seconds between metric snapshots (NVML and /proc reads); scrapes in between read the

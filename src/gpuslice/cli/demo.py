@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import click
@@ -10,9 +11,9 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from gpuslice.cli.common import console
+from gpuslice.cli.common import console, plan_for
 from gpuslice.cli.logsetup import setup_logging
-from gpuslice.cli.main import reports_errors
+from gpuslice.cli.main import EXIT_BAD_INPUT, reports_errors
 from gpuslice.cli.output import emit, output_option, plain
 from gpuslice.demo.scenario import DEFAULT_NODE, TIME_SLICING_CONFIG, DemoResult, Step, run_demo
 
@@ -79,6 +80,25 @@ def render(result: DemoResult, console: Console) -> None:
             reasons = sorted({p.reason for p in step.pods if p.reason})
             for reason in reasons:
                 console.print(f"[yellow]Pending:[/yellow] {reason}")
+    console.print(summary(result))
+
+
+def summary(result: DemoResult) -> str:
+    """What the demo showed and the next thing to try, in a few lines."""
+    first, last = result.steps[0], result.steps[-1]
+    before = sum(first.counts.capacity.values())
+    after = sum(last.counts.capacity.values())
+    running = sum(1 for p in last.pods if p.status == "Running")
+    return (
+        "\n[bold]Summary[/bold]: the node advertised "
+        f"{before} GPU(s); with the sharing config it advertises {after} devices and "
+        f"{running} of {len(last.pods)} pods run.\n"
+        "Replica IDs: the kubelet sees each replica as its own device, `<GPU UUID>::<n>`; "
+        "the container gets only the GPU UUID (NVIDIA_VISIBLE_DEVICES), so pods holding "
+        "replicas of one GPU share that GPU by time-slicing.\n"
+        f"Next: gpuslice describe --node {result.node} --config-file <your config> "
+        "(what a node would advertise), or deploy with docs/install.md."
+    )
 
 
 @click.command()
@@ -128,8 +148,13 @@ def demo(
         import logging
 
         logging.getLogger().setLevel(logging.WARNING)
+    plan_for(node, config_file)  # a bad config or node fails here, at once, by name
     text = config_file.read_text(encoding="utf-8") if config_file else TIME_SLICING_CONFIG
-    result = asyncio.run(run_demo(node, text, pods))
+    try:
+        result = asyncio.run(run_demo(node, text, pods))
+    except TimeoutError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     if output == "table":
         render(result, console())
     else:

@@ -30,6 +30,7 @@ from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import GuardParams, Reserve
+from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError
 
 # CLI option name -> config path it overrides (NVIDIA's flag -> file field mapping).
@@ -47,11 +48,29 @@ OVERRIDES = {
     "gdrcopy_enabled": "flags.gdrcopyEnabled",
     "gds_enabled": "flags.gdsEnabled",
     "mofed_enabled": "flags.mofedEnabled",
+    "device_discovery_strategy": "flags.deviceDiscoveryStrategy",
 }
 
 SHUTDOWN_GRACE_S = 20.0
 """Hard-exit deadline after SIGTERM: shorter than a pod's default 30 s grace period, so the
 kubelet never has to SIGKILL us with sockets left behind."""
+
+
+def _labels_mode(params: dict[str, Any]) -> str:
+    """A simulated node writes its labels only where told (`--labels-file`): the default
+    path is the real NFD directory, and simulated labels there would relabel a real node."""
+    if params["no_labels"]:
+        return "off"
+    mode = str(params["labels_mode"])
+    if mode == "file" and params["labels_file"] is None and params["node"] != "nvml":
+        get_logger("gpuslice").warning(
+            "labels-off",
+            reason="simulated-node",
+            node=params["node"],
+            hint="pass --labels-file to write them",
+        )
+        return "off"
+    return mode
 
 
 def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
@@ -117,6 +136,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 @click.option("--gds-enabled/--no-gds-enabled", envvar="GDS_ENABLED", default=False)
 @click.option("--mofed-enabled/--no-mofed-enabled", envvar="MOFED_ENABLED", default=False)
 @click.option(
+    "--device-discovery-strategy",
+    envvar="DEVICE_DISCOVERY_STRATEGY",
+    default="auto",
+    show_default=True,
+    help="NVIDIA's auto|nvml|tegra, validated like the config's value (vfio is refused, as "
+    "NVIDIA's plugin refuses it); GPUs are found through NVML whatever it says.",
+)
+@click.option(
     "--node-name",
     envvar="NODE_NAME",
     default="",
@@ -150,7 +177,21 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     envvar="METRICS_PORT",
     type=int,
     default=None,
-    help="Serve Prometheus metrics on this port.",
+    help="Serve /metrics, /healthz, /readyz and /status on this port.",
+)
+@click.option(
+    "--metrics-address",
+    envvar="METRICS_ADDRESS",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address the metrics/probe endpoint binds (:: for IPv6).",
+)
+@click.option(
+    "--gpu-metrics/--no-gpu-metrics",
+    envvar="GPU_METRICS",
+    default=True,
+    show_default=True,
+    help="Gather GPU and per-pod telemetry; off, the endpoint serves only probes and counters.",
 )
 @click.option(
     "--inventory-interval",
@@ -258,7 +299,11 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Pass time-sliced replicas their memory share as env hints.",
 )
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    envvar="LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
 )
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.pass_context
@@ -288,10 +333,12 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         disable_healthchecks=os.environ.get("DP_DISABLE_HEALTHCHECKS"),
         enable_healthchecks=os.environ.get("DP_ENABLE_HEALTHCHECKS"),
         labels_file=params["labels_file"],
-        labels_mode="off" if params["no_labels"] else params["labels_mode"],
+        labels_mode=_labels_mode(params),
         no_timestamp=params["no_timestamp"],
         namespace=params["namespace"],
         metrics_port=params["metrics_port"],
+        metrics_address=params["metrics_address"],
+        gpu_metrics=params["gpu_metrics"],
         pod_resources_socket=params["pod_resources_socket"],
         metrics_interval_s=params["metrics_interval"],
         inventory_interval_s=params["inventory_interval"],

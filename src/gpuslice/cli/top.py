@@ -1,110 +1,111 @@
 """`gpuslice top`: nvidia-smi, but per pod: who uses which GPU and how much of its share.
 
-It builds the same snapshot the exporter serves (NVML or a simulated node, the kubelet's
-PodResources, /proc) in this process, so it works on a node without Prometheus.
+It reads the running daemon's `/status` (the same snapshot its `/metrics` serves) instead of
+rebuilding a view in this process: only the daemon knows the config in force (node label,
+ConfigMap), the kubelet's assignments and the pods' names, so only its view is the truth.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
-from pathlib import Path
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
 
 import click
+import yaml
 from rich.live import Live
 
-from gpuslice.backends import open_backend
-from gpuslice.cli.common import console, plan_for
-from gpuslice.cli.main import reports_errors
-from gpuslice.cli.output import emit, output_option, plain
-from gpuslice.metrics import SnapshotRefresher
-from gpuslice.metrics.top import render_top
-from gpuslice.podresources import PodResourcesClient
+from gpuslice.cli.common import console
+from gpuslice.cli.main import EXIT_BAD_INPUT
+from gpuslice.metrics.top import render_status
+
+DEFAULT_URL = "http://127.0.0.1:9400"
 
 
-async def _run(
-    node: str,
-    config_file: Path | None,
-    config_name: str,
-    pod_resources: Path,
-    proc_root: Path,
-    watch: float | None,
-    output: str = "table",
-) -> None:
-    backend = await asyncio.to_thread(open_backend, node)
-    has_kubelet = await asyncio.to_thread(pod_resources.exists)
-    client = PodResourcesClient(pod_resources) if has_kubelet else None
+def default_url() -> str:
+    """Inside the agent's pod METRICS_PORT is set (the chart's `metrics.port`), so
+    `kubectl exec ... gpuslice top` finds its agent whatever port the chart chose."""
+    port = os.environ.get("METRICS_PORT", "").strip()
+    return f"http://127.0.0.1:{port}" if port.isdigit() else DEFAULT_URL
+
+
+TIMEOUT_S = 5.0
+
+
+class DaemonUnreachable(click.ClickException):
+    exit_code = EXIT_BAD_INPUT
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def fetch_status(url: str) -> dict[str, Any]:
+    where = url.rstrip("/") + "/status"
     try:
-        view = await asyncio.to_thread(plan_for, node, config_file, config_name, backend)
-        refresher = SnapshotRefresher(
-            backend=backend,
-            assignments=client,
-            current=lambda: (view.plan, view.inventory),
-            hostname=socket.gethostname(),
-            proc_root=proc_root,
-        )
-        if output != "table":
-            while True:
-                # one document per refresh: `-o json -w 5` is a stream scripts can follow
-                emit(plain(await refresher.refresh()), output)
-                if watch is None:
-                    return
-                if output == "yaml":
-                    click.echo("---")
-                await asyncio.sleep(watch)
-        con = console()
-        if watch is None:
-            con.print(render_top(await refresher.refresh()))
-            return
-        with Live(render_top(None), console=con, refresh_per_second=4) as live:
-            while True:
-                live.update(render_top(await refresher.refresh()))
-                await asyncio.sleep(watch)
-    finally:
-        if client is not None:
-            await client.close()
-        await asyncio.to_thread(backend.close)
+        with urllib.request.urlopen(where, timeout=TIMEOUT_S) as resp:
+            doc = json.loads(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        raise DaemonUnreachable(
+            f"the gpuslice daemon at {url} answered {exc.code} on /status "
+            "(an older version, or not a gpuslice daemon)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DaemonUnreachable(
+            f"cannot reach the gpuslice daemon at {url}: {reason} "
+            "(is `gpuslice plugin --metrics-port` running? pass --url or GPUSLICE_URL)"
+        ) from None
+    if not isinstance(doc, dict):
+        raise DaemonUnreachable(f"{where} did not return a JSON object")
+    return doc
 
 
 @click.command()
-@click.option("--node", default="nvml", show_default=True, help="nvml, or a simulated node spec.")
 @click.option(
-    "--config-file",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="The config the node runs (for entitlements: the share each pod is owed).",
+    "--url",
+    envvar="GPUSLICE_URL",
+    default=default_url,
+    show_default="http://127.0.0.1:$METRICS_PORT, else port 9400",
+    help="The daemon's endpoint (its --metrics-address and --metrics-port).",
 )
-@click.option("--config-name", default="")
 @click.option(
-    "--pod-resources-socket",
-    type=click.Path(path_type=Path),
-    default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
     show_default=True,
-)
-@click.option(
-    "--proc-root", type=click.Path(path_type=Path), default=Path("/proc"), show_default=True
 )
 @click.option(
     "--watch",
     "-w",
     type=click.FloatRange(min=0.2),
     default=None,
-    help="Refresh every N seconds until interrupted.",
+    help="Refresh every N seconds until interrupted (table output only).",
 )
-@output_option
-@reports_errors
-def top(
-    node: str,
-    config_file: Path | None,
-    config_name: str,
-    pod_resources_socket: Path,
-    proc_root: Path,
-    watch: float | None,
-    output: str,
-) -> None:
-    """Per-pod GPU usage on this node, against each pod's share."""
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            _run(node, config_file, config_name, pod_resources_socket, proc_root, watch, output)
-        )
+def top(url: str, output: str, watch: float | None) -> None:
+    """Per-pod GPU usage on this node, against each pod's share, as the daemon sees it."""
+    doc = fetch_status(url)
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    if output == "yaml":
+        click.echo(yaml.safe_dump(doc, sort_keys=True), nl=False)
+        return
+    con = console()
+    if watch is None:
+        con.print(render_status(doc))
+        return
+    with (
+        contextlib.suppress(KeyboardInterrupt),
+        Live(render_status(doc), console=con, refresh_per_second=4) as live,
+    ):
+        while True:
+            time.sleep(watch)
+            live.update(render_status(fetch_status(url)))
+
+
+__all__ = ["DEFAULT_URL", "fetch_status", "top"]

@@ -64,6 +64,24 @@ def _as_named(doc: object) -> tuple[dict[str, str], str] | None:
     return None
 
 
+def _the_configmap_of(path: Path, text: str) -> object:
+    """A multi-document manifest (`kubectl apply -f` files often hold a Namespace and the
+    ConfigMap): the one document holding named configs. Several, or none: refused by name,
+    not as a YAML syntax error."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        return None  # a real syntax error: the core's parser reports it with its position
+    holders = [d for d in docs if _as_named(d) is not None]
+    if len(holders) == 1:
+        return holders[0]
+    kinds = ", ".join(str(d.get("kind", "?")) if isinstance(d, dict) else "?" for d in docs)
+    why = "several hold named configs" if holders else "none is a ConfigMap with data"
+    raise ConfigError(
+        [FieldProblem("", f"{path} holds {len(docs)} YAML documents ({kinds}): {why}")]
+    )
+
+
 def read_config_file(path: Path) -> NamedConfigs:
     """One file: a config, a ConfigMap manifest, or Helm values with `config.map`."""
     try:
@@ -72,6 +90,8 @@ def read_config_file(path: Path) -> NamedConfigs:
         raise ConfigError([FieldProblem("", f"cannot read {path}: {exc.strerror}")]) from exc
     try:
         doc = yaml.safe_load(text)
+    except yaml.composer.ComposerError:
+        doc = _the_configmap_of(path, text)
     except yaml.YAMLError:
         doc = None  # let the core's parser report the syntax error with its position
     named = _as_named(doc)

@@ -11,31 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
+from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the kubelet side
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Delays between reconnect attempts: `initial_s`, times `factor` each failure, capped
-    at `maximum_s` (seconds). Reset after a watch delivered an event."""
-
-    initial_s: float = 0.5
-    maximum_s: float = 30.0
-    factor: float = 2.0
-
-    def delays(self) -> Iterator[float]:
-        delay = self.initial_s
-        while True:
-            yield delay
-            delay = min(self.maximum_s, delay * self.factor)
 
 
 class NodeLabelWatcher:

@@ -95,6 +95,16 @@ class DevicePluginManager:
         """Resource name -> socket path of every server now running."""
         return {n: p.socket for n, p in self._plugins.items() if p.server is not None}
 
+    @property
+    def registered(self) -> dict[str, bool]:
+        """Resource name -> whether the kubelet took our last Register (the readiness probe);
+        always True when no kubelet socket is configured (standalone runs)."""
+        standalone = self._kubelet_socket is None
+        return {
+            n: p.server is not None and (standalone or p.registered_with is not None)
+            for n, p in self._plugins.items()
+        }
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; then end streams, stop servers and remove sockets."""
         try:

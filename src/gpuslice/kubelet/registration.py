@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the k8s side
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import RegistrationClient, unix_target
 from gpuslice.kubelet.sockets import SocketId, socket_identity
@@ -23,18 +23,6 @@ from gpuslice.kubelet.waiting import sleep_unless_stopped
 
 class RegistrationFailed(Exception):
     """One registration attempt did not go through; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    initial_s: float = 0.5
-    """First retry delay, in seconds."""
-    maximum_s: float = 30.0
-    """Longest delay between attempts (NVIDIA's plugin retries every 30 s)."""
-
-    def delay(self, attempt: int) -> float:
-        """Delay after failed attempt number `attempt` (1-based): doubling up to the maximum."""
-        return float(min(self.maximum_s, self.initial_s * (2 ** min(attempt - 1, 30))))
 
 
 async def register_once(

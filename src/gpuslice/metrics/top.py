@@ -7,6 +7,8 @@ and tests render to a string.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -83,5 +85,101 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
         lines = [f"pid {p.pid} on {p.gpu_uuid}: {p.reason}" for p in others]
         parts.append(Text("Not attributed to a container:\n  " + "\n  ".join(lines)))
     for problem in snapshot.problems:
+        parts.append(Text(f"warning: {problem}", style="yellow"))
+    return Group(*parts)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> RenderableType:
+    """The daemon's `/status` document as tables (what `gpuslice top` prints)."""
+    taken = doc.get("snapshot_taken_at")
+    age = (
+        "no snapshot yet"
+        if taken is None
+        else (f"snapshot {(time.time() if now is None else now) - float(taken):.0f}s old")
+    )
+    config = doc.get("config_name") or "(single config)"
+    header = Text(f"{doc.get('node_name', '?')}  config {config}  {age}")
+    parts: list[RenderableType] = [header]
+
+    resources = Table(title="Resources", title_justify="left")
+    for col in ("RESOURCE", "SHARING", "DEVICES", "ALLOCATED", "PER GPU"):
+        resources.add_column(col)
+    allocated = doc.get("allocated", {})
+    for res in doc.get("resources", []):
+        per_gpu = ", ".join(
+            f"GPU {g['gpu_index']}: {g['devices']}x of {g['memory_mib']} MiB"
+            + (f" (1/{g['replicas']} each)" if g.get("replicas", 1) > 1 else "")
+            for g in res.get("per_gpu", [])
+        )
+        resources.add_row(
+            res["name"],
+            res["strategy"],
+            str(res["devices"]),
+            str(allocated.get(res["name"], "-")),
+            per_gpu,
+        )
+    parts.append(resources)
+
+    gpus = Table(title="GPUs", title_justify="left")
+    for col in ("GPU", "UUID", "MODEL", "MEMORY", "UTIL", "TEMP", "POWER", "LAST XID"):
+        gpus.add_column(col)
+    for g in doc.get("gpus", []):
+        gpus.add_row(
+            "?" if g.get("index") is None else str(g["index"]),
+            g["uuid"],
+            g.get("model", ""),
+            f"{g.get('memory_used_mib', 0)} / {g.get('memory_total_mib', 0)} MiB",
+            _pct(g.get("gpu_util_percent")),
+            "-" if g.get("temperature_c") is None else f"{g['temperature_c']}C",
+            "-" if g.get("power_w") is None else f"{g['power_w']:.0f}W",
+            str(g["last_xid"]) if g.get("last_xid") else "-",
+        )
+    parts.append(gpus)
+
+    pods = Table(title="Pods", title_justify="left")
+    for col in ("GPU", "NAMESPACE/POD", "CONTAINER", "SHARING", "MEMORY USED", "ENTITLED"):
+        pods.add_column(col)
+    for col in ("OF SHARE", "SM %", "SM SHARE", "PIDS"):
+        pods.add_column(col)
+    for p in doc.get("pods", []):
+        share = p.get("memory_share_used")
+        over = bool(p.get("over_share"))
+        of_share = Text(
+            "-" if share is None else f"{100 * share:.0f}%" + (" OVER" if over else ""),
+            style="bold red" if over else "",
+        )
+        pods.add_row(
+            str(p["gpu_index"]),
+            f"{p['namespace']}/{p['pod']}",
+            p["container"],
+            p["sharing"],
+            _mib(int(p["memory_used_bytes"])),
+            _mib(int(p["memory_entitled_bytes"])),
+            of_share,
+            "-" if p.get("sm_util_percent") is None else f"{p['sm_util_percent']:.0f}",
+            "-" if p.get("sm_share") is None else f"{100 * p['sm_share']:.0f}%",
+            ",".join(str(x) for x in p.get("pids", [])) or "-",
+        )
+    parts.append(pods)
+    if not doc.get("gpu_metrics", True):
+        parts.append(Text("GPU metrics are off in the daemon (--no-gpu-metrics)", style="yellow"))
+    others = doc.get("unattributed", [])
+    if others:
+        lines = [f"pid {o['pid']} on {o['gpu_uuid']}: {o['reason']}" for o in others]
+        parts.append(Text("Not attributed to a container:\n  " + "\n  ".join(lines)))
+    pr = doc.get("pod_resources", {})
+    if pr.get("state") == "missing":
+        parts.append(
+            Text(
+                f"warning: the daemon has no PodResources socket ({pr.get('detail')}): "
+                "it cannot tell which pod holds which GPU",
+                style="yellow",
+            )
+        )
+    for problem in doc.get("warnings", []):
         parts.append(Text(f"warning: {problem}", style="yellow"))
     return Group(*parts)

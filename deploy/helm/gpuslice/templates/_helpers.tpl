@@ -50,6 +50,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Checks NVIDIA's chart makes, plus ours; each message says what to change. */}}
 {{- define "gpuslice.validate" -}}
+{{- include "gpuslice.nvidiaValues" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}

@@ -1,0 +1,130 @@
+"""`/status`: what the daemon knows, as JSON, for `gpuslice top` and for people with curl.
+
+`top` used to rebuild this in its own process from its own config file and guessed wrong;
+reading the daemon's own view is the only way it shows what the daemon enforces. Built from
+the same snapshot `/metrics` serves, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.core.sharing.model import Plan
+from gpuslice.metrics.snapshot import MetricsSnapshot
+
+STATUS_VERSION = 1
+ASSIGNMENTS_PROBLEM = "pod assignments unavailable"
+
+
+def _resources(plan: Plan | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for res in () if plan is None else plan.resources:
+        replicas: dict[str, dict[str, Any]] = {}
+        for dev in res.devices:
+            entry = replicas.setdefault(
+                dev.physical.uuid,
+                {
+                    "physical_uuid": dev.physical.uuid,
+                    "gpu_index": dev.physical.gpu_index,
+                    "product": dev.physical.product_name,
+                    "memory_mib": dev.physical.memory_mib,
+                    "replicas": dev.replicas,
+                    "devices": 0,
+                },
+            )
+            entry["devices"] += 1
+            if dev.mps is not None:
+                entry["mps_active_thread_percentage"] = dev.mps.active_thread_percentage
+                entry["mps_pinned_memory_limit_mib"] = dev.mps.pinned_memory_limit_mib
+        out.append(
+            {
+                "name": res.name,
+                "strategy": res.strategy,
+                "devices": len(res.devices),
+                "per_gpu": list(replicas.values()),
+            }
+        )
+    return out
+
+
+def build_status(
+    *,
+    node_name: str,
+    config_name: str | None,
+    plan: Plan | None,
+    snapshot: MetricsSnapshot | None,
+    gpu_metrics: bool,
+    pod_resources_socket: str,
+    pod_resources_present: bool,
+    ready: tuple[bool, str],
+) -> dict[str, Any]:
+    """The JSON document of `/status` (version 1; fields are only ever added)."""
+    pods: list[dict[str, Any]] = []
+    gpus: list[dict[str, Any]] = []
+    unattributed: list[dict[str, Any]] = []
+    problems: list[str] = []
+    if snapshot is not None:
+        problems = list(snapshot.problems)
+        gpus = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_total_mib": g.memory_total_mib,
+                "memory_used_mib": g.status.memory_used_mib,
+                "gpu_util_percent": g.status.gpu_util_percent,
+                "temperature_c": g.status.temperature_c,
+                "power_w": g.status.power_w,
+                "last_xid": g.status.last_xid,
+            }
+            for g in snapshot.gpus
+        ]
+        for u in snapshot.attribution.usages:
+            ent = u.entitlement
+            share = None if ent.memory_bytes <= 0 else u.memory_used_bytes / ent.memory_bytes
+            pods.append(
+                {
+                    "namespace": u.namespace,
+                    "pod": u.pod,
+                    "container": u.container,
+                    "gpu_index": u.gpu_index,
+                    "gpu_uuid": u.gpu_uuid,
+                    "resources": list(u.resources),
+                    "sharing": ent.kind,
+                    "memory_used_bytes": u.memory_used_bytes,
+                    "memory_entitled_bytes": ent.memory_bytes,
+                    "memory_share_used": share,
+                    "over_share": share is not None and share > 1.0,
+                    "sm_util_percent": u.sm_util_percent,
+                    "sm_share": ent.sm_fraction,
+                    "pids": list(u.pids),
+                }
+            )
+        unattributed = [
+            {"pid": p.pid, "gpu_uuid": p.gpu_uuid, "reason": p.reason}
+            for p in snapshot.attribution.unattributed
+        ]
+    if not pod_resources_present:
+        pod_resources = {"state": "missing", "detail": f"no socket at {pod_resources_socket}"}
+    elif any(p.startswith(ASSIGNMENTS_PROBLEM) for p in problems):
+        detail = next(p for p in problems if p.startswith(ASSIGNMENTS_PROBLEM))
+        pod_resources = {"state": "unreachable", "detail": detail}
+    else:
+        pod_resources = {"state": "ok", "detail": pod_resources_socket}
+    return {
+        "version": STATUS_VERSION,
+        "node_name": node_name,
+        "config_name": config_name,
+        "ready": ready[0],
+        "ready_reason": ready[1].strip(),
+        "gpu_metrics": gpu_metrics,
+        "snapshot_taken_at": None if snapshot is None else snapshot.taken_at,
+        "resources": _resources(plan),
+        "gpus": gpus,
+        "advertised": {} if snapshot is None else dict(snapshot.advertised),
+        "allocated": {} if snapshot is None else dict(snapshot.allocated),
+        "pods": sorted(pods, key=lambda p: (p["gpu_index"], p["namespace"], p["pod"])),
+        "unattributed": unattributed,
+        "pod_resources": pod_resources,
+        "warnings": problems,
+    }
