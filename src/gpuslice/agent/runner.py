@@ -19,7 +19,7 @@ from typing import Any
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.devices import Inventory
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
@@ -29,6 +29,11 @@ from gpuslice.kubelet.state import PlanState
 from gpuslice.ports import GpuBackend
 
 log = logging.getLogger("gpuslice.agent")
+
+LOAD_TIMEOUT_S = 30.0
+"""Longest a config load (read, parse, plan; in a worker thread) may take before it is
+rejected. The loader's own bounds keep a 1 MiB config to about a second; this is the
+backstop that keeps a reload from hanging forever on something nobody foresaw."""
 
 ConfigListener = Callable[[str, bool, str], Awaitable[None]]
 """Called after each reload attempt with (config name, accepted, message)."""
@@ -83,9 +88,32 @@ class Agent:
     async def initial_plan(self) -> tuple[Plan, Inventory, LoadedConfig]:
         """First plan: here a bad config is fatal (there is nothing in force to keep)."""
         inventory = await asyncio.to_thread(self.backend.inventory)
-        loaded = load_config(self.settings, self.label_value)
-        plan = build_plan(inventory, loaded.config)
+        loaded, plan = await self._load(inventory)
         return plan, inventory, loaded
+
+    async def _load(self, inventory: Inventory) -> tuple[LoadedConfig, Plan]:
+        """Read, parse and plan off the event loop, within LOAD_TIMEOUT_S; every failure
+        is a ConfigError (the loader promises it; this is the belt to its braces)."""
+
+        def load() -> tuple[LoadedConfig, Plan]:
+            loaded = load_config(self.settings, self.label_value)
+            return loaded, build_plan(inventory, loaded.config)
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(load), LOAD_TIMEOUT_S)
+        except GpusliceError:
+            raise
+        except TimeoutError:
+            raise ConfigError(
+                [FieldProblem("", f"loading the config took more than {LOAD_TIMEOUT_S:g} s")],
+                source=str(self.settings.config_path or ""),
+            ) from None
+        except Exception as exc:  # a config must never end the daemon
+            log.exception("event=config-load-unexpected")
+            raise ConfigError(
+                [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
+                source=str(self.settings.config_path or ""),
+            ) from None
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.label_values is not None:
@@ -129,12 +157,16 @@ class Agent:
         assert self.state is not None
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
-            loaded = load_config(self.settings, self.label_value)
-            plan = build_plan(inventory, loaded.config)
+            loaded, plan = await self._load(inventory)
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
             log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))
             await self._notify(name, False, str(exc))
+            return False
+        except Exception as exc:  # the reload loop must outlive any reload
+            name = self.label_value or self.settings.config_name or "(default)"
+            log.exception("event=reload-failed reason=%s config=%s", reason, name)
+            await self._notify(name, False, f"reload failed: {type(exc).__name__}: {exc}")
             return False
         self.loaded = loaded
         snapshot = self.state.current
@@ -159,8 +191,13 @@ class Agent:
                 log.exception("event=config-listener-failed")
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
+        """Reload when the config's fingerprint changes and then holds still for one more
+        tick: a file caught half-written (a writer that truncates, then writes) is never
+        taken as a config. A path that goes missing, dangles or loops changes the
+        fingerprint too, so it is rejected (logged, an Event) once, and the plan stays."""
         assert self.loaded is not None
         fingerprint = self.loaded.fingerprint
+        pending: object = None
         while not stop.is_set():
             label_changed = await self._wait_label_or_tick(stop)
             if stop.is_set():
@@ -168,9 +205,12 @@ class Agent:
             new_fp = await asyncio.to_thread(current_fingerprint, self.settings)
             if label_changed:
                 await self.reload("node-label")
-                fingerprint = new_fp
+                fingerprint, pending = new_fp, None
             elif new_fp != fingerprint and new_fp:
-                fingerprint = new_fp
+                if new_fp != pending:
+                    pending = new_fp  # changed: take it once it is the same a tick later
+                    continue
+                fingerprint, pending = new_fp, None
                 await self.reload("config-file")
 
     async def _wait_label_or_tick(self, stop: asyncio.Event) -> bool:
