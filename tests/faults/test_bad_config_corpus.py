@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from corpus import HOSTILE, alias_bomb
 from daemon_fixtures import running_daemon
 
 from gpuslice.agent.configs import load_config
@@ -17,6 +16,7 @@ from gpuslice.cli.main import main
 from gpuslice.core.config import parse_config
 from gpuslice.core.errors import ConfigError
 from gpuslice.host.configfiles import MAX_BYTES, read_configs
+from gpuslice.testing.hostile_configs import HOSTILE, alias_bomb
 
 WAIT_S = 20.0
 GOOD = (

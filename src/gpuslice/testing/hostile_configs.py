@@ -1,8 +1,8 @@
 """Hostile things to put at a config path, each with what it does to the path.
 
-Shared by the fault suite and `bench/bench_faults.py`. Each entry replaces whatever is at
-the path (a file, a directory, a FIFO, a symlink) in one rename where it can, as an editor
-or a ConfigMap update would.
+Shared by the fault suite (`tests/faults`) and `bench/bench_faults.py`. Each entry replaces
+whatever is at the path (a file, a directory, a FIFO, a symlink) in one rename where it can,
+as an editor or a ConfigMap update would.
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ def _remove(path: Path) -> None:
 def text(content: str | bytes) -> Callable[[Path], None]:
     data = content.encode("utf-8") if isinstance(content, str) else content
 
+    def write(p: Path) -> None:
+        p.write_bytes(data)
+
     def put(path: Path) -> None:
-        _replace(path, lambda p: p.write_bytes(data))
+        _replace(path, write)
 
     return put
 
