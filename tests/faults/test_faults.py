@@ -65,8 +65,8 @@ async def test_xid_storm_then_recovery(sock_dir: Path) -> None:
 
 async def test_allocates_while_config_flips_and_kubelet_restarts(sock_dir: Path) -> None:
     """10 clients, 200 Allocates (the bench: 50 and 1,000). IDs `::0` and `::1` exist under
-    both configs, so every call must be answered, or refused as UNAVAILABLE while the
-    socket is re-created; none may hang or get an internal error."""
+    both configs, so every call must be answered, or refused as UNAVAILABLE or CANCELLED
+    while the server is re-created for the new kubelet; none may hang or fail otherwise."""
     async with running_daemon(sock_dir, TS.format(n=4), args=FAST) as node:
         kubelet = node.kubelet
         await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
@@ -97,7 +97,7 @@ async def test_allocates_while_config_flips_and_kubelet_restarts(sock_dir: Path)
 
         await asyncio.gather(churn(), *(client(n, 20) for n in range(10)))
         assert len(outcomes) == 200
-        assert set(outcomes) <= {"OK", "UNAVAILABLE"}, sorted(set(outcomes))
+        assert set(outcomes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, sorted(set(outcomes))
         assert outcomes.count("OK") > 0
         await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
         assert node.daemon.running
