@@ -63,13 +63,13 @@ def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, in
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
-        raise _refuse(path, f"cannot read {path}: {exc.strerror}") from None
+        raise _refuse(path, f"cannot read it: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _refuse(path, f"{path} is {_kind(st.st_mode)}, not a regular file")
+            raise _refuse(path, f"it is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
-            raise _refuse(path, f"{path} is {st.st_size} bytes; at most {limit} are read")
+            raise _refuse(path, f"it is {st.st_size} bytes; at most {limit} are read")
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -79,9 +79,9 @@ def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, in
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:  # grew after the fstat
-            raise _refuse(path, f"{path} is more than {limit} bytes; at most {limit} are read")
+            raise _refuse(path, f"it is more than {limit} bytes; at most {limit} are read")
     except OSError as exc:
-        raise _refuse(path, f"cannot read {path}: {exc.strerror}") from None
+        raise _refuse(path, f"cannot read it: {exc.strerror}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
@@ -89,9 +89,7 @@ def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, in
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise _refuse(
-            path, f"{path} is not UTF-8{hint}: invalid byte at offset {exc.start}"
-        ) from None
+        raise _refuse(path, f"it is not UTF-8{hint}: invalid byte at offset {exc.start}") from None
     return text, (str(path), st.st_mtime_ns, st.st_size)
 
 
@@ -113,7 +111,7 @@ def _dir_entries(path: Path) -> list[Path]:
     try:
         entries = sorted(path.iterdir())
     except OSError as exc:
-        raise _refuse(path, f"cannot list {path}: {exc.strerror}") from None
+        raise _refuse(path, f"cannot list it: {exc.strerror}") from None
     return [p for p in entries if not p.name.startswith("..") and p.is_file()]
 
 
@@ -123,7 +121,7 @@ def read_config_dir(path: Path) -> NamedConfigs:
     An empty directory is refused: it is a mount that went wrong, not a config."""
     files = _dir_entries(path)
     if not files:
-        raise _refuse(path, f"the config directory {path} holds no config files")
+        raise _refuse(path, "the config directory holds no config files")
     texts: dict[str, str] = {}
     prints = []
     budget = MAX_BYTES
