@@ -4,6 +4,7 @@ live reload of the real daemon, which keeps serving the devices of the plan in f
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,15 @@ def test_directory_total_is_bounded(tmp_path: Path) -> None:
 
 
 def test_alias_bomb_refused_before_expansion() -> None:
-    with pytest.raises(ConfigError, match="expands to more than"):
-        parse_config(alias_bomb())
+    """Refused from the composed graph: it never costs the 1.2 GB its expansion would."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="expands to more than"):
+            parse_config(alias_bomb())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 1024 * 1024, peak
 
 
 def test_small_aliases_still_work() -> None:

@@ -107,7 +107,8 @@ async def test_half_written_config_never_becomes_the_plan(sock_dir: Path) -> Non
     """A writer that truncates then writes (no atomic rename): the empty file would be the
     all-defaults config (2 whole GPUs). The reload loop takes a file only once it holds
     still across two checks, so the plan never drops to 2."""
-    async with running_daemon(sock_dir, TS.format(n=4), args=FAST) as node:
+    args = ["--no-labels", "--config-poll-interval", "0.2"]  # above the empty window
+    async with running_daemon(sock_dir, TS.format(n=4), args=args) as node:
         kubelet = node.kubelet
         await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
         seen: set[int] = set()
@@ -115,7 +116,7 @@ async def test_half_written_config_never_becomes_the_plan(sock_dir: Path) -> Non
             with node.config.open("w", encoding="utf-8") as f:  # truncates: empty for a moment
                 f.flush()
                 os.fsync(f.fileno())
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.08)
                 f.write(TS.format(n=n))
             for _ in range(5):
                 seen.add(kubelet.capacity("nvidia.com/gpu"))
