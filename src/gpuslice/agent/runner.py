@@ -35,6 +35,8 @@ LOAD_TIMEOUT_S = 30.0
 rejected. The loader's own bounds keep a 1 MiB config to about a second; this is the
 backstop that keeps a reload from hanging forever on something nobody foresaw."""
 
+Fingerprint = tuple[tuple[str, int, int], ...]
+
 ConfigListener = Callable[[str, bool, str], Awaitable[None]]
 """Called after each reload attempt with (config name, accepted, message)."""
 
@@ -80,6 +82,8 @@ class Agent:
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
         self.label_value = ""
         self.loaded: LoadedConfig | None = None
+        self.unsettled = False
+        """The last reload read files that changed under it (see `reload`)."""
         self.state: PlanState | None = None
         self.started = asyncio.Event()
 
@@ -152,12 +156,21 @@ class Agent:
 
     # -- plan changes ----------------------------------------------------------------------
 
-    async def reload(self, reason: str) -> bool:
-        """Re-read the config (and the inventory) and apply it if valid. Returns accepted."""
+    async def reload(self, reason: str, expect: Fingerprint | None = None) -> bool:
+        """Re-read the config (and the inventory) and apply it if valid. Returns accepted.
+
+        With `expect` (the fingerprint the reload loop saw settle), text read from files
+        that no longer match it (a writer got in between the check and the read) is
+        dropped unapplied and `self.unsettled` is set, so the loop looks again."""
         assert self.state is not None
+        self.unsettled = False
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
             loaded, plan = await self._load(inventory)
+            if expect is not None and loaded.fingerprint != expect:
+                log.info("event=config-changed-while-read reason=%s", reason)
+                self.unsettled = True
+                return False
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
             log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))
@@ -211,7 +224,9 @@ class Agent:
                     pending = new_fp  # changed: take it once it is the same a tick later
                     continue
                 fingerprint, pending = new_fp, None
-                await self.reload("config-file")
+                await self.reload("config-file", expect=new_fp)
+                if self.unsettled:
+                    fingerprint = self.loaded.fingerprint  # differs: looked at again
 
     async def _wait_label_or_tick(self, stop: asyncio.Event) -> bool:
         """Sleep one reload interval, or less if the node's config label changes."""

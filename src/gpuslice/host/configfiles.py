@@ -80,6 +80,7 @@ def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, in
             total += len(chunk)
         if total > limit:  # grew after the fstat
             raise _refuse(path, f"it is more than {limit} bytes; at most {limit} are read")
+        after = os.fstat(fd)
     except OSError as exc:
         raise _refuse(path, f"cannot read it: {exc.strerror}") from None
     finally:
@@ -90,7 +91,10 @@ def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, in
     except UnicodeDecodeError as exc:
         hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
         raise _refuse(path, f"it is not UTF-8{hint}: invalid byte at offset {exc.start}") from None
-    return text, (str(path), st.st_mtime_ns, st.st_size)
+    # the fingerprint of what was read: a file written to while it was read gets one that
+    # matches no stat of it (size -1), so the reload loop does not take it as settled
+    size = after.st_size if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, total) else -1
+    return text, (str(path), after.st_mtime_ns, size)
 
 
 def _fingerprint(paths: list[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -127,7 +131,7 @@ def read_config_dir(path: Path) -> NamedConfigs:
     budget = MAX_BYTES
     for p in files:
         text, fp = read_bounded(p, budget)
-        budget -= fp[2]
+        budget -= len(text.encode("utf-8"))
         texts[p.name] = text
         prints.append(fp)
     return NamedConfigs(texts=texts, source=str(path), fingerprint=tuple(prints))

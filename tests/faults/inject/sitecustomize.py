@@ -12,7 +12,7 @@ _MARKER = os.environ.get("GPUSLICE_TEST_BLOCK_RELOAD")
 if _MARKER:
     from gpuslice.agent import runner
 
-    async def _blocking_reload(self: runner.Agent, reason: str) -> bool:
+    async def _blocking_reload(self: runner.Agent, reason: str, expect: object = None) -> bool:
         with open(_MARKER, "w") as f:  # noqa: ASYNC230 - deliberately blocking
             f.write(reason)
         time.sleep(3600)  # noqa: ASYNC251 - the fault under test: a loop that does not answer
