@@ -336,3 +336,31 @@ def test_dump_round_trips_through_yaml() -> None:
     )
     config = parse_config(text)
     assert parse_config(yaml.safe_dump(config.model_dump(by_alias=True))) == config
+
+
+def _expanding_document(width: int, levels: int) -> str:
+    """A document whose aliases expand to width**levels values from a few lines of text."""
+    lines = ["a0: &a0 [x]"]
+    for level in range(1, levels + 1):
+        refs = ", ".join(f"*a{level - 1}" for _ in range(width))
+        lines.append(f"a{level}: &a{level} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_stream_of_documents_is_bounded_as_a_whole() -> None:
+    from gpuslice.core.config.parsing import MAX_NODES, load_documents
+
+    one = _expanding_document(10, 4)  # about 11,000 values once expanded: fine alone
+    assert len(load_documents(one)) == 1
+    copies = MAX_NODES // 10_000 + 1
+    stream = "---\n".join([one] * copies)
+    with pytest.raises(ConfigError, match="expand to more than"):
+        load_documents(stream)
+
+
+def test_a_stream_keeps_every_document_in_order() -> None:
+    from gpuslice.core.config.parsing import load_documents
+
+    docs = load_documents("kind: Namespace\n---\nkind: ConfigMap\ndata: {a: b}\n---\n")
+    # a trailing `---` starts an empty document, as in PyYAML's safe_load_all
+    assert docs == [{"kind": "Namespace"}, {"kind": "ConfigMap", "data": {"a": "b"}}, None]

@@ -21,7 +21,7 @@ from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.config.schema import Config
 from gpuslice.core.devices import Inventory
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
@@ -31,6 +31,13 @@ from gpuslice.kubelet.state import PlanState
 from gpuslice.ports import GpuBackend
 
 log = logging.getLogger("gpuslice.agent")
+
+LOAD_TIMEOUT_S = 30.0
+"""Longest a config load (read, parse, plan; in a worker thread) may take before it is
+rejected. The loader's own bounds keep a 1 MiB config to about a second; this is the
+backstop that keeps a reload from hanging forever on something nobody foresaw."""
+
+Fingerprint = tuple[tuple[str, int, int], ...]
 
 ConfigListener = Callable[[str, bool, str], Awaitable[None]]
 """Called after each reload attempt with (config name, accepted, message)."""
@@ -77,6 +84,8 @@ class Agent:
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
         self.label_value = ""
         self.loaded: LoadedConfig | None = None
+        self.unsettled = False
+        """The last reload read files that changed under it (see `reload`)."""
         self.state: PlanState | None = None
         self.started = asyncio.Event()
         self.manager: DevicePluginManager | None = None
@@ -87,9 +96,32 @@ class Agent:
     async def initial_plan(self) -> tuple[Plan, Inventory, LoadedConfig]:
         """First plan: here a bad config is fatal (there is nothing in force to keep)."""
         inventory = await asyncio.to_thread(self.backend.inventory)
-        loaded = load_config(self.settings, self.label_value)
-        plan = with_imex(self._plan(inventory, loaded.config), loaded.config)
+        loaded, plan = await self._load(inventory)
         return plan, inventory, loaded
+
+    async def _load(self, inventory: Inventory) -> tuple[LoadedConfig, Plan]:
+        """Read, parse and plan off the event loop, within LOAD_TIMEOUT_S; every failure
+        is a ConfigError (the loader promises it; this is the belt to its braces)."""
+
+        def load() -> tuple[LoadedConfig, Plan]:
+            loaded = load_config(self.settings, self.label_value)
+            return loaded, with_imex(self._plan(inventory, loaded.config), loaded.config)
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(load), LOAD_TIMEOUT_S)
+        except GpusliceError:
+            raise
+        except TimeoutError:
+            raise ConfigError(
+                [FieldProblem("", f"loading the config took more than {LOAD_TIMEOUT_S:g} s")],
+                source=str(self.settings.config_path or ""),
+            ) from None
+        except Exception as exc:  # a config must never end the daemon
+            log.exception("event=config-load-unexpected")
+            raise ConfigError(
+                [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
+                source=str(self.settings.config_path or ""),
+            ) from None
 
     def _plan(self, inventory: Inventory, config: Config) -> Plan:
         """`build_plan`, plus the agent flags that shape Allocate but are no config field."""
@@ -151,17 +183,30 @@ class Agent:
 
     # -- plan changes ----------------------------------------------------------------------
 
-    async def reload(self, reason: str) -> bool:
-        """Re-read the config (and the inventory) and apply it if valid. Returns accepted."""
+    async def reload(self, reason: str, expect: Fingerprint | None = None) -> bool:
+        """Re-read the config (and the inventory) and apply it if valid. Returns accepted.
+
+        With `expect` (the fingerprint the reload loop saw settle), text read from files
+        that no longer match it (a writer got in between the check and the read) is
+        dropped unapplied and `self.unsettled` is set, so the loop looks again."""
         assert self.state is not None
+        self.unsettled = False
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
-            loaded = load_config(self.settings, self.label_value)
-            plan = with_imex(self._plan(inventory, loaded.config), loaded.config)
+            loaded, plan = await self._load(inventory)
+            if expect is not None and loaded.fingerprint != expect:
+                log.info("event=config-changed-while-read reason=%s", reason)
+                self.unsettled = True
+                return False
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
             log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))
             await self._notify(name, False, str(exc))
+            return False
+        except Exception as exc:  # the reload loop must outlive any reload
+            name = self.label_value or self.settings.config_name or "(default)"
+            log.exception("event=reload-failed reason=%s config=%s", reason, name)
+            await self._notify(name, False, f"reload failed: {type(exc).__name__}: {exc}")
             return False
         self.loaded = loaded
         snapshot = self.state.current
@@ -186,8 +231,13 @@ class Agent:
                 log.exception("event=config-listener-failed")
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
+        """Reload when the config's fingerprint changes and then holds still for one more
+        tick: a file caught half-written (a writer that truncates, then writes) is never
+        taken as a config. A path that goes missing, dangles or loops changes the
+        fingerprint too, so it is rejected (logged, an Event) once, and the plan stays."""
         assert self.loaded is not None
         fingerprint = self.loaded.fingerprint
+        pending: object = None
         while not stop.is_set():
             label_changed = await self._wait_label_or_tick(stop)
             if stop.is_set():
@@ -195,10 +245,15 @@ class Agent:
             new_fp = await asyncio.to_thread(current_fingerprint, self.settings)
             if label_changed:
                 await self.reload("node-label")
-                fingerprint = new_fp
+                fingerprint, pending = new_fp, None
             elif new_fp != fingerprint and new_fp:
-                fingerprint = new_fp
-                await self.reload("config-file")
+                if new_fp != pending:
+                    pending = new_fp  # changed: take it once it is the same a tick later
+                    continue
+                fingerprint, pending = new_fp, None
+                await self.reload("config-file", expect=new_fp)
+                if self.unsettled:
+                    fingerprint = self.loaded.fingerprint  # differs: looked at again
 
     async def _wait_label_or_tick(self, stop: asyncio.Event) -> bool:
         """Sleep one reload interval, or less if the node's config label changes."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from gpuslice.agent.settings import (
     AgentSettings,
     GuardSettings,
 )
+from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
@@ -306,6 +305,22 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     show_default=True,
 )
 @click.option("-v", "--verbose", is_flag=True, default=False)
+@click.option(
+    "--shutdown-grace",
+    envvar="GPUSLICE_SHUTDOWN_GRACE",
+    type=click.FloatRange(min=0.1),
+    default=SHUTDOWN_GRACE_S,
+    hidden=True,
+    help="Seconds after SIGTERM before a hard exit (tests shorten it).",
+)
+@click.option(
+    "--config-poll-interval",
+    envvar="GPUSLICE_CONFIG_POLL_INTERVAL",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    hidden=True,
+    help="Seconds between checks of the config path for changes (tests shorten it).",
+)
 @click.pass_context
 @reports_errors
 def plugin(ctx: click.Context, /, **params: Any) -> None:
@@ -348,23 +363,26 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         mps_health_interval_s=params["mps_health_interval"],
         kubeconfig=params["kubeconfig"],
         memory_guard=_guard_settings(params),
+        reload_interval_s=params["config_poll_interval"],
     )
-    asyncio.run(_serve(settings))
+    asyncio.run(_serve(settings, params["shutdown_grace"]))
 
 
-async def _serve(settings: AgentSettings) -> None:
+async def _serve(settings: AgentSettings, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # a real signal handler, not loop.add_signal_handler: it must work while the loop is
+    # blocked (agent.watchdog says why)
+    install_shutdown_signals(loop, stop, grace_s)
+    watchdog = LoopWatchdog(loop)
+    watchdog.start()
+    try:
+        await _run_agent(settings, stop)
+    finally:
+        watchdog.stop()
 
-    def on_signal(signum: int) -> None:
-        logging.getLogger("gpuslice").info("event=signal signal=%s", signal.Signals(signum).name)
-        stop.set()
-        timer = threading.Timer(SHUTDOWN_GRACE_S, lambda: os._exit(1))
-        timer.daemon = True
-        timer.start()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        loop.add_signal_handler(sig, on_signal, sig)
+async def _run_agent(settings: AgentSettings, stop: asyncio.Event) -> None:
     agent: Agent | None = None
     try:
         async with build_agent(settings) as agent:
