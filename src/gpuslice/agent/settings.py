@@ -42,8 +42,10 @@ class AgentSettings:
     reload_interval_s: float = 1.0
     """How often config files are checked for changes (seconds). ConfigMap volumes update
     within about a minute; one second keeps the agent's own delay negligible."""
-    health_poll_s: float = 0.5
-    """Longest wait of one blocking health-event call (seconds); bounds shutdown latency."""
+    health_poll_s: float = 30.0
+    """Longest wait of one blocking health-event call (seconds). Shutdown does not wait for
+    it (closing the backend wakes the waiting thread), so it only sets how often an idle
+    daemon wakes up for nothing."""
     disable_healthchecks: str | None = None
     """`DP_DISABLE_HEALTHCHECKS`."""
     enable_healthchecks: str | None = None
