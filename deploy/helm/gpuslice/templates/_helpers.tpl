@@ -77,3 +77,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Host PID namespace: only for per-pod attribution (metrics.hostPID) or the MPS control
+daemon (mps.enabled with mps.enableHostPID).
+*/}}
+{{- define "gpuslice.hostPID" -}}
+{{- or (and .Values.metrics.enabled .Values.metrics.hostPID) (and .Values.mps.enabled .Values.mps.enableHostPID) -}}
+{{- end }}
+
+{{/*
+The container's securityContext: `securityContext` when set; privileged with mps.enabled
+(compute modes, the MPS control daemon); otherwise nothing beyond running as root, which
+the root-owned host directories (device-plugins, features.d) need for writing.
+*/}}
+{{- define "gpuslice.securityContext" -}}
+{{- if .Values.securityContext }}
+{{- toYaml .Values.securityContext }}
+{{- else if .Values.mps.enabled }}
+privileged: true
+readOnlyRootFilesystem: true
+{{- else }}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsUser: 0
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end }}
