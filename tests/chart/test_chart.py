@@ -81,7 +81,7 @@ def test_daemonset_runs_on_gpu_nodes_like_nvidias() -> None:
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]}
     assert "feature.node.kubernetes.io/pci-10de.present" in keys
-    assert pod["hostPID"] is True
+    assert pod["hostPID"] is False  # least privilege: only asked-for features get it
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {
         "/var/lib/kubelet/device-plugins",
@@ -151,12 +151,14 @@ def test_host_pid_for_attribution_or_mps() -> None:
     def host_pid(**values: Any) -> bool:
         return bool(one(render(**values), "DaemonSet")["spec"]["template"]["spec"]["hostPID"])
 
-    assert host_pid(metrics={"enabled": False}), "the MPS control daemon needs it"
-    assert host_pid(metrics={"enabled": False}, mps={"enableHostPID": False}), "memory guard"
-    assert not host_pid(
-        metrics={"enabled": False}, mps={"enableHostPID": False}, memoryGuard={"mode": "off"}
-    )
-    assert host_pid(mps={"enableHostPID": False}), "per-pod attribution needs it"
+    assert not host_pid(), "nothing asks for it by default"
+    assert host_pid(metrics={"enabled": False}, mps={"enabled": True}), "the MPS daemon needs it"
+    assert not host_pid(metrics={"enabled": False}, mps={"enabled": True, "enableHostPID": False})
+    assert not host_pid(mps={"enableHostPID": True}), "MPS off: its host PID ask is moot"
+    assert host_pid(metrics={"hostPID": True}), "per-pod attribution needs it"
+    assert host_pid(metrics={"enabled": False, "hostPID": True}), "the guard's attribution"
+    assert not host_pid(metrics={"enabled": False, "hostPID": True}, memoryGuard={"mode": "off"})
+    assert host_pid(memoryGuard={"mode": "enforce"}), "an enforcing guard signals host PIDs"
 
 
 def test_service_monitor_only_when_asked() -> None:

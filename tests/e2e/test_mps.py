@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daemon_fixtures import running_daemon
 
 from gpuslice.emulator.admission import AdmissionError
+from gpuslice.mps.control import process_alive
 
 WAIT_S = 15.0
 L40S_MIB = 46068
@@ -93,3 +96,42 @@ async def test_mps_refuses_more_than_one_replica_per_container(sock_dir: Path) -
         with pytest.raises(AdmissionError) as err:
             await kubelet.admit("ml", "greedy", [("main", {"nvidia.com/gpu": 2})])
         assert "maximum request size for shared resources is 1; found 2" in str(err.value)
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A process the agent must never signal (the kubelet, say), planted by a pod."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_pid_planted_by_a_pod_is_never_signalled(
+    sock_dir: Path, bystander: subprocess.Popen[bytes]
+) -> None:
+    """The pipe directory is mounted read-write into pods; its pid file is pod input."""
+    mps_root = sock_dir / "mps"
+    args = ["--mps-root", str(mps_root), "--mps-health-interval", "0.5", "--no-labels"]
+    async with running_daemon(sock_dir, mps_config(4), node="sim:1xl40s", args=args) as node:
+        kubelet = node.kubelet
+        pid_file = mps_root / "nvidia.com/gpu/pipe/nvidia-cuda-mps-control.pid"
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, WAIT_S)
+        # restart: the daemon hangs, a pod has planted the bystander's pid
+        hung = int(pid_file.read_text())
+        os.kill(hung, signal.SIGSTOP)
+        pid_file.write_text(f"{bystander.pid}\n")
+        # the command timeout (10 s), then the quit grace (5 s) pass
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 0, 30)
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 45)
+        assert bystander.poll() is None
+        assert not process_alive(hung)
+        # shutdown: hung again, planted again
+        current = int(pid_file.read_text())
+        assert current != bystander.pid
+        os.kill(current, signal.SIGSTOP)
+        pid_file.write_text(f"{bystander.pid}\n")
+    assert bystander.poll() is None, f"bystander ended with {bystander.returncode}"
+    assert not process_alive(current)  # the hung daemon itself was killed at shutdown

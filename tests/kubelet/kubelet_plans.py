@@ -109,6 +109,7 @@ async def running_node(
     *,
     register: bool = True,
     kubelet_first: bool = True,
+    settings: ManagerSettings = FAST,
 ) -> AsyncIterator[Node]:
     """The plugins and the emulated kubelet in this event loop; everything stopped after."""
     state = PlanState(first_plan, inv)
@@ -121,7 +122,7 @@ async def running_node(
         kubelet_socket=plugin_dir / "kubelet.sock" if register else None,
         logger=logging.getLogger("gpuslice.test.kubelet"),
         dev_nodes_probe=frozenset,
-        settings=FAST,
+        settings=settings,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop), name="test-device-plugins")

@@ -28,6 +28,7 @@ from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.kubelet.state import PlanState
+from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.ports import GpuBackend
 
 log = logging.getLogger("gpuslice.agent")
@@ -287,8 +288,11 @@ class Agent:
     async def _health_loop(self, stop: asyncio.Event) -> None:
         assert self.state is not None
         while not stop.is_set():
-            event = await asyncio.to_thread(
-                self.backend.wait_health_event, self.settings.health_poll_s
+            # The loop leaves at once on stop; the thread still waiting is woken when the
+            # backend is closed, so the wait can be long and the idle daemon stays asleep.
+            event = await unless_stopped(
+                stop,
+                asyncio.to_thread(self.backend.wait_health_event, self.settings.health_poll_s),
             )
             if event is None:
                 continue

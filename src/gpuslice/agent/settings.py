@@ -68,8 +68,10 @@ class AgentSettings:
     inventory_interval_s: float = 30.0
     """How often the GPU inventory is re-read (seconds), so MIG mode and layout changes made
     on a running node (`nvidia-smi mig -cgi`, mig-parted) are re-planned without a restart."""
-    health_poll_s: float = 0.5
-    """Longest wait of one blocking health-event call (seconds); bounds shutdown latency."""
+    health_poll_s: float = 30.0
+    """Longest wait of one blocking health-event call (seconds). Shutdown does not wait for
+    it (closing the backend wakes the waiting thread), so it only sets how often an idle
+    daemon wakes up for nothing."""
     disable_healthchecks: str | None = None
     """`DP_DISABLE_HEALTHCHECKS`."""
     enable_healthchecks: str | None = None

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 
 from gpuslice.kubelet.convert import register_request
+from gpuslice.kubelet.dirwatch import DirWatch
 from gpuslice.kubelet.registration import Backoff, register_until_done
 from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
 from gpuslice.kubelet.servicer import (
@@ -41,7 +42,11 @@ class ManagerSettings:
     ready_timeout_s: float = 5.0
     """Seconds to wait for our own socket to answer before registering it (NVIDIA: 5 s)."""
     watch_interval_s: float = 0.15
-    """How often the kubelet's and our sockets are checked for being recreated or deleted."""
+    """How often the kubelet's and our sockets are checked for being recreated or deleted,
+    where the directory cannot be watched with inotify."""
+    watched_interval_s: float = 2.0
+    """The safety-net check while inotify watches the directory: changes wake the check at
+    once, this only bounds how long a missed event (a replaced directory) can go unseen."""
     stop_grace_s: float = 2.0
     """Grace for in-flight calls when a server stops (streams end at once on their own)."""
     register_backoff: Backoff = field(default_factory=Backoff)
@@ -160,9 +165,26 @@ class DevicePluginManager:
         socket deleted first, the kubelet's socket recreated later, or both between two
         ticks) ends in exactly one registration with the new kubelet.
         """
-        while not await sleep_unless_stopped(stop, self._settings.watch_interval_s):
-            async with self._lock:
-                await self._check_sockets()
+        watch = DirWatch.open(self._dir)
+        try:
+            while not await self._next_tick(stop, watch):
+                async with self._lock:
+                    await self._check_sockets()
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _next_tick(self, stop: asyncio.Event, watch: DirWatch | None) -> bool:
+        """Wait for a directory change (or the interval); True when `stop` was set."""
+        if watch is None:
+            return await sleep_unless_stopped(stop, self._settings.watch_interval_s)
+        if not watch.armed:
+            watch.rearm()
+        interval = (
+            self._settings.watched_interval_s if watch.armed else self._settings.watch_interval_s
+        )
+        woke = await unless_stopped(stop, _wait_changed(watch, interval))
+        return woke is None or stop.is_set()
 
     async def _check_sockets(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -289,3 +311,13 @@ class DevicePluginManager:
         plugin = self._plugins.pop(name)
         await self._stop_server(plugin)
         self._log.info("event=stopped resource=%s socket=%s", name, plugin.socket.name)
+
+
+async def _wait_changed(watch: DirWatch, interval_s: float) -> bool:
+    """True when the directory changed within `interval_s`; clears the flag for the next."""
+    try:
+        await asyncio.wait_for(watch.changed.wait(), interval_s)
+    except TimeoutError:
+        return False
+    watch.changed.clear()
+    return True

@@ -29,6 +29,7 @@ from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_alloca
 from gpuslice.core.allocation.validation import device_lookup
 from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AdvertisedDevice
+from gpuslice.core.text import shown
 from gpuslice.kubelet.convert import allocation_to_proto, device_list, plugin_options
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.state import PlanState, Snapshot
@@ -185,7 +186,7 @@ class DevicePluginServicer:
         self._observe(error is None, started)
         if error is not None:
             await context.abort(*error)
-        ids = ",".join(i for r in request.container_requests for i in r.devices_ids)
+        ids = ",".join(shown(i) for r in request.container_requests for i in r.devices_ids)
         self._log.info("event=allocated resource=%s devices=%s", self._name, ids)
         return api.AllocateResponse(container_responses=responses)
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.mps.identity import DaemonHandle, IdentityError, boot_ticks, executable_key
 from gpuslice.mps.process import MpsError, run_program
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -63,6 +64,7 @@ class ControlProgram:
         env: Mapping[str, str] | None = None,
         timeout_s: float = 10.0,
         quit_grace_s: float = 5.0,
+        logger: logging.Logger | None = None,
     ) -> None:
         if not command:
             raise ValueError("the MPS control command must not be empty")
@@ -76,6 +78,9 @@ class ControlProgram:
         }
         self._timeout_s = timeout_s
         self._quit_grace_s = quit_grace_s
+        self._log = logger or logging.getLogger("gpuslice.mps")
+        self._daemon: DaemonHandle | None = None
+        """The daemon this object started, pinned by a pidfd; the only process it signals."""
 
     @classmethod
     def factory(
@@ -101,16 +106,38 @@ class ControlProgram:
         return make
 
     async def start_daemon(self) -> None:
+        """`-d`, then pin the daemon it left: see `gpuslice.mps.identity` for why."""
+        not_before = boot_ticks()
         done = await run_program(
             (*self._command, "-d"), env=self._env, stdin_text=None, timeout_s=self._timeout_s
         )
         if done.returncode != 0:
             detail = done.stderr or done.stdout or "no output"
             raise MpsError(f"`{self._shown} -d` exited with status {done.returncode}: {detail}")
+        self._adopt(not_before)
 
-    async def send(self, command: str) -> str:
+    def _adopt(self, not_before: int) -> None:
+        if self._daemon is not None:
+            self._daemon.close()
+            self._daemon = None
+        try:
+            text = (self.pipe_dir / PID_FILE).read_text()[:64]
+            self._daemon = DaemonHandle.adopt(
+                text, not_before=not_before, executable=executable_key(self._command[0])
+            )
+        except (OSError, IdentityError) as exc:
+            self._log.warning(
+                "event=mps_daemon_unidentified pipe_dir=%s action=quit_only_never_signal reason=%r",
+                self.pipe_dir,
+                str(exc),
+            )
+
+    async def send(self, command: str, *, timeout_s: float | None = None) -> str:
         done = await run_program(
-            self._command, env=self._env, stdin_text=command + "\n", timeout_s=self._timeout_s
+            self._command,
+            env=self._env,
+            stdin_text=command + "\n",
+            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
         )
         if done.returncode != 0:
             detail = done.stderr or done.stdout or "no output"
@@ -120,25 +147,38 @@ class ControlProgram:
         return done.stdout
 
     async def terminate(self) -> None:
-        """`quit`, then SIGKILL whatever the pid file still names after the grace period.
+        """`quit`, then SIGKILL the daemon this object started if it outlives the grace period.
 
-        The pid is only visible where this process shares the daemon's PID namespace
-        (NVIDIA runs its MPS daemon with hostPID for the same reason); elsewhere `quit` is
-        all that can be done.
+        The signal goes through the pidfd taken when the daemon started, never to the pid
+        in the pid file (a pod can write that file). A daemon this object did not start (one
+        left by an earlier agent) is only asked to quit: its identity cannot be established.
         """
-        pid = self.daemon_pid()  # read first: the daemon removes its pid file as it quits
-        with contextlib.suppress(MpsError):  # dead or hung: the pid decides below
-            await self.send("quit")
-        if pid is not None:
-            if not await self._gone(pid, self._quit_grace_s):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                await self._gone(pid, self._quit_grace_s)
-            if not process_alive(pid):
-                (self.pipe_dir / PID_FILE).unlink(missing_ok=True)
+        daemon = self._daemon
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._quit_grace_s  # for `quit` and the exit both
+        with contextlib.suppress(MpsError):  # dead or hung: the pidfd decides below
+            await self.send("quit", timeout_s=self._quit_grace_s)
+        if daemon is None:
+            return
+        if not await daemon.wait_exit(max(0.0, deadline - loop.time())):
+            self._log.warning(
+                "event=mps_daemon_kill pipe_dir=%s pid=%d reason=quit_timeout",
+                self.pipe_dir,
+                daemon.pid,
+            )
+            daemon.kill()
+            await daemon.wait_exit(self._quit_grace_s)
+        if daemon.exited():
+            daemon.close()
+            self._daemon = None
+            (self.pipe_dir / PID_FILE).unlink(missing_ok=True)
 
     def daemon_pid(self) -> int | None:
-        """The pid in the daemon's pid file, if that process still runs."""
+        """The pid in the daemon's pid file, if that process still runs.
+
+        For people and tests looking at a node: anyone who can write the pipe directory
+        can write this number, so nothing here signals it.
+        """
         try:
             pid = int((self.pipe_dir / PID_FILE).read_text().strip())
         except (OSError, ValueError):
@@ -148,13 +188,3 @@ class ControlProgram:
     @property
     def _shown(self) -> str:
         return " ".join(self._command)
-
-    @staticmethod
-    async def _gone(pid: int, within_s: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
-        while process_alive(pid):
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return True

@@ -141,14 +141,21 @@ def _ask(pipe: Path, command: str) -> tuple[bool, str]:
     return status == "ok", text
 
 
+def _answers(pipe: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(str(pipe / SOCKET_NAME))
+        except OSError:
+            return False
+    return True
+
+
 def _daemonize(pipe: Path, log: Path) -> int:
     """`-d`: start the server in its own session and return once it accepts commands."""
     pid_file = pipe / PID_FILE
-    try:
-        old = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        old = 0
-    if old and process_alive(old):
+    # Like the real program, "running" means a daemon answers on the pipe directory; the
+    # pid file is only written for people, and anyone with the directory can write it.
+    if _answers(pipe):
         print("An instance of this daemon is already running", file=sys.stderr)
         return 1
     pid_file.unlink(missing_ok=True)

@@ -78,3 +78,42 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Host PID namespace: only for per-pod attribution (metrics.hostPID, read by the metrics and
+the memory guard), for a memory guard that enforces (it must map the GPU's host PIDs to
+pods and signal them), or for the MPS control daemon (mps.enabled with mps.enableHostPID).
+*/}}
+{{- define "gpuslice.hostPID" -}}
+{{- $attribution := and (or .Values.metrics.enabled (ne .Values.memoryGuard.mode "off")) .Values.metrics.hostPID -}}
+{{- or $attribution (eq .Values.memoryGuard.mode "enforce") (and .Values.mps.enabled .Values.mps.enableHostPID) -}}
+{{- end }}
+
+{{/*
+The container's securityContext: `securityContext` when set; privileged with mps.enabled
+(compute modes, the MPS control daemon); otherwise nothing beyond running as root, which
+the root-owned host directories (device-plugins, features.d) need for writing (the image's
+own default user is non-root), plus CAP_KILL for a memory guard that kills.
+*/}}
+{{- define "gpuslice.securityContext" -}}
+{{- if .Values.securityContext }}
+{{- toYaml .Values.securityContext }}
+{{- else if .Values.mps.enabled }}
+privileged: true
+readOnlyRootFilesystem: true
+runAsUser: 0
+{{- else }}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsUser: 0
+capabilities:
+  drop: ["ALL"]
+  {{- if and (eq .Values.memoryGuard.mode "enforce") (eq .Values.memoryGuard.action "kill") }}
+  # the memory guard signals other pods' GPU processes, which run as other users
+  add: ["KILL"]
+  {{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end }}

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from gpuslice.core.devices import Inventory, Link, P2PLevel
 from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AdvertisedDevice, AllocationPolicy, ResourcePlan
+from gpuslice.core.text import shown_all
 
 P2P_POINTS: dict[P2PLevel, int] = {
     "cross-cpu": 10,
@@ -50,7 +51,8 @@ def preferred_allocation(
 ) -> list[str]:
     """The IDs to prefer: `must_include` first, then the chosen ones.
 
-    AllocationError for IDs the resource does not advertise, or (shared/MIG resources) when
+    AllocationError for IDs the resource does not advertise, for `must_include` IDs missing
+    from `available` (so the answer only ever holds available IDs), or (shared/MIG resources) when
     fewer than `size` devices are available. For whole GPUs an impossible request yields an
     empty list, as NVIDIA's aligned policy does: the kubelet then picks by itself.
     """
@@ -59,12 +61,20 @@ def preferred_allocation(
     }
     unknown = [i for i in (*available, *must_include) if i not in by_id]
     if unknown:
-        names = ", ".join(dict.fromkeys(unknown))
         raise AllocationError(
-            f'preferred allocation for "{resource.name}": unknown device(s): {names}'
+            f'preferred allocation for "{resource.name}": unknown device(s): {shown_all(unknown)}'
         )
     avail = list(dict.fromkeys(available))
     required = list(dict.fromkeys(must_include))
+    offered = set(avail)
+    missing = [i for i in required if i not in offered]
+    if missing:
+        # The kubelet builds must_include from available; an answer holding other IDs
+        # would hand out devices the kubelet does not consider free.
+        raise AllocationError(
+            f'preferred allocation for "{resource.name}": must_include device(s) not in '
+            f"available: {shown_all(missing)}"
+        )
     aligned = all(dev.replica is None and dev.physical.kind == "gpu" for _, dev in by_id.values())
     if aligned:
         return _best_linked(resource, avail, required, size, inventory, by_id)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AdvertisedDevice, ResourcePlan
+from gpuslice.core.text import shown
 
 
 def device_lookup(resource: ResourcePlan) -> dict[str, AdvertisedDevice]:
@@ -54,7 +55,7 @@ def validate_request(
     for device_id in device_ids:
         dev = devices.get(device_id)
         if dev is None:
-            raise request_error(resource, f"unknown device: {device_id}")
+            raise request_error(resource, f"unknown device: {shown(device_id)}")
         if device_id in seen:
             continue  # NVIDIA de-duplicates requested IDs and grants the rest (v0.18.0)
         seen.add(device_id)

@@ -1,0 +1,136 @@
+"""Least privilege in the rendered chart, and the node-patch policy's CEL run with celpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celpy
+import pytest
+from test_chart import one, render
+
+
+def _agent_user() -> str:
+    account = one(render(labels={"mode": "api"}), "ServiceAccount")["metadata"]
+    return f"system:serviceaccount:{account['namespace']}:{account['name']}"
+
+
+SA = _agent_user()
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def container_context(**values: Any) -> dict[str, Any]:
+    ds = one(render(**values), "DaemonSet")
+    [container] = ds["spec"]["template"]["spec"]["containers"]
+    return dict(container["securityContext"])
+
+
+def test_default_is_unprivileged_with_no_capabilities_and_read_only_root() -> None:
+    ctx = container_context()
+    assert ctx["privileged"] is False
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["readOnlyRootFilesystem"] is True
+    ds = one(render(), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} in pod["volumes"]
+    [container] = pod["containers"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def test_mps_asks_for_privilege_and_an_explicit_context_wins() -> None:
+    mps = container_context(mps={"enabled": True})
+    assert mps["privileged"] is True
+    assert mps["runAsUser"] == 0, "the image's default user is not root"
+    assert container_context(securityContext={"runAsUser": 7}) == {"runAsUser": 7}
+
+
+def test_only_a_guard_that_kills_gets_cap_kill() -> None:
+    enforce_kill = container_context(memoryGuard={"mode": "enforce", "action": "kill"})
+    assert enforce_kill["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert enforce_kill["privileged"] is False
+    for guard in ({"mode": "enforce", "action": "evict"}, {"mode": "observe"}):
+        assert container_context(memoryGuard=guard)["capabilities"] == {"drop": ["ALL"]}
+
+
+def policy(**values: Any) -> dict[str, Any]:
+    return one(render(labels={"mode": "api"}, **values), "ValidatingAdmissionPolicy")
+
+
+def test_policy_only_in_api_mode_and_bound() -> None:
+    kinds = {m["kind"] for m in render().manifests}
+    assert "ValidatingAdmissionPolicy" not in kinds
+    result = render(labels={"mode": "api"})
+    binding = one(result, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy()["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    off = render(labels={"mode": "api", "restrictNodePatch": False})
+    assert "ValidatingAdmissionPolicy" not in {m["kind"] for m in off.manifests}
+
+
+def node(name: str, labels: dict[str, str], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec or {"podCIDR": "10.0.0.0/24"},
+    }
+
+
+def request(node_name: str | None, user: str = SA) -> dict[str, Any]:
+    info: dict[str, Any] = {"username": user}
+    if node_name is not None:
+        info["extra"] = {NODE_EXTRA: [node_name]}
+    return {"userInfo": info}
+
+
+def evaluate(
+    expression: str, old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]
+) -> bool:
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    activation = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(req),
+    }
+    result = program.evaluate(activation)
+    assert isinstance(result, celpy.celtypes.BoolType), result
+    return bool(result)
+
+
+def admitted(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> bool:
+    spec = policy()["spec"]
+    [cond] = spec["matchConditions"]
+    if not evaluate(cond["expression"], old, new, req):
+        return True  # not the agent: the policy does not apply
+    return all(evaluate(v["expression"], old, new, req) for v in spec["validations"])
+
+
+BASE = {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.count": "8"}
+
+
+@pytest.mark.parametrize(
+    ("new", "req", "expected"),
+    [
+        # its own node, nvidia.com/ labels added, changed, removed
+        (node("gpu-1", {**BASE, "nvidia.com/gpu.replicas": "4"}), request("gpu-1"), True),
+        (node("gpu-1", {**BASE, "nvidia.com/gpu.count": "4"}), request("gpu-1"), True),
+        (node("gpu-1", {"kubernetes.io/hostname": "gpu-1"}), request("gpu-1"), True),
+        # another node
+        (node("gpu-1", {**BASE, "nvidia.com/x": "1"}), request("gpu-2"), False),
+        # no node in the token (not a bound pod token)
+        (node("gpu-1", {**BASE, "nvidia.com/x": "1"}), request(None), False),
+        # labels outside nvidia.com/: added, changed, removed
+        (node("gpu-1", {**BASE, "team": "x"}), request("gpu-1"), False),
+        (node("gpu-1", {**BASE, "kubernetes.io/hostname": "evil"}), request("gpu-1"), False),
+        (node("gpu-1", {"nvidia.com/gpu.count": "8"}), request("gpu-1"), False),
+        # spec (taints, unschedulable) untouched
+        (
+            node("gpu-1", BASE, {"podCIDR": "10.0.0.0/24", "unschedulable": True}),
+            request("gpu-1"),
+            False,
+        ),
+        # somebody else entirely: not this policy's business
+        (node("gpu-1", {**BASE, "team": "x"}), request("gpu-2", user="kubernetes-admin"), True),
+    ],
+)
+def test_node_patch_policy(new: dict[str, Any], req: dict[str, Any], expected: bool) -> None:
+    assert admitted(node("gpu-1", BASE), new, req) is expected

@@ -1,0 +1,30 @@
+"""The socket watch wakes on inotify: with both poll intervals at ten minutes, a kubelet
+restart and a deleted plugin socket are still noticed (only the directory events can wake
+the watch here)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from kubelet_plans import FAST, gpu, inventory, plan, running_node, whole
+
+from gpuslice.kubelet.dirwatch import DirWatch
+
+GPUS = [gpu(0), gpu(1)]
+GPU = "nvidia.com/gpu"
+NO_POLL = dataclasses.replace(FAST, watch_interval_s=600.0, watched_interval_s=600.0)
+
+
+async def test_changes_wake_the_watch_without_polling(sock_dir: Path) -> None:
+    watch = DirWatch.open(sock_dir)
+    assert watch is not None  # Linux: inotify is there, or the daemon polls every 150 ms
+    watch.close()
+    async with running_node(sock_dir, plan(whole(GPUS)), inventory(GPUS), settings=NO_POLL) as node:
+        k = node.kubelet
+        await k.wait_for(lambda: k.capacity(GPU) == 2, 10)
+        await k.restart()
+        await k.wait_for(lambda: k.registrations[GPU] == 2 and k.capacity(GPU) == 2, 10)
+        (sock_dir / "nvidia-gpu.sock").unlink()
+        await k.wait_for(lambda: k.registrations[GPU] == 3 and k.capacity(GPU) == 2, 10)
+        assert (sock_dir / "nvidia-gpu.sock").is_socket()
