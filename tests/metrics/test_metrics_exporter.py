@@ -281,3 +281,24 @@ async def test_promtool_accepts_a_full_scrape_but_dcgm_camel_case_labels(node: N
     without_dcgm = "\n".join(line for line in text.splitlines() if "DCGM_FI_DEV_" not in line)
     rc, problems = await promtool(without_dcgm + "\n")
     assert (rc, problems) == (0, [])
+
+
+async def test_refresh_loop_skips_while_another_poller_keeps_the_snapshot_fresh(
+    node: Node,
+) -> None:
+    """The memory guard refreshes the same snapshot every second; the exporter's loop must
+    not read NVML and /proc again while that snapshot is younger than its interval."""
+    now = [0.0]
+    node.refresher.monotonic = lambda: now[0]
+    node.refresher.interval_s = 0.01
+    await node.refresher.refresh()  # the other poller, at t=0
+    node.refresher.updated.clear()
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.refresher.run(stop))
+    for _ in range(5):  # several of the loop's own intervals pass; the snapshot stays fresh
+        await asyncio.sleep(0.02)
+    assert not node.refresher.updated.is_set(), "refreshed a snapshot that was still fresh"
+    now[0] = 1.0  # nobody refreshed for 100 intervals: the loop does it again
+    await asyncio.wait_for(node.refresher.updated.wait(), timeout=10)
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)

@@ -101,6 +101,23 @@ def _current_plan(agent: Agent) -> tuple[Plan, Inventory] | None:
     return snap.plan, snap.inventory
 
 
+def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRefresher:
+    """The one attribution poll (NVML processes and telemetry, PodResources, `/proc`) that
+    the exporter and the memory guard share: the guard refreshes it at its own interval,
+    and the exporter's loop only refreshes when nobody did within `metrics_interval_s`."""
+    settings = agent.settings
+    return SnapshotRefresher(
+        backend=agent.backend,
+        assignments=PodResourcesClient(settings.pod_resources_socket),
+        current=lambda: _current_plan(agent),
+        hostname=settings.node_name or socket.gethostname(),
+        proc_root=settings.proc_root,
+        interval_s=settings.metrics_interval_s,
+        pods=pods.uid_map if pods is not None else None,
+        container_names=pods.container_names if pods is not None else None,
+    )
+
+
 def wire_metrics(
     agent: Agent,
     *,
@@ -109,6 +126,7 @@ def wire_metrics(
     pods: NodePods | None = None,
     guard: MemoryGuard | None = None,
     gpu_metrics: bool = True,
+    refresher: SnapshotRefresher | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -119,23 +137,8 @@ def wire_metrics(
     back to the sole holder of a GPU (see `core.attribution`).
     """
     settings = agent.settings
-
-    def current() -> tuple[Plan, Inventory] | None:
-        if agent.state is None:
-            return None
-        snap = agent.state.current
-        return snap.plan, snap.inventory
-
-    refresher = SnapshotRefresher(
-        backend=agent.backend,
-        assignments=PodResourcesClient(settings.pod_resources_socket),
-        current=current,
-        hostname=settings.node_name or socket.gethostname(),
-        proc_root=settings.proc_root,
-        interval_s=settings.metrics_interval_s,
-        pods=pods.uid_map if pods is not None else None,
-        container_names=pods.container_names if pods is not None else None,
-    )
+    if refresher is None:
+        refresher = snapshot_refresher(agent, pods)
     registry, counters = exporter_registry(
         (lambda: refresher.latest) if gpu_metrics else (lambda: None)
     )
@@ -182,9 +185,11 @@ def wire_guard(
     pods: NodePods | None = None,
     client: AsyncClient | None = None,
     run_pods: bool = False,
+    refresher: SnapshotRefresher | None = None,
 ) -> MemoryGuard | None:
-    """The memory guard (docs/memory-guard.md): polls the attribution at its own interval
-    (NVML and /proc only while the plan shares a GPU by time-slicing or MPS), evaluates the
+    """The memory guard (docs/memory-guard.md): refreshes the attribution snapshot it shares
+    with the exporter at its own interval (NVML and /proc only while the plan shares a GPU
+    by time-slicing or MPS; the exporter then reads that snapshot), evaluates the
     pure policy and acts. `pods` names the pods on a shared GPU (without it several pods on
     one GPU cannot be told apart and nobody is reclaimed); `client` posts Events and
     evictions; `run_pods` starts the pod watch when the metrics exporter does not."""
@@ -192,15 +197,7 @@ def wire_guard(
     guard_settings = settings.memory_guard
     if guard_settings.params.mode == "off":
         return None
-    refresher = SnapshotRefresher(
-        backend=agent.backend,
-        assignments=PodResourcesClient(settings.pod_resources_socket),
-        current=lambda: _current_plan(agent),
-        hostname=settings.node_name or socket.gethostname(),
-        proc_root=settings.proc_root,
-        pods=pods.uid_map if pods is not None else None,
-        container_names=pods.container_names if pods is not None else None,
-    )
+    shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
 
     async def read() -> GuardView | None:
         current = _current_plan(agent)
@@ -208,7 +205,7 @@ def wire_guard(
             r.strategy in ("time-slicing", "mps") for r in current[0].resources
         ):
             return None
-        snap = await refresher.refresh()
+        snap = await shared.refresh()
         tenants = tenants_from(snap.attribution)
         pids = [p for t in tenants for p in t.pids]
         identities = await asyncio.to_thread(cgroup_identities, pids, settings.proc_root)
@@ -364,8 +361,13 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
         )
         metrics_on = settings.metrics_port is not None
         node_pods = NodePods(client, settings.node_name) if client is not None else None
+        refresher = snapshot_refresher(agent, node_pods)
         guard = wire_guard(
-            agent, pods=node_pods, client=client, run_pods=not (metrics_on and settings.gpu_metrics)
+            agent,
+            pods=node_pods,
+            client=client,
+            run_pods=not (metrics_on and settings.gpu_metrics),
+            refresher=refresher,
         )
         if settings.metrics_port is not None:
             wire_metrics(
@@ -375,6 +377,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
                 pods=node_pods,
                 guard=guard,
                 gpu_metrics=settings.gpu_metrics,
+                refresher=refresher,
             )
         if settings.labels_mode == "file":
             wire_label_file(agent, settings.labels_file)

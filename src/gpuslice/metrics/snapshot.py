@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -84,6 +85,7 @@ class SnapshotRefresher:
         container_names: Callable[[], Mapping[ContainerId, str] | None] | None = None,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.assignments = assignments
@@ -95,7 +97,10 @@ class SnapshotRefresher:
         self.interval_s = interval_s
         """Seconds between refreshes; scrapes in between see the same snapshot."""
         self.clock = clock
+        self.monotonic = monotonic
+        """Ages snapshots for `fresh` (the wall clock `clock` stamps them for people)."""
         self._latest: MetricsSnapshot | None = None
+        self._refreshed_at = -math.inf
         self._last_assignments: tuple[ContainerDevices, ...] = ()
         self.updated = asyncio.Event()
         """Set after each refresh (tests and `top --watch` wait on it, then clear it)."""
@@ -108,7 +113,8 @@ class SnapshotRefresher:
         reported: set[str] = set()
         while not stop.is_set():
             try:
-                snap = await self.refresh()
+                latest = self._latest
+                snap = latest if latest is not None and self.fresh() else await self.refresh()
             except Exception:
                 log.exception("event=metrics-refresh-failed")
             else:
@@ -118,6 +124,12 @@ class SnapshotRefresher:
                 reported = set(snap.problems)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+    def fresh(self) -> bool:
+        """The latest snapshot is younger than `interval_s`: another poller (the memory
+        guard, which refreshes this same snapshot every second) already did this loop's
+        work, so the loop skips its refresh instead of reading NVML and /proc twice."""
+        return self.monotonic() - self._refreshed_at < self.interval_s
 
     async def refresh(self) -> MetricsSnapshot:
         read = await asyncio.to_thread(self._read_backend)
@@ -157,6 +169,7 @@ class SnapshotRefresher:
             problems=tuple(problems),
         )
         self._latest = snap
+        self._refreshed_at = self.monotonic()
         self.updated.set()
         return snap
 
