@@ -124,7 +124,8 @@ async def test_half_written_config_never_becomes_the_plan(sock_dir: Path) -> Non
         await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 6, WAIT_S)
         seen.add(kubelet.capacity("nvidia.com/gpu"))
         assert 2 not in seen, seen
-        assert "resources=nvidia.com/gpu=2 " not in node.daemon.log() + " "
+        assert 'resources="nvidia.com/gpu=6"' in node.daemon.log()  # the plan line's form
+        assert 'resources="nvidia.com/gpu=2"' not in node.daemon.log()
 
 
 @pytest.mark.parametrize("name", ["utf-16", "huge-integer", "deep-yaml", "fifo", "alias-bomb"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.kubelet.manager import DevicePluginManager, ManagerSettings
 from gpuslice.kubelet.registration import Backoff
 from gpuslice.kubelet.state import PlanState
+from gpuslice.logs import get_logger
 
 FAST = ManagerSettings(
     watch_interval_s=0.05,
@@ -120,7 +120,7 @@ async def running_node(
         state,
         plugin_dir=plugin_dir,
         kubelet_socket=plugin_dir / "kubelet.sock" if register else None,
-        logger=logging.getLogger("gpuslice.test.kubelet"),
+        logger=get_logger("gpuslice.test.kubelet"),
         dev_nodes_probe=frozenset,
         settings=settings,
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import socket
 import time
@@ -39,13 +38,14 @@ from gpuslice.k8s import (
     PodEvictor,
     make_client,
 )
+from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.metrics.status import build_status
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
 
-log = logging.getLogger("gpuslice.agent")
+log = get_logger("gpuslice.agent")
 
 MIB = 1024 * 1024
 
@@ -163,7 +163,7 @@ def wire_metrics(
 
     async def serve(stop: asyncio.Event) -> None:
         async with server:
-            log.info("event=metrics-listening url=%s", server.url)
+            log.info("metrics-listening", url=server.url)
             await stop.wait()
 
     agent.hooks.on_config.append(on_config)
@@ -296,9 +296,9 @@ def wire_label_file(agent: Agent, path: Path | None) -> None:
         where = target()
         try:
             if LabelFile(where).write(labels):
-                log.info("event=labels-written path=%s count=%d", where, len(labels))
+                log.info("labels-written", path=str(where), count=len(labels))
         except OSError as exc:  # a read-only host path must not take the device plugin down
-            log.error("event=labels-write-failed path=%s error=%r", where, str(exc))
+            log.error("labels-write-failed", path=str(where), error=str(exc))
 
     async def publish(labels: dict[str, str]) -> None:
         await asyncio.to_thread(write, labels)
@@ -318,7 +318,7 @@ def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
             await labeler.apply(labels)
         except Exception:
             # the API server being unreachable must not take the device plugin down
-            log.exception("event=labels-patch-failed")
+            log.exception("labels-patch-failed")
 
     _wire_labels(agent, publish)
 

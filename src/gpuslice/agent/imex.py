@@ -9,7 +9,6 @@ adds only the channels found here.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import stat
 from pathlib import Path
 
@@ -17,8 +16,9 @@ from gpuslice.core.allocation.response import imex_channel_path
 from gpuslice.core.config import Config
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.sharing.model import Plan
+from gpuslice.logs import get_logger
 
-log = logging.getLogger("gpuslice.agent")
+log = get_logger("gpuslice.agent")
 
 
 class ImexChannelMissing(GpusliceError):
@@ -47,7 +47,9 @@ def present_channels(config: Config) -> tuple[int, ...]:
                 "`nvidia-modprobe -i`), or set imex.required: false to start without it"
             )
         else:
-            log.warning("event=imex-channel-missing channel=%s path=%s: ignoring it", channel, path)
+            log.warning(
+                "imex-channel-missing", channel=channel, path=str(path), message="ignoring it"
+            )
     return tuple(found)
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gpuslice.agent.runner import Agent
+from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError
 
-log = logging.getLogger("gpuslice.agent")
+log = get_logger("gpuslice.agent")
 
 INVALID_REASON = "MigLayoutInvalid"
 
@@ -56,10 +56,10 @@ async def _watch(agent: Agent, warn: Warn | None, stop: asyncio.Event) -> None:
             inventory = await asyncio.to_thread(agent.backend.inventory)
         except BackendError as exc:
             # a GPU that stops answering is the health loop's business; keep re-reading
-            log.warning("event=inventory-read-failed error=%r", str(exc))
+            log.warning("inventory-read-failed", error=str(exc))
             continue
         if inventory != state.current.inventory:
-            log.info("event=inventory-changed: re-planning")
+            log.info("inventory-changed", message="re-planning")
             await agent.reload("inventory")
 
 
@@ -71,9 +71,9 @@ async def _report_layout(agent: Agent, warn: Warn | None, posted: str | None) ->
     if problem == posted:
         return posted
     if problem is None:
-        log.info("event=mig-layout-valid")
+        log.info("mig-layout-valid")
         return None
-    log.warning("event=mig-layout-invalid problem=%r", problem)
+    log.warning("mig-layout-invalid", problem=problem)
     if warn is not None:
         try:
             await warn(
@@ -84,5 +84,5 @@ async def _report_layout(agent: Agent, warn: Warn | None, posted: str | None) ->
             )
         except Exception:
             # the Events API being down must not stop the inventory from being re-read
-            log.exception("event=mig-layout-warning-failed")
+            log.exception("mig-layout-warning-failed")
     return problem

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,9 +28,10 @@ from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.kubelet.state import PlanState
 from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.logs import get_logger
 from gpuslice.ports import GpuBackend
 
-log = logging.getLogger("gpuslice.agent")
+log = get_logger("gpuslice.agent")
 
 LOAD_TIMEOUT_S = 30.0
 """Longest a config load (read, parse, plan; in a worker thread) may take before it is
@@ -79,7 +79,7 @@ class Agent:
             settings.disable_healthchecks, settings.enable_healthchecks
         )
         for w in policy_warnings:
-            log.warning("event=healthcheck-setting message=%r", w)
+            log.warning("healthcheck-setting", message=w)
         self.health = HealthState()
         self.extra_unhealthy: frozenset[str] = frozenset()
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
@@ -118,7 +118,7 @@ class Agent:
                 source=str(self.settings.config_path or ""),
             ) from None
         except Exception as exc:  # a config must never end the daemon
-            log.exception("event=config-load-unexpected")
+            log.exception("config-load-unexpected")
             raise ConfigError(
                 [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
                 source=str(self.settings.config_path or ""),
@@ -140,16 +140,17 @@ class Agent:
                 )
             except TimeoutError:
                 log.warning(
-                    "event=node-label-unknown label=%s waited_s=%s: planning without it",
-                    self.settings.node_label,
-                    self.settings.initial_label_wait_s,
+                    "node-label-unknown",
+                    label=self.settings.node_label,
+                    waited_s=self.settings.initial_label_wait_s,
+                    message="planning without it",
                 )
         plan, inventory, loaded = await self.initial_plan()
         self.loaded = loaded
         self.state = PlanState(plan, inventory)
         self._log_plan(plan, loaded.name)
         for w in plan.warnings:
-            log.warning("event=plan-warning message=%r", w)
+            log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)
         manager = DevicePluginManager(
@@ -196,17 +197,17 @@ class Agent:
             inventory = await asyncio.to_thread(self.backend.inventory)
             loaded, plan = await self._load(inventory)
             if expect is not None and loaded.fingerprint != expect:
-                log.info("event=config-changed-while-read reason=%s", reason)
+                log.info("config-changed-while-read", reason=reason)
                 self.unsettled = True
                 return False
         except GpusliceError as exc:
             name = self.label_value or self.settings.config_name or "(default)"
-            log.error("event=config-rejected reason=%s config=%s error=%r", reason, name, str(exc))
+            log.error("config-rejected", reason=reason, config=name, error=str(exc))
             await self._notify(name, False, str(exc))
             return False
         except Exception as exc:  # the reload loop must outlive any reload
             name = self.label_value or self.settings.config_name or "(default)"
-            log.exception("event=reload-failed reason=%s config=%s", reason, name)
+            log.exception("reload-failed", reason=reason, config=name)
             await self._notify(name, False, f"reload failed: {type(exc).__name__}: {exc}")
             return False
         self.loaded = loaded
@@ -229,7 +230,7 @@ class Agent:
                 await listener(name, accepted, message)
             except Exception:
                 # a listener (e.g. the Events API being down) must not stop reloads
-                log.exception("event=config-listener-failed")
+                log.exception("config-listener-failed")
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
         """Reload when the config's fingerprint changes and then holds still for one more
@@ -268,7 +269,7 @@ class Agent:
             return False
         if value == self.label_value:
             return False
-        log.info("event=node-label-changed label=%s value=%r", self.settings.node_label, value)
+        log.info("node-label-changed", label=self.settings.node_label, value=value)
         self.label_value = value
         return True
 
@@ -303,19 +304,14 @@ class Agent:
             before = self.health.unhealthy
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:
-                log.info(
-                    "event=health-ignored kind=%s gpu=%s xid=%s",
-                    event.kind,
-                    event.gpu_uuid,
-                    event.xid,
-                )
+                log.info("health-ignored", kind=event.kind, gpu=event.gpu_uuid, xid=event.xid)
                 continue
             log.warning(
-                "event=health-changed kind=%s gpu=%s xid=%s unhealthy=%s",
-                event.kind,
-                event.gpu_uuid,
-                event.xid,
-                ",".join(sorted(self.health.unhealthy)) or "-",
+                "health-changed",
+                kind=event.kind,
+                gpu=event.gpu_uuid,
+                xid=event.xid,
+                unhealthy=",".join(sorted(self.health.unhealthy)) or "-",
             )
             self.state.publish(unhealthy=self._unhealthy())
             for uuid in self.health.unhealthy ^ before:
@@ -327,9 +323,4 @@ class Agent:
     @staticmethod
     def _log_plan(plan: Plan, name: str) -> None:
         counts = " ".join(f"{k}={v}" for k, v in sorted(plan.counts().items())) or "none"
-        log.info(
-            "event=plan config=%s mig_strategy=%s resources=%s",
-            name or "-",
-            plan.mig_strategy,
-            counts,
-        )
+        log.info("plan", config=name or "-", mig_strategy=plan.mig_strategy, resources=counts)

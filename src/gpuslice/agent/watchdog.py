@@ -26,7 +26,9 @@ import time
 import traceback
 from types import FrameType
 
-log = logging.getLogger("gpuslice.agent")
+from gpuslice.logs import get_logger
+
+log = get_logger("gpuslice.agent")
 
 HARD_EXIT_CODE = 1
 """Exit status when the deadline passes before a clean stop (a clean stop exits 0)."""
@@ -48,7 +50,7 @@ def install_shutdown_signals(
             timer = threading.Timer(grace_s, _hard_exit, args=(grace_s,))
             timer.daemon = True
             timer.start()
-        log.info("event=signal signal=%s", signal.Signals(signum).name)
+        log.info("signal", signal=signal.Signals(signum).name)
         # a closed loop raises RuntimeError: the timer still ends the process
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(stop.set)
@@ -58,7 +60,7 @@ def install_shutdown_signals(
 
 
 def _hard_exit(grace_s: float) -> None:
-    log.error("event=hard-exit waited_s=%g: the loop did not stop in time", grace_s)
+    log.error("hard-exit", waited_s=grace_s, message="the loop did not stop in time")
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):  # exiting regardless
             handler.flush()
@@ -107,8 +109,8 @@ class LoopWatchdog:
             frame = sys._current_frames().get(self.loop_thread)
             stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
             log.warning(
-                "event=loop-blocked silent_s=%.1f threshold_s=%g stack=\n%s",
-                silent,
-                self.threshold_s,
-                stack.rstrip(),
+                "loop-blocked",
+                silent_s=round(silent, 1),
+                threshold_s=self.threshold_s,
+                stack=stack.rstrip(),
             )

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import threading
 from itertools import combinations
 from pathlib import Path
@@ -34,9 +33,10 @@ from typing import Any
 
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
+from gpuslice.logs import get_logger
 from gpuslice.ports import NO_INSTANCE, BackendError, GpuProcess, GpuStatus, HealthEvent
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MIB = 1024 * 1024
 
@@ -216,7 +216,7 @@ class NvmlBackend:
                 uuid = str(nv.nvmlDeviceGetUUID(handle))
                 mig_on = self._mig_mode(handle)[0]
             except nv.NVMLError as exc:
-                log.warning("event=nvml-processes-failed error=%s", exc)
+                log.warning("nvml-processes-failed", error=str(exc))
                 continue
             if mig_on:
                 for mig_handle in self._mig_handles(handle):
@@ -237,7 +237,7 @@ class NvmlBackend:
                 uuid = str(nv.nvmlDeviceGetUUID(handle))
                 mem = nv.nvmlDeviceGetMemoryInfo(handle)
             except nv.NVMLError as exc:
-                log.warning("event=nvml-status-failed error=%s", exc)
+                log.warning("nvml-status-failed", error=str(exc))
                 continue
             util = self._optional(nv.nvmlDeviceGetUtilizationRates, handle)
             temp = self._optional(nv.nvmlDeviceGetTemperature, handle, 0)  # NVML_TEMPERATURE_GPU
@@ -268,12 +268,12 @@ class NvmlBackend:
                 try:
                     self._nv.nvmlEventSetFree(self._event_set)
                 except self._nv.NVMLError as exc:
-                    log.debug("event=nvml-eventset-free-failed error=%s", exc)
+                    log.debug("nvml-eventset-free-failed", error=str(exc))
                 self._event_set = None
             try:
                 self._nv.nvmlShutdown()
             except self._nv.NVMLError as exc:
-                log.debug("event=nvml-shutdown-failed error=%s", exc)
+                log.debug("nvml-shutdown-failed", error=str(exc))
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -419,7 +419,7 @@ class NvmlBackend:
         try:
             info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(handle, gi_id))
         except nv.NVMLError as exc:
-            log.debug("event=nvml-gi-info-failed gi=%s error=%s", gi_id, exc)
+            log.debug("nvml-gi-info-failed", gi=gi_id, error=str(exc))
             return (-1, 0, -1)
         return (int(info.placement.start), int(info.placement.size), int(info.profileId))
 
@@ -517,7 +517,7 @@ class NvmlBackend:
         try:
             event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
-            log.warning("event=nvml-health-disabled reason=%s", exc)
+            log.warning("nvml-health-disabled", reason=str(exc))
             return
         wanted = (
             EVENT_XID
@@ -534,12 +534,12 @@ class NvmlBackend:
                 supported = int(nv.nvmlDeviceGetSupportedEventTypes(handle))
                 mask = wanted & supported
                 if not mask & EVENT_XID:
-                    log.warning("event=nvml-health-unsupported gpu=%s (too old?)", uuid)
+                    log.warning("nvml-health-unsupported", gpu=uuid, message="too old?")
                     continue
                 nv.nvmlDeviceRegisterEvents(handle, mask, event_set)
                 registered += 1
             except nv.NVMLError as exc:
-                log.warning("event=nvml-health-register-failed error=%s", exc)
+                log.warning("nvml-health-register-failed", error=str(exc))
         if registered == 0:
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlEventSetFree(event_set)
@@ -568,9 +568,7 @@ class NvmlBackend:
             event_type, event_data, int(data.gpuInstanceId), int(data.computeInstanceId), uuid
         )
         if event is None:
-            log.info(
-                "event=nvml-event-skipped gpu=%s type=0x%x data=%d", uuid, event_type, event_data
-            )
+            log.info("nvml-event-skipped", gpu=uuid, type=f"{event_type:#x}", data=event_data)
         elif event.kind == "xid" and event.xid is not None:
             with self._state_lock:
                 self._last_xid[uuid] = event.xid
@@ -591,7 +589,7 @@ class NvmlBackend:
             except nv.NVMLError:
                 continue
         who = lost or list(self._uuids)
-        log.error("event=nvml-health-failed error=%s lost=%s", exc, ",".join(who))
+        log.error("nvml-health-failed", error=str(exc), lost=",".join(who))
         self._pending.extend(HealthEvent("lost", uuid) for uuid in who)
 
     # -- helpers -------------------------------------------------------------------------

@@ -7,7 +7,6 @@ its default does not, so the file's value (or NVIDIA's default) applies.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -392,11 +391,14 @@ async def _run_agent(settings: AgentSettings, stop: asyncio.Event) -> None:
             raise
         # NVIDIA's behaviour with failOnInitError=false: stay up, so a DaemonSet pod on a
         # node without a usable GPU does not crash-loop; the log says why nothing is served.
-        logging.getLogger("gpuslice").error(
-            "event=init-failed error=%r failOnInitError=false: waiting indefinitely", str(exc)
+        get_logger("gpuslice").error(
+            "init-failed",
+            error=str(exc),
+            failOnInitError=False,
+            message="waiting indefinitely",
         )
         await stop.wait()
-    logging.getLogger("gpuslice").info("event=stopped")
+    get_logger("gpuslice").info("stopped")
 
 
 def _reserve(value: str) -> Reserve:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import stat
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from structlog.stdlib import BoundLogger
 
 from gpuslice.emulator.admission import (
     Admission,
@@ -35,6 +35,7 @@ from gpuslice.kubelet.convert import allocate_request, allocation_from_proto, pr
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import VERSION, DevicePluginClient, registration_handler, unix_target
 from gpuslice.kubelet.sockets import socket_identity
+from gpuslice.logs import get_logger
 from gpuslice.ports import ContainerDevices
 
 __all__ = ["Admission", "AdmissionError", "ContainerAdmission", "KubeletEmulator"]
@@ -70,11 +71,11 @@ class KubeletEmulator:
         plugin_dir: Path,
         *,
         rpc_timeout_s: float = 10.0,
-        logger: logging.Logger | None = None,
+        logger: BoundLogger | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self._timeout = rpc_timeout_s
-        self._log = logger or logging.getLogger("gpuslice.emulator")
+        self._log = logger or get_logger("gpuslice.emulator")
         self._server: grpc.aio.Server | None = None
         self._endpoints: dict[str, _Endpoint] = {}
         self._held: list[_Held] = []
@@ -101,7 +102,7 @@ class KubeletEmulator:
         server.add_insecure_port(unix_target(str(self.socket_path)))
         await server.start()
         self._server = server
-        self._log.info("event=kubelet-started socket=%s", self.socket_path)
+        self._log.info("kubelet-started", socket=str(self.socket_path))
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -143,13 +144,11 @@ class KubeletEmulator:
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 problem = f"failed to dial device plugin {req.endpoint}: {exc!r}"
         if problem is not None:
-            self._log.warning("event=registration-refused error=%r", problem)
+            self._log.warning("registration-refused", error=problem)
             await context.abort(grpc.StatusCode.UNKNOWN, problem)
         self.registrations[req.resource_name] += 1
         self._notify()
-        self._log.info(
-            "event=registration resource=%s endpoint=%s", req.resource_name, req.endpoint
-        )
+        self._log.info("registration", resource=req.resource_name, endpoint=req.endpoint)
         return api.Empty()
 
     async def _connect(self, req: api.RegisterRequest) -> None:
@@ -176,9 +175,7 @@ class KubeletEmulator:
                 endpoint.devices = {d.ID: d.health for d in response.devices}
                 self._notify()
         except grpc.aio.AioRpcError as exc:
-            self._log.info(
-                "event=list-and-watch-ended resource=%s code=%s", endpoint.resource, exc.code()
-            )
+            self._log.info("list-and-watch-ended", resource=endpoint.resource, code=str(exc.code()))
         if self._endpoints.get(endpoint.resource) is endpoint:
             del self._endpoints[endpoint.resource]
             await endpoint.channel.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,8 +31,9 @@ from gpuslice.core.guard import (
 from gpuslice.core.guard.model import GuardAction
 from gpuslice.core.guard.policy import Evaluation
 from gpuslice.guard.signals import ProcessSignaller, Target
+from gpuslice.logs import get_logger
 
-log = logging.getLogger("gpuslice.guard")
+log = get_logger("gpuslice.guard")
 
 MIB = 1024 * 1024
 
@@ -87,19 +87,19 @@ class MemoryGuard:
         if self.params.mode == "off":
             return
         log.info(
-            "event=guard-started mode=%s reserve=%s grace_s=%g interval_s=%g action=%s strict=%s",
-            self.params.mode,
-            self.params.reserve,
-            self.params.grace_s,
-            self.interval_s,
-            self.action,
-            self.params.strict,
+            "guard-started",
+            mode=self.params.mode,
+            reserve=str(self.params.reserve),
+            grace_s=self.params.grace_s,
+            interval_s=self.interval_s,
+            action=self.action,
+            strict=self.params.strict,
         )
         while not stop.is_set():
             try:
                 await self.poll()
             except Exception:
-                log.exception("event=guard-poll-failed")
+                log.exception("guard-poll-failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
 
@@ -142,24 +142,21 @@ class MemoryGuard:
         elif d.kind == "reclaim":
             what = "would-reclaim"
         log.warning(
-            "event=guard-%s namespace=%s pod=%s container=%s gpu=%s uuid=%s used_mib=%d "
-            "share_mib=%d free_mib=%d reserve_mib=%d reason=%s action=%s enforced=%s ok=%s "
-            "pids=%s",
-            d.kind,
-            d.key.namespace,
-            d.key.pod,
-            d.key.container,
-            d.gpu_index,
-            d.gpu_uuid,
-            d.used_bytes // MIB,
-            d.share_bytes // MIB,
-            d.free_bytes // MIB,
-            d.reserve_bytes // MIB,
-            d.reason or "-",
-            what,
-            d.enforced,
-            acted,
-            ",".join(map(str, pids)) or "-",
+            f"guard-{d.kind}",
+            namespace=d.key.namespace,
+            pod=d.key.pod,
+            container=d.key.container,
+            gpu=d.gpu_index,
+            uuid=d.gpu_uuid,
+            used_mib=d.used_bytes // MIB,
+            share_mib=d.share_bytes // MIB,
+            free_mib=d.free_bytes // MIB,
+            reserve_mib=d.reserve_bytes // MIB,
+            reason=d.reason or "-",
+            action=what,
+            enforced=d.enforced,
+            ok=acted,
+            pids=",".join(map(str, pids)) or "-",
         )
         if self.on_decision is not None:
             self.on_decision(d)

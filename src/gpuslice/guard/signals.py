@@ -15,7 +15,6 @@ Three things can go wrong between a poll and a signal, and each is closed here:
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from collections.abc import Iterable
@@ -24,8 +23,9 @@ from pathlib import Path
 from typing import Literal
 
 from gpuslice.core.cgroups import ContainerId, PodUid, parse_cgroup
+from gpuslice.logs import get_logger
 
-log = logging.getLogger("gpuslice.guard")
+log = get_logger("gpuslice.guard")
 
 SkipReason = Literal["gone", "not-in-a-pod", "moved", "own-pod", "unreadable"]
 
@@ -80,11 +80,11 @@ class ProcessSignaller:
             else:
                 skipped.append((pid, reason))
                 log.info(
-                    "event=guard-signal-skipped pid=%d pod_uid=%s signal=%s reason=%s",
-                    pid,
-                    target.pod_uid,
-                    sig.name,
-                    reason,
+                    "guard-signal-skipped",
+                    pid=pid,
+                    pod_uid=target.pod_uid,
+                    signal=sig.name,
+                    reason=reason,
                 )
         return SignalReport(tuple(signalled), tuple(skipped))
 

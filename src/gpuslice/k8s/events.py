@@ -9,7 +9,6 @@ kubelet's recorder does.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,7 +19,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
-log = logging.getLogger(__name__)
+from gpuslice.logs import get_logger
+
+log = get_logger(__name__)
 
 EventType = Literal["Normal", "Warning"]
 MESSAGE_LIMIT = 1024
@@ -97,7 +98,7 @@ class NodeEvents:
             )
             created = await self._client.create(event)
         except Exception as exc:
-            log.warning("event=k8s-event-failed reason=%s error=%r", reason, str(exc))
+            log.warning("k8s-event-failed", reason=reason, error=str(exc))
             self._last = None
             return False
         self._last = key

@@ -9,7 +9,6 @@ event on the same pod bumps its count.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -20,8 +19,9 @@ from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
 from gpuslice.k8s.events import MESSAGE_LIMIT
+from gpuslice.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _utc_now() -> datetime:
@@ -82,7 +82,7 @@ class PodEvents:
             )
             created = await self._client.create(event)
         except Exception as exc:
-            log.warning("event=k8s-event-failed reason=%s pod=%s error=%r", reason, pod, str(exc))
+            log.warning("k8s-event-failed", reason=reason, pod=pod, error=str(exc))
             self._last.pop(where, None)
             return False
         name = created.metadata.name if created.metadata is not None else None
@@ -104,16 +104,14 @@ class PodEvictor:
             await self._client.create(body, name=pod, namespace=namespace)
         except ApiError as exc:
             log.warning(
-                "event=guard-eviction-refused namespace=%s pod=%s status=%s error=%r",
-                namespace,
-                pod,
-                exc.status.code,
-                exc.status.message,
+                "guard-eviction-refused",
+                namespace=namespace,
+                pod=pod,
+                status=exc.status.code,
+                error=exc.status.message,
             )
             return False
         except Exception as exc:
-            log.warning(
-                "event=guard-eviction-failed namespace=%s pod=%s error=%r", namespace, pod, str(exc)
-            )
+            log.warning("guard-eviction-failed", namespace=namespace, pod=pod, error=str(exc))
             return False
         return True

@@ -18,7 +18,6 @@ pods".
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from lightkube.resources.core_v1 import Pod
 
 from gpuslice.core.cgroups import ContainerId, PodUid
 from gpuslice.k8s.watching import Backoff
+from gpuslice.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +163,7 @@ class NodePods:
                     expired_last_time = False
             except _Expired:
                 self.reconnects += 1
-                log.info("event=pod-watch-expired node=%s", self._node)
+                log.info("pod-watch-expired", node=self._node)
                 if not expired_last_time:
                     # The usual cause is a long disconnect; a fresh list fixes it at once.
                     expired_last_time = True
@@ -172,15 +172,15 @@ class NodePods:
                 self.reconnects += 1
                 expired_last_time = False
                 log.warning(
-                    "event=pod-watch-failed node=%s status=%s error=%r",
-                    self._node,
-                    exc.status.code,
-                    exc.status.message,
+                    "pod-watch-failed",
+                    node=self._node,
+                    status=exc.status.code,
+                    error=exc.status.message,
                 )
             except Exception as exc:
                 self.reconnects += 1
                 expired_last_time = False
-                log.warning("event=pod-watch-failed node=%s error=%r", self._node, str(exc))
+                log.warning("pod-watch-failed", node=self._node, error=str(exc))
             await asyncio.sleep(next(delays))
 
     async def _list_then_watch(self) -> AsyncGenerator[None, None]:
@@ -196,7 +196,7 @@ class NodePods:
         self._pods = fresh
         self.lists += 1
         self._publish()
-        log.info("event=pods-listed node=%s pods=%d", self._node, len(fresh))
+        log.info("pods-listed", node=self._node, pods=len(fresh))
         events = self._client.watch(
             Pod,
             namespace=ALL_NS,

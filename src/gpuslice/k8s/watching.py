@@ -10,7 +10,6 @@ re-reading the node so a change made while disconnected is not missed.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -19,8 +18,9 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the kubelet side
+from gpuslice.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class NodeLabelWatcher:
@@ -62,14 +62,14 @@ class NodeLabelWatcher:
             except ApiError as exc:
                 self.reconnects += 1
                 log.warning(
-                    "event=node-watch-failed node=%s status=%s error=%r",
-                    self._node,
-                    exc.status.code,
-                    exc.status.message,
+                    "node-watch-failed",
+                    node=self._node,
+                    status=exc.status.code,
+                    error=exc.status.message,
                 )
             except Exception as exc:
                 self.reconnects += 1
-                log.warning("event=node-watch-failed node=%s error=%r", self._node, str(exc))
+                log.warning("node-watch-failed", node=self._node, error=str(exc))
             await asyncio.sleep(next(delays))
 
     async def _one_watch(self) -> AsyncGenerator[str, None]:
@@ -79,7 +79,7 @@ class NodeLabelWatcher:
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
-            log.warning("event=node-not-found node=%s", self._node)
+            log.warning("node-not-found", node=self._node)
             yield ""
             version = None
         else:

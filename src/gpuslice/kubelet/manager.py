@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from structlog.stdlib import BoundLogger
 
 from gpuslice.kubelet.convert import register_request
 from gpuslice.kubelet.dirwatch import DirWatch
@@ -33,6 +33,7 @@ from gpuslice.kubelet.servicer import (
 from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.kubelet.waiting import sleep_unless_stopped, unless_stopped
+from gpuslice.logs import get_logger
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ class DevicePluginManager:
         *,
         plugin_dir: Path,
         kubelet_socket: Path | None,
-        logger: logging.Logger | None = None,
+        logger: BoundLogger | None = None,
         dev_nodes_probe: Callable[[], frozenset[str]] | None = None,
         settings: ManagerSettings | None = None,
         on_allocate: AllocateObserver | None = None,
@@ -88,7 +89,7 @@ class DevicePluginManager:
         self._state = state
         self._dir = plugin_dir
         self._kubelet_socket = kubelet_socket
-        self._log = logger or logging.getLogger("gpuslice.kubelet")
+        self._log = logger or get_logger("gpuslice.kubelet")
         self._dev_nodes_probe = dev_nodes_probe or existing_dev_nodes
         self._settings = settings or ManagerSettings()
         self._plugins: dict[str, _Plugin] = {}
@@ -119,7 +120,7 @@ class DevicePluginManager:
             async with self._lock:
                 await self._reconcile(snapshot)
             if not self._plugins:
-                self._log.info("event=no-devices message='No devices found. Waiting.'")
+                self._log.info("no-devices", message="No devices found. Waiting.")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._follow_plan(stop, snapshot.version), name="dp-follow-plan")
                 tg.create_task(self._watch_sockets(stop), name="dp-watch-sockets")
@@ -142,7 +143,7 @@ class DevicePluginManager:
     async def _reconcile(self, snapshot: Snapshot) -> None:
         wanted = {r.name: r for r in snapshot.plan.resources if r.devices}
         for name in [n for n in self._plugins if n not in wanted]:
-            self._log.info("event=resource-removed resource=%s", name)
+            self._log.info("resource-removed", resource=name)
             await self._remove(name)
         for name, resource in wanted.items():
             if name in self._plugins:
@@ -150,10 +151,10 @@ class DevicePluginManager:
             plugin = _Plugin(name, self._dir / resource.socket_name, ListingCache(name))
             self._plugins[name] = plugin
             self._log.info(
-                "event=resource-added resource=%s devices=%d socket=%s",
-                name,
-                len(resource.devices),
-                resource.socket_name,
+                "resource-added",
+                resource=name,
+                devices=len(resource.devices),
+                socket=resource.socket_name,
             )
             await self._start(plugin)
 
@@ -195,9 +196,10 @@ class DevicePluginManager:
                     await self._start(plugin)
             elif socket_identity(plugin.socket) != plugin.identity:
                 self._log.warning(
-                    "event=socket-lost resource=%s socket=%s action=recreate",
-                    plugin.resource,
-                    plugin.socket.name,
+                    "socket-lost",
+                    resource=plugin.resource,
+                    socket=plugin.socket.name,
+                    action="recreate",
                 )
                 await self._stop_server(plugin)
                 await self._start(plugin)
@@ -215,8 +217,9 @@ class DevicePluginManager:
         previous, self._kubelet_id = self._kubelet_id, current
         if current is not None and current != previous:
             self._log.info(
-                "event=kubelet-socket-created socket=%s action=register-again",
-                self._kubelet_socket,
+                "kubelet-socket-created",
+                socket=str(self._kubelet_socket),
+                action="register-again",
             )
         return current
 
@@ -231,16 +234,16 @@ class DevicePluginManager:
             delay = self._settings.start_backoff.delay(plugin.failed_starts)
             plugin.retry_at = asyncio.get_running_loop().time() + delay
             self._log.error(
-                "event=serve-failed resource=%s socket=%s retry_in_s=%.1f error=%r",
-                plugin.resource,
-                plugin.socket,
-                delay,
-                str(exc),
+                "serve-failed",
+                resource=plugin.resource,
+                socket=str(plugin.socket),
+                retry_in_s=round(delay, 1),
+                error=str(exc),
             )
             await self._stop_server(plugin)
             return
         plugin.failed_starts = 0
-        self._log.info("event=serving resource=%s socket=%s", plugin.resource, plugin.socket)
+        self._log.info("serving", resource=plugin.resource, socket=str(plugin.socket))
         self._register(plugin)
 
     async def _start_server(self, plugin: _Plugin) -> None:
@@ -310,7 +313,7 @@ class DevicePluginManager:
     async def _remove(self, name: str) -> None:
         plugin = self._plugins.pop(name)
         await self._stop_server(plugin)
-        self._log.info("event=stopped resource=%s socket=%s", name, plugin.socket.name)
+        self._log.info("stopped", resource=name, socket=plugin.socket.name)
 
 
 async def _wait_changed(watch: DirWatch, interval_s: float) -> bool:

@@ -9,10 +9,10 @@ at once rather than after the backoff.
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import grpc
+from structlog.stdlib import BoundLogger
 
 from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the k8s side
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
@@ -49,7 +49,7 @@ async def register_until_done(
     *,
     timeout_s: float,
     backoff: Backoff,
-    logger: logging.Logger,
+    logger: BoundLogger,
     wake: asyncio.Event | None = None,
 ) -> SocketId:
     """Register, retrying with backoff; setting `wake` cuts a backoff wait short.
@@ -70,20 +70,20 @@ async def register_until_done(
         except Exception as exc:  # any failed attempt is retried; the daemon keeps serving
             delay = backoff.delay(attempt)
             logger.warning(
-                "event=register-failed resource=%s socket=%s attempt=%d retry_in_s=%.2f error=%r",
-                request.resource_name,
-                request.endpoint,
-                attempt,
-                delay,
-                str(exc),
+                "register-failed",
+                resource=request.resource_name,
+                socket=request.endpoint,
+                attempt=attempt,
+                retry_in_s=round(delay, 2),
+                error=str(exc),
             )
             await sleep_unless_stopped(wake, delay)
             continue
         logger.info(
-            "event=registered resource=%s socket=%s kubelet=%s attempt=%d",
-            request.resource_name,
-            request.endpoint,
-            kubelet_socket,
-            attempt,
+            "registered",
+            resource=request.resource_name,
+            socket=request.endpoint,
+            kubelet=str(kubelet_socket),
+            attempt=attempt,
         )
         return seen

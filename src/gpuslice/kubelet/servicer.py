@@ -16,13 +16,13 @@ serving.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from uuid import uuid4
 
 import grpc
+from structlog.stdlib import BoundLogger
 
 from gpuslice.core.allocation.preferred import preferred_allocation
 from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_allocation
@@ -76,7 +76,7 @@ class DevicePluginServicer:
         *,
         listing: ListingCache,
         stopping: asyncio.Event,
-        logger: logging.Logger,
+        logger: BoundLogger,
         dev_nodes_probe: Callable[[], frozenset[str]] = existing_dev_nodes,
         on_allocate: AllocateObserver | None = None,
     ) -> None:
@@ -98,7 +98,7 @@ class DevicePluginServicer:
     async def list_and_watch(
         self, request: api.Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        self._log.info("event=list-and-watch-open resource=%s", self._name)
+        self._log.info("list-and-watch-open", resource=self._name)
         snapshot = self._state.current
         sent: bytes | None = None
         try:
@@ -116,7 +116,7 @@ class DevicePluginServicer:
                     return
                 snapshot = newer
         finally:
-            self._log.info("event=list-and-watch-closed resource=%s", self._name)
+            self._log.info("list-and-watch-closed", resource=self._name)
 
     async def get_preferred_allocation(
         self, request: api.PreferredAllocationRequest, context: grpc.aio.ServicerContext
@@ -140,12 +140,10 @@ class DevicePluginServicer:
                 )
                 responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=list(ids)))
         except AllocationError as exc:
-            self._log.warning(
-                "event=preferred-allocation-refused resource=%s error=%r", self._name, str(exc)
-            )
+            self._log.warning("preferred-allocation-refused", resource=self._name, error=str(exc))
             error = (grpc.StatusCode.UNKNOWN, str(exc))
         except Exception as exc:
-            self._log.exception("event=preferred-allocation-failed resource=%s", self._name)
+            self._log.exception("preferred-allocation-failed", resource=self._name)
             error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
         if error is not None:
             await context.abort(*error)
@@ -178,16 +176,16 @@ class DevicePluginServicer:
                 )
                 responses.append(allocation_to_proto(alloc))
         except AllocationError as exc:
-            self._log.warning("event=allocate-refused resource=%s error=%r", self._name, str(exc))
+            self._log.warning("allocate-refused", resource=self._name, error=str(exc))
             error = (grpc.StatusCode.UNKNOWN, str(exc))
         except Exception as exc:
-            self._log.exception("event=allocate-failed resource=%s", self._name)
+            self._log.exception("allocate-failed", resource=self._name)
             error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
         self._observe(error is None, started)
         if error is not None:
             await context.abort(*error)
         ids = ",".join(shown(i) for r in request.container_requests for i in r.devices_ids)
-        self._log.info("event=allocated resource=%s devices=%s", self._name, ids)
+        self._log.info("allocated", resource=self._name, devices=ids)
         return api.AllocateResponse(container_responses=responses)
 
     async def pre_start_container(

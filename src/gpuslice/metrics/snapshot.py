@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import time
 from collections import Counter
@@ -22,10 +21,11 @@ from gpuslice.core.attribution import Attribution, attribute
 from gpuslice.core.cgroups import CgroupIdentity, ContainerId, PodUid
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
+from gpuslice.logs import get_logger
 from gpuslice.metrics.procfs import DEFAULT_PROC_ROOT, cgroup_identities
 from gpuslice.ports import ContainerDevices, GpuBackend, GpuProcess, GpuStatus, PodAssignments
 
-log = logging.getLogger("gpuslice.metrics")
+log = get_logger("gpuslice.metrics")
 
 CurrentPlan = Callable[[], tuple[Plan, Inventory] | None]
 """The plan in force and the inventory it was built from (None before the first plan)."""
@@ -116,11 +116,11 @@ class SnapshotRefresher:
                 latest = self._latest
                 snap = latest if latest is not None and self.fresh() else await self.refresh()
             except Exception:
-                log.exception("event=metrics-refresh-failed")
+                log.exception("metrics-refresh-failed")
             else:
                 # Log a problem when it starts, not on every refresh while it lasts.
                 for problem in sorted(set(snap.problems) - reported):
-                    log.warning("event=metrics-partial problem=%r", problem)
+                    log.warning("metrics-partial", problem=problem)
                 reported = set(snap.problems)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from structlog.stdlib import BoundLogger
+
 from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.logs import get_logger
 from gpuslice.mps.identity import DaemonHandle, IdentityError, boot_ticks, executable_key
 from gpuslice.mps.process import MpsError, run_program
 
@@ -64,7 +66,7 @@ class ControlProgram:
         env: Mapping[str, str] | None = None,
         timeout_s: float = 10.0,
         quit_grace_s: float = 5.0,
-        logger: logging.Logger | None = None,
+        logger: BoundLogger | None = None,
     ) -> None:
         if not command:
             raise ValueError("the MPS control command must not be empty")
@@ -78,7 +80,7 @@ class ControlProgram:
         }
         self._timeout_s = timeout_s
         self._quit_grace_s = quit_grace_s
-        self._log = logger or logging.getLogger("gpuslice.mps")
+        self._log = logger or get_logger("gpuslice.mps")
         self._daemon: DaemonHandle | None = None
         """The daemon this object started, pinned by a pidfd; the only process it signals."""
 
@@ -127,9 +129,10 @@ class ControlProgram:
             )
         except (OSError, IdentityError) as exc:
             self._log.warning(
-                "event=mps_daemon_unidentified pipe_dir=%s action=quit_only_never_signal reason=%r",
-                self.pipe_dir,
-                str(exc),
+                "mps_daemon_unidentified",
+                pipe_dir=str(self.pipe_dir),
+                action="quit_only_never_signal",
+                reason=str(exc),
             )
 
     async def send(self, command: str, *, timeout_s: float | None = None) -> str:
@@ -162,9 +165,10 @@ class ControlProgram:
             return
         if not await daemon.wait_exit(max(0.0, deadline - loop.time())):
             self._log.warning(
-                "event=mps_daemon_kill pipe_dir=%s pid=%d reason=quit_timeout",
-                self.pipe_dir,
-                daemon.pid,
+                "mps_daemon_kill",
+                pipe_dir=str(self.pipe_dir),
+                pid=daemon.pid,
+                reason="quit_timeout",
             )
             daemon.kill()
             await daemon.wait_exit(self._quit_grace_s)

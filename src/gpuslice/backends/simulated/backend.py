@@ -9,7 +9,6 @@ hands each event to exactly one `wait_health_event` call.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import queue
 import threading
@@ -24,9 +23,10 @@ from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDe
 from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus, HealthEvent
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MIB = 1024 * 1024
 
@@ -261,11 +261,11 @@ class SimulatedBackend:
     def _record_deaths(self, uuid: str, died: list[OomDeath]) -> None:
         for death in died:
             log.warning(
-                "event=sim-oom pid=%d gpu=%s wanted_mib=%d free_mib=%d",
-                death.pid,
-                uuid,
-                death.wanted_mib,
-                death.free_mib,
+                "sim-oom",
+                pid=death.pid,
+                gpu=uuid,
+                wanted_mib=death.wanted_mib,
+                free_mib=death.free_mib,
             )
             self._oom.append((uuid, death))
         dead = {d.pid for d in died}

@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuslice.logs import get_logger
+
 ENV_CONTROL_DIR = "GPUSLICE_SIM_CONTROL_DIR"
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class ControlDir:
@@ -193,7 +194,7 @@ def done(path: Path) -> None:
 
 
 def reject(path: Path, reason: str) -> None:
-    log.warning("event=sim-control-rejected file=%s reason=%s", path.name, reason)
+    log.warning("sim-control-rejected", file=path.name, reason=reason)
     try:
         os.replace(path, path.with_suffix(".rejected"))
     except OSError:
