@@ -10,10 +10,19 @@ Baseline, measured in the same run over the same window: a Python process runnin
 asyncio loop that does nothing (`asyncio.run(asyncio.Event().wait())`). Figures are given
 as ratios to it and against the issue's targets (< 0.3 % of one core, < 80 MiB RSS).
 
+Wake-ups: context switches of all the process's threads over the window (per second), a
+count that the clock tick's 10 ms resolution does not blur.
+
 `--sim-control` also gives the simulator a control directory, as the end-to-end tests do
 (it then watches that directory); without it the backend is a plain simulated node.
 
+`--nvml-stand-in` also runs a second daemon, same settings, on `--node nvml`, with
+`bench/nvml_stand_in/` first on its PYTHONPATH: a stand-in `pynvml` modelling 8 idle H100s
+whose event wait sleeps its whole timeout. It measures gpuslice's own wake-ups on the NVML
+path (health wait slices, metrics and guard polls), not the driver's cost of each call.
+
     .venv/bin/python bench/bench_idle.py [--window 20] [--settle 5] [--sim-control]
+        [--nvml-stand-in]
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ CONFIG = (
 )
 TARGET_CPU_PCT = 0.3
 TARGET_RSS_MIB = 80.0
+SIM_NODE = "sim:8xh100-80gb"
+STAND_IN = Path(__file__).resolve().parent / "nvml_stand_in"
 TICK = os.sysconf("SC_CLK_TCK")
 BASELINE = "import asyncio; asyncio.run(asyncio.Event().wait())"
 
@@ -54,76 +65,119 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def wakeups(pid: int) -> int:
+    """Context switches of every thread of `pid` so far: each is a wake-up or a preemption,
+    a count that does not depend on the clock tick's resolution."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text()
+        except OSError:  # the thread ended
+            continue
+        for line in text.splitlines():
+            if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                total += int(line.split()[1])
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-async def run(window_s: float, settle_s: float, sim_control: bool) -> None:
+def daemon_for(work: Path, node: str, env: dict[str, str]) -> DaemonProcess:
+    work.mkdir()
+    (work / "dp").mkdir()
+    (work / "config.yaml").write_text(CONFIG)
+    return DaemonProcess(
+        [
+            "--node",
+            node,
+            "--config-file",
+            str(work / "config.yaml"),
+            "--device-plugin-path",
+            str(work / "dp"),
+            "--labels-file",
+            str(work / "gfd.txt"),
+            "--metrics-port",
+            str(free_port()),
+            "--pod-resources-socket",
+            str(work / "no-kubelet-pr.sock"),
+        ],
+        log_path=work / "daemon.log",
+        env=env,
+    )
+
+
+async def run(window_s: float, settle_s: float, sim_control: bool, nvml_stand_in: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="gsbi-", dir="/tmp") as tmp:
         work = Path(tmp)
-        plugin_dir = work / "dp"
-        plugin_dir.mkdir()
-        (work / "config.yaml").write_text(CONFIG)
-        kubelet = KubeletEmulator(plugin_dir)
-        await kubelet.start()
-        env = {"GPUSLICE_SIM_CONTROL_DIR": str(work / "ctl")} if sim_control else {}
-        daemon = DaemonProcess(
-            [
-                "--node",
-                "sim:8xh100-80gb",
-                "--config-file",
-                str(work / "config.yaml"),
-                "--device-plugin-path",
-                str(plugin_dir),
-                "--labels-file",
-                str(work / "gfd.txt"),
-                "--metrics-port",
-                str(free_port()),
-                "--pod-resources-socket",
-                str(work / "no-kubelet-pr.sock"),
-            ],
-            log_path=work / "daemon.log",
-            env=env,
-        )
+        sim_env = {"GPUSLICE_SIM_CONTROL_DIR": str(work / "ctl")} if sim_control else {}
+        daemons = {"simulated (sim:8xh100-80gb)": daemon_for(work / "sim", SIM_NODE, sim_env)}
+        if nvml_stand_in:
+            path = os.pathsep.join(
+                p for p in (str(STAND_IN), os.environ.get("PYTHONPATH", "")) if p
+            )
+            daemons["nvml (pynvml stand-in)"] = daemon_for(
+                work / "nvml", "nvml", {"PYTHONPATH": path}
+            )
+        # one kubelet per daemon: each registers the same resource name
+        kubelets = {name: KubeletEmulator(d.log_path.parent / "dp") for name, d in daemons.items()}
+        for kubelet in kubelets.values():
+            await kubelet.start()
         baseline = await asyncio.create_subprocess_exec(sys.executable, "-c", BASELINE)
-        await daemon.start()
+        codes: dict[str, int] = {}
         try:
-            await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == DEVICES, 60)
+            for daemon in daemons.values():
+                await daemon.start()
+            for kubelet in kubelets.values():
+                await kubelet.wait_for(lambda k=kubelet: k.allocatable(RESOURCE) == DEVICES, 60)
             await asyncio.sleep(settle_s)
-            assert daemon.proc is not None
-            pid = daemon.proc.pid
-            d0, b0, t0 = cpu_ticks(pid), cpu_ticks(baseline.pid), time.monotonic()
+            pids = {name: d.proc.pid for name, d in daemons.items() if d.proc is not None}
+            b0, t0 = cpu_ticks(baseline.pid), time.monotonic()
+            before = {name: cpu_ticks(pid) for name, pid in pids.items()}
+            w0 = {name: wakeups(pid) for name, pid in pids.items()}
+            bw0 = wakeups(baseline.pid)
             await asyncio.sleep(window_s)
-            d1, b1, t1 = cpu_ticks(pid), cpu_ticks(baseline.pid), time.monotonic()
-            d_rss, b_rss = rss_mib(pid), rss_mib(baseline.pid)
+            bw1 = wakeups(baseline.pid)
+            w1 = {name: wakeups(pid) for name, pid in pids.items()}
+            after = {name: cpu_ticks(pid) for name, pid in pids.items()}
+            b1, t1 = cpu_ticks(baseline.pid), time.monotonic()
+            rss = {name: rss_mib(pid) for name, pid in pids.items()}
+            b_rss = rss_mib(baseline.pid)
         finally:
             baseline.kill()
             await baseline.wait()
-            code = await daemon.terminate()
-            await kubelet.stop()
-        if code != 0:
-            print(daemon.log(), file=sys.stderr)
+            for name, daemon in daemons.items():
+                codes[name] = await daemon.terminate()
+            for kubelet in kubelets.values():
+                await kubelet.stop()
+            for name, daemon in daemons.items():
+                if codes.get(name) != 0:
+                    print(f"--- {name} exited {codes.get(name)}:", file=sys.stderr)
+                    print(daemon.log(), file=sys.stderr)
     elapsed = t1 - t0
-    d_cpu = (d1 - d0) / TICK / elapsed * 100
     b_cpu = (b1 - b0) / TICK / elapsed * 100
     resolution = 1 / TICK / elapsed * 100
-    mode = "with simulator control dir" if sim_control else "plain simulated node"
+    mode = "simulator with control dir" if sim_control else "plain simulated node"
     print(f"idle {elapsed:.1f} s, 8 x H100 x 128 replicas = {DEVICES} devices, metrics on, {mode}")
     print(f"(CPU resolution: one tick = {resolution:.3f} % of one core over this window)")
-    print(f"{'':<34} {'CPU % core':>10} {'RSS MiB':>9}")
-    print(f"{'baseline: idle asyncio process':<34} {b_cpu:10.3f} {b_rss:9.1f}")
-    print(f"{'gpuslice plugin daemon':<34} {d_cpu:10.3f} {d_rss:9.1f}")
-    cpu_ratio = d_cpu / b_cpu if b_cpu > 0 else float("inf")
-    print(
-        f"daemon / baseline: CPU {cpu_ratio:.1f}x (baseline ticks {b1 - b0}), "
-        f"RSS {d_rss / b_rss:.2f}x"
-    )
-    print(
-        f"daemon / target: CPU {d_cpu / TARGET_CPU_PCT:.2f}x of {TARGET_CPU_PCT} %, "
-        f"RSS {d_rss / TARGET_RSS_MIB:.2f}x of {TARGET_RSS_MIB:g} MiB"
-    )
+    print(f"{'':<38} {'CPU % core':>10} {'RSS MiB':>9} {'wakes/s':>8}")
+    b_wakes = (bw1 - bw0) / elapsed
+    print(f"{'baseline: idle asyncio process':<38} {b_cpu:10.3f} {b_rss:9.1f} {b_wakes:8.1f}")
+    for name in pids:
+        d_cpu = (after[name] - before[name]) / TICK / elapsed * 100
+        d_rss = rss[name]
+        cpu_ratio = d_cpu / b_cpu if b_cpu > 0 else float("inf")
+        d_wakes = (w1[name] - w0[name]) / elapsed
+        print(f"{'daemon, ' + name:<38} {d_cpu:10.3f} {d_rss:9.1f} {d_wakes:8.1f}")
+        print(
+            f"  / baseline: CPU {cpu_ratio:.1f}x (ticks {after[name] - before[name]} vs "
+            f"{b1 - b0}), RSS {d_rss / b_rss:.2f}x; / target: CPU "
+            f"{d_cpu / TARGET_CPU_PCT:.2f}x of {TARGET_CPU_PCT} %, "
+            f"RSS {d_rss / TARGET_RSS_MIB:.2f}x of {TARGET_RSS_MIB:g} MiB"
+        )
 
 
 def main() -> None:
@@ -131,10 +185,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--sim-control", action="store_true")
+    parser.add_argument(
+        "--nvml-stand-in",
+        action="store_true",
+        help="also measure a daemon on --node nvml over bench/nvml_stand_in/pynvml.py",
+    )
     args = parser.parse_args()
     if args.window <= 0 or args.settle < 0:
         parser.error("--window must be > 0 and --settle >= 0")
-    asyncio.run(run(args.window, args.settle, args.sim_control))
+    asyncio.run(run(args.window, args.settle, args.sim_control, args.nvml_stand_in))
 
 
 if __name__ == "__main__":

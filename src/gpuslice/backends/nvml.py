@@ -17,6 +17,9 @@ Choices worth knowing:
 - A device that NVML reports lost (GpuIsLost from a wait, or a GpuUnavailableError event)
   becomes `lost`. Any other wait failure, or an event whose device cannot be named, marks
   every GPU `lost`, as NVIDIA marks every device unhealthy in that case.
+- Events are waited for by a daemon thread of the backend's own (`_watch`) in long slices
+  and handed to `wait_health_event` through a condition, so an idle daemon wakes once per
+  WAIT_SLICE_S for NVML and `close()` (and the process exit) never wait on an NVML wait.
 - SM counts of whole GPUs: NVML's attribute query is for MIG devices; for a whole GPU we use
   it where the driver answers, else CUDA cores / cores per SM of the architecture.
 - MIG profile names are rebuilt from the GI profile (see `backends.mignames`).
@@ -49,8 +52,15 @@ EVENT_MIG_CONFIG_CHANGE = 0x100
 """`nvmlEventMigConfigChange`: GPU or compute instances created or destroyed."""
 RECOVERY_ACTION_NONE = 0
 
-WAIT_SLICE_S = 0.5
-"""Longest single NVML wait, so `close()` never waits long for a waiting thread."""
+WAIT_SLICE_S = 10.0
+"""Longest single NVML wait of the watcher thread. Nothing can cut a wait short from another
+thread, so each slice's end wakes an idle daemon for nothing; it was 0.5 s while the agent's
+own thread waited here and `close()` had to wait for it (two wake-ups a second, idle). Now
+the watcher is a daemon thread that neither `close()` nor the process exit waits for, and the
+slice only bounds how long after `close()` the watcher frees the event set and NVML."""
+
+FAILED_WAIT_PAUSE_S = 1.0
+"""Pause after a failed wait, so a wait that keeps failing at once cannot spin the watcher."""
 
 _TOPOLOGY: dict[int, P2PLevel] = {
     0: "same-board",
@@ -157,8 +167,10 @@ class NvmlBackend:
         self._nv = nv
         self._sys_root = sys_root
         self._closed = False
-        self._wait_lock = threading.Lock()
+        self._released = False
+        self._wait_lock = threading.Lock()  # held by whoever is calling into the event set
         self._state_lock = threading.Lock()
+        self._arrived = threading.Condition()  # guards _pending and _closed
         self._pending: collections.deque[HealthEvent] = collections.deque()
         self._last_xid: dict[str, int] = {}
         self._stop = threading.Event()
@@ -171,6 +183,8 @@ class NvmlBackend:
             raise
         self._event_set: Any = None
         self._start_health()
+        if self._event_set is not None:
+            threading.Thread(target=self._watch, name="nvml-health", daemon=True).start()
 
     @property
     def name(self) -> str:
@@ -190,23 +204,10 @@ class NvmlBackend:
         return Inventory(gpus=gpus, driver_version=driver, cuda_driver_version=cuda, links=links)
 
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
-        if self._pending:
-            return self._pending.popleft()
-        if self._event_set is None:
-            self._stop.wait(max(0.0, timeout_s))
-            return None
-        remaining = max(0.0, timeout_s)
-        while not self._closed:
-            slice_s = min(remaining, WAIT_SLICE_S)
-            event = self._wait_once(slice_s)
-            if event is not None:
-                return event
-            if self._pending:
-                return self._pending.popleft()
-            remaining -= slice_s
-            if remaining <= 0:
-                break
-        return None
+        """Events come from the watcher thread (`_watch`); `close()` wakes this at once."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._pending or self._closed, max(0.0, timeout_s))
+            return self._pending.popleft() if self._pending else None
 
     def processes(self) -> tuple[GpuProcess, ...]:
         nv = self._nv
@@ -259,21 +260,36 @@ class NvmlBackend:
         return tuple(out)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._arrived:
+            if self._closed:
+                return
+            self._closed = True
+            self._arrived.notify_all()
         self._stop.set()
-        with self._wait_lock:  # a waiting thread leaves within WAIT_SLICE_S
-            if self._event_set is not None:
-                try:
-                    self._nv.nvmlEventSetFree(self._event_set)
-                except self._nv.NVMLError as exc:
-                    log.debug("nvml-eventset-free-failed", error=str(exc))
-                self._event_set = None
+        # The event set must not be freed (nor NVML shut down) under a thread waiting on
+        # it. When the watcher is in a wait, it frees both as it leaves (within
+        # WAIT_SLICE_S); closing does not wait for it, so shutdown stays prompt.
+        if self._wait_lock.acquire(blocking=False):
             try:
-                self._nv.nvmlShutdown()
+                self._release()
+            finally:
+                self._wait_lock.release()
+
+    def _release(self) -> None:
+        """Free the event set and shut NVML down, once; the caller holds `_wait_lock`."""
+        if self._released:
+            return
+        self._released = True
+        if self._event_set is not None:
+            try:
+                self._nv.nvmlEventSetFree(self._event_set)
             except self._nv.NVMLError as exc:
-                log.debug("nvml-shutdown-failed", error=str(exc))
+                log.debug("nvml-eventset-free-failed", error=str(exc))
+            self._event_set = None
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError as exc:
+            log.debug("nvml-shutdown-failed", error=str(exc))
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -546,23 +562,39 @@ class NvmlBackend:
             return
         self._event_set = event_set
 
-    def _wait_once(self, timeout_s: float) -> HealthEvent | None:
+    def _watch(self) -> None:
+        """The health thread: waits on the event set in slices until closed, then frees it.
+
+        A thread of its own (a daemon thread) rather than the caller of `wait_health_event`,
+        because an NVML wait cannot be interrupted: the agent's thread and the process exit
+        would otherwise wait for the slice to end, which forced short slices.
+        """
+        while True:
+            with self._wait_lock:
+                if self._closed:
+                    self._release()
+                    return
+                events, failed = self._wait_once(WAIT_SLICE_S)
+            if events:
+                with self._arrived:
+                    self._pending.extend(events)
+                    self._arrived.notify_all()
+            if failed:
+                self._stop.wait(FAILED_WAIT_PAUSE_S)
+
+    def _wait_once(self, timeout_s: float) -> tuple[list[HealthEvent], bool]:
+        """The events of one wait, and whether it failed; the caller holds `_wait_lock`."""
         nv = self._nv
-        with self._wait_lock:
-            if self._closed or self._event_set is None:
-                return None
-            try:
-                data = nv.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
-            except nv.NVMLError_Timeout:
-                return None
-            except nv.NVMLError as exc:
-                self._lost_after(exc)
-                return None
-            try:
-                uuid = str(nv.nvmlDeviceGetUUID(data.device))
-            except nv.NVMLError as exc:
-                self._lost_after(exc)
-                return None
+        try:
+            data = nv.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+        except nv.NVMLError_Timeout:
+            return [], False
+        except nv.NVMLError as exc:
+            return self._lost_after(exc), True
+        try:
+            uuid = str(nv.nvmlDeviceGetUUID(data.device))
+        except nv.NVMLError as exc:
+            return self._lost_after(exc), True
         event_type, event_data = int(data.eventType), int(data.eventData)
         event = translate_event(
             event_type, event_data, int(data.gpuInstanceId), int(data.computeInstanceId), uuid
@@ -572,9 +604,9 @@ class NvmlBackend:
         elif event.kind == "xid" and event.xid is not None:
             with self._state_lock:
                 self._last_xid[uuid] = event.xid
-        return event
+        return ([] if event is None else [event]), False
 
-    def _lost_after(self, exc: Exception) -> None:
+    def _lost_after(self, exc: Exception) -> list[HealthEvent]:
         """Queue `lost` for the GPUs that stopped answering; all of them if none can be told.
 
         A failed wait does not say which device failed, so each GPU is asked once.
@@ -590,7 +622,7 @@ class NvmlBackend:
                 continue
         who = lost or list(self._uuids)
         log.error("nvml-health-failed", error=str(exc), lost=",".join(who))
-        self._pending.extend(HealthEvent("lost", uuid) for uuid in who)
+        return [HealthEvent("lost", uuid) for uuid in who]
 
     # -- helpers -------------------------------------------------------------------------
 
