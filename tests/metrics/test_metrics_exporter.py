@@ -302,3 +302,49 @@ async def test_refresh_loop_skips_while_another_poller_keeps_the_snapshot_fresh(
     await asyncio.wait_for(node.refresher.updated.wait(), timeout=10)
     stop.set()
     await asyncio.wait_for(task, timeout=10)
+
+
+async def test_an_idle_node_asks_the_kubelet_once_per_interval_not_every_refresh(
+    node: Node,
+) -> None:
+    """With no process on any GPU there is nobody to attribute: the guard's 1 s refreshes
+    reuse the last assignment list until it is `interval_s` old. A GPU process appearing
+    makes the next refresh ask at once, so a new pod is never attributed from a stale list,
+    and the refresh after the last busy one asks again, so an ended pod's series go."""
+    asked: list[float] = []
+    client = node.refresher.assignments
+    assert client is not None
+
+    class Counting:
+        async def list_assignments(self) -> tuple[ContainerDevices, ...]:
+            asked.append(now[0])
+            return await client.list_assignments()
+
+    now = [0.0]
+    node.refresher.monotonic = lambda: now[0]
+    node.refresher.interval_s = 10.0
+    node.refresher.assignments = Counting()
+    for t in (0.0, 1.0, 2.0, 9.5):
+        now[0] = t
+        await node.refresher.refresh()
+    assert asked == [0.0]
+    node.books.append(TRAIN)
+    now[0] = 10.0
+    snap = await node.refresher.refresh()
+    assert asked == [0.0, 10.0]
+    assert snap.allocated[SHARED] == 1  # the idle list's age bounds the count's staleness
+    add_pod(node, MPS_JOB, 301, 3)
+    node.backend.gpu_processes = [proc(301, A100_MPS, 1000, sm=10)]
+    now[0] = 11.0
+    snap = await node.refresher.refresh()
+    assert asked == [0.0, 10.0, 11.0]
+    assert pod_value(await node.ascrape(), "gpuslice_pod_memory_used_bytes", "mps-job") == (
+        1000 * MIB
+    )
+    node.books.clear()  # the pod ends: the refresh after the last busy one still asks
+    node.backend.gpu_processes = []
+    for t in (12.0, 13.0):
+        now[0] = t
+        await node.refresher.refresh()
+    assert asked == [0.0, 10.0, 11.0, 12.0]
+    assert pod_value(await node.ascrape(), "gpuslice_pod_entitled_memory_bytes", "mps-job") is None

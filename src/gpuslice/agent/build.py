@@ -208,7 +208,9 @@ def wire_guard(
         snap = await shared.refresh()
         tenants = tenants_from(snap.attribution)
         pids = [p for t in tenants for p in t.pids]
-        identities = await asyncio.to_thread(cgroup_identities, pids, settings.proc_root)
+        identities = (
+            await asyncio.to_thread(cgroup_identities, pids, settings.proc_root) if pids else {}
+        )
         gpus = tuple(
             GpuMemory(
                 g.uuid,

@@ -91,7 +91,9 @@ class LoopWatchdog:
         self._answered = time.monotonic()
 
     def _watch(self) -> None:
-        interval = self.threshold_s / 4
+        # Two pings per threshold (two wake-ups of this thread and of the loop when all is
+        # well): a stall is reported 1.5 to 2 thresholds after it began.
+        interval = self.threshold_s / 2
         reported = False
         while not self._done.wait(interval):
             try:
