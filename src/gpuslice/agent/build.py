@@ -18,16 +18,16 @@ from pathlib import Path
 
 from lightkube import AsyncClient
 
+from gpuslice.agent.guard_view import guard_view_reader
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
-from gpuslice.core.guard import GpuMemory, tenants_from
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
-from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller, own_pod_uid
+from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.k8s import (
     NodeEvents,
@@ -40,14 +40,11 @@ from gpuslice.k8s import (
 )
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
-from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.metrics.status import build_status
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
 from gpuslice.podresources import PodResourcesClient
 
 log = get_logger("gpuslice.agent")
-
-MIB = 1024 * 1024
 
 
 def wire_mps(
@@ -199,28 +196,9 @@ def wire_guard(
         return None
     shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
 
-    async def read() -> GuardView | None:
-        current = _current_plan(agent)
-        if current is None or not any(
-            r.strategy in ("time-slicing", "mps") for r in current[0].resources
-        ):
-            return None
-        snap = await shared.refresh()
-        tenants = tenants_from(snap.attribution)
-        pids = [p for t in tenants for p in t.pids]
-        identities = (
-            await asyncio.to_thread(cgroup_identities, pids, settings.proc_root) if pids else {}
-        )
-        gpus = tuple(
-            GpuMemory(
-                g.uuid,
-                g.index,
-                g.memory_total_mib * MIB,
-                min(g.status.memory_free_mib, g.memory_total_mib) * MIB,
-            )
-            for g in snap.gpus
-        )
-        return GuardView(gpus, tenants, identities)
+    read = guard_view_reader(
+        agent.backend, lambda: _current_plan(agent), shared, settings.proc_root
+    )
 
     guard = MemoryGuard(
         read=read,

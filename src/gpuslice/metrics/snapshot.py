@@ -102,8 +102,6 @@ class SnapshotRefresher:
         self._latest: MetricsSnapshot | None = None
         self._refreshed_at = -math.inf
         self._last_assignments: tuple[ContainerDevices, ...] = ()
-        self._assignments_at = -math.inf
-        self._was_busy = False
         self.updated = asyncio.Event()
         """Set after each refresh (tests and `top --watch` wait on it, then clear it)."""
 
@@ -137,14 +135,13 @@ class SnapshotRefresher:
         read = await asyncio.to_thread(self._read_backend)
         problems = list(read.problems)
         assignments = self._last_assignments
-        if self.assignments is not None and self._ask_kubelet(read.processes):
+        if self.assignments is not None:
             try:
                 assignments = await self.assignments.list_assignments()
             except Exception as exc:
                 problems.append(f"pod assignments unavailable, using the last list: {exc}")
             else:
                 self._last_assignments = assignments
-                self._assignments_at = self.monotonic()
         current = self.current()
         if current is None:
             plan, inventory = Plan(resources=()), None
@@ -175,16 +172,6 @@ class SnapshotRefresher:
         self._refreshed_at = self.monotonic()
         self.updated.set()
         return snap
-
-    def _ask_kubelet(self, processes: tuple[GpuProcess, ...]) -> bool:
-        """Ask PodResources for the assignments while a GPU has processes (or just had),
-        and otherwise once the last list is `interval_s` old: on an idle node the list
-        only feeds the allocation and entitlement series, whose staleness the exporter's
-        own interval bounds anyway, so the memory guard's 1 s polls of an idle node do not
-        call the kubelet every second."""
-        busy = bool(processes)
-        was_busy, self._was_busy = self._was_busy, busy
-        return busy or was_busy or self.monotonic() - self._assignments_at >= self.interval_s
 
     def _read_backend(self) -> _BackendRead:
         """Runs in a worker thread: NVML and `/proc` only."""

@@ -1,0 +1,65 @@
+"""What the memory guard sees at each poll, read from the snapshot it shares with the exporter.
+
+An idle node is the common case and the guard polls every second, so the read starts with
+the cheapest question the backend answers (is any process on a GPU?) and only builds a
+snapshot (telemetry, the kubelet's PodResources list, `/proc`, attribution) when one is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gpuslice.core.guard import GpuMemory, tenants_from
+from gpuslice.guard import GuardView
+from gpuslice.guard.enforcement import ReadView
+from gpuslice.metrics import SnapshotRefresher
+from gpuslice.metrics.procfs import cgroup_identities
+from gpuslice.metrics.snapshot import CurrentPlan
+from gpuslice.ports import GpuBackend
+
+MIB = 1024 * 1024
+GUARDED_STRATEGIES = ("time-slicing", "mps")
+
+IDLE_VIEW = GuardView(gpus=(), tenants=(), identities={})
+"""No process on any GPU: nobody can be over a share, and evaluating this view clears the
+guard's state (a container it was stopping has nothing left to stop)."""
+
+
+def guard_view_reader(
+    backend: GpuBackend, current: CurrentPlan, shared: SnapshotRefresher, proc_root: Path
+) -> ReadView:
+    """The guard's `read`: None while the plan shares no GPU by time-slicing or MPS (MIG
+    and exclusive GPUs are exempt), `IDLE_VIEW` while no GPU has a process, otherwise the
+    GPUs' memory and the attributed tenants from a fresh shared snapshot."""
+
+    async def read() -> GuardView | None:
+        plan = current()
+        if plan is None or not any(r.strategy in GUARDED_STRATEGIES for r in plan[0].resources):
+            return None
+        if not await _any_gpu_process(backend):
+            return IDLE_VIEW
+        snap = await shared.refresh()
+        tenants = tenants_from(snap.attribution)
+        pids = [p for t in tenants for p in t.pids]
+        identities = await asyncio.to_thread(cgroup_identities, pids, proc_root) if pids else {}
+        gpus = tuple(
+            GpuMemory(
+                g.uuid,
+                g.index,
+                g.memory_total_mib * MIB,
+                min(g.status.memory_free_mib, g.memory_total_mib) * MIB,
+            )
+            for g in snap.gpus
+        )
+        return GuardView(gpus, tenants, identities)
+
+    return read
+
+
+async def _any_gpu_process(backend: GpuBackend) -> bool:
+    """A backend that cannot answer counts as busy: the full refresh then reports why."""
+    try:
+        return bool(await asyncio.to_thread(backend.processes))
+    except Exception:
+        return True
