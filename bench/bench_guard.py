@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from gpuslice.backends.simulated.memory import Allocation
-from gpuslice.core.guard import GuardParams, Reserve
+from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.demo.guardsim import SimPod, SimResult, simulate
 
 GPUS = (("T4", 15360), ("A10", 23028), ("L40S", 46068), ("H100", 81559))
@@ -42,6 +42,8 @@ DEFAULT_GRACE_S = GuardParams().grace_s
 UNTIL_S = 90.0
 EXIT_S = 0.2
 """Seconds a signalled process takes to exit and free its memory (guardsim's default)."""
+LOOKAHEAD_S = lookahead_for(INTERVAL_S)
+"""What the agent sets `GuardParams.lookahead_s` to: the poll interval plus 0.25 s."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,13 @@ def scenario(rng: random.Random, multiple: float) -> Scenario:
     return Scenario(total, n, tuple(pods))
 
 
-def run(s: Scenario, mode: str, grace_s: float, phase: float) -> SimResult:
-    params = GuardParams(mode=mode, reserve=RESERVE, grace_s=grace_s)  # type: ignore[arg-type]
+def run(s: Scenario, mode: str, grace_s: float, phase: float, lookahead_s: float) -> SimResult:
+    params = GuardParams(
+        mode=mode,  # type: ignore[arg-type]
+        reserve=RESERVE,
+        grace_s=grace_s,
+        lookahead_s=lookahead_s,
+    )
     return simulate(
         s.total_mib,
         s.replicas,
@@ -117,18 +124,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 scenarios per rate")
     args = ap.parse_args()
     per_rate = 8 if args.quick else args.per_rate
-    modes = (
-        ("off", "off", 0.0),
-        ("observe", "observe", 0.0),
-        ("enforce, grace 0", "enforce", 0.0),
-        (f"enforce, grace {DEFAULT_GRACE_S:g} s", "enforce", DEFAULT_GRACE_S),
+    g = f"grace {DEFAULT_GRACE_S:g} s"
+    modes = (  # label, mode, grace, lookahead (the agent's: poll interval + 0.25 s)
+        ("off", "off", 0.0, 0.0),
+        ("observe", "observe", 0.0, 0.0),
+        ("enforce, grace 0, no projection", "enforce", 0.0, 0.0),
+        (f"enforce, {g}, no projection", "enforce", DEFAULT_GRACE_S, 0.0),
+        ("enforce, grace 0", "enforce", 0.0, LOOKAHEAD_S),
+        (f"enforce, {g}", "enforce", DEFAULT_GRACE_S, LOOKAHEAD_S),
     )
     rng = random.Random(args.seed)
     started = time.perf_counter()
-    lost = {label: dict.fromkeys(MULTIPLES, 0) for label, _, _ in modes}
+    lost = {label: dict.fromkeys(MULTIPLES, 0) for label, *_ in modes}
     total_wb = dict.fromkeys(MULTIPLES, 0)
-    reactions: dict[str, list[float]] = {label: [] for label, _, _ in modes}
-    leakers_stopped = {label: 0 for label, _, _ in modes}
+    reactions: dict[str, list[float]] = {label: [] for label, *_ in modes}
+    leakers_stopped = {label: 0 for label, *_ in modes}
     leakers_total = 0
     for multiple in MULTIPLES:
         for _ in range(per_rate):
@@ -137,8 +147,8 @@ def main() -> None:
             wb = sum(1 for p in s.pods if p.well_behaved)
             total_wb[multiple] += wb
             leakers_total += len(s.pods) - wb
-            for label, mode, grace in modes:
-                r = run(s, mode, grace, phase)
+            for label, mode, grace, lookahead in modes:
+                r = run(s, mode, grace, phase, lookahead)
                 lost[label][multiple] += len(r.lost(s.pods))
                 reactions[label].extend(x / INTERVAL_S for x in r.reactions_s)
                 leakers_stopped[label] += sum(
@@ -154,31 +164,34 @@ def main() -> None:
     )
     print()
     print("well-behaved pods lost to OOM (all rates together):")
-    for label, _, _ in modes:
+    for label, *_ in modes:
         n = sum(lost[label].values())
         stopped = leakers_stopped[label]
         print(
-            f"  {label:<22} {n:>5} / {all_wb} = {n / all_wb:6.1%}   "
+            f"  {label:<34} {n:>5} / {all_wb} = {n / all_wb:6.1%}   "
             f"leakers stopped by the guard: {stopped}/{leakers_total}"
         )
     print()
-    print("reaction, free memory below the reserve -> signal, in poll intervals:")
-    for label, mode, _ in modes:
+    print(
+        "reaction, free memory below the reserve -> signal, in poll intervals "
+        "(leakers stopped before free memory reached the reserve are not counted):"
+    )
+    for label, mode, *_ in modes:
         if mode != "enforce":
             continue
         xs = reactions[label]
         print(
-            f"  {label:<22} p50 {pct(xs, 0.5):.2f}  p99 {pct(xs, 0.99):.2f}  "
+            f"  {label:<34} p50 {pct(xs, 0.5):.2f}  p99 {pct(xs, 0.99):.2f}  "
             f"max {max(xs, default=float('nan')):.2f}  (n={len(xs)})"
         )
     print()
     header = "leak rate (x reserve/interval)"
-    print(f"{header:<32}" + "".join(f"{m:>7g}" for m in MULTIPLES))
-    for label, _, _ in modes:
+    print(f"{header:<44}" + "".join(f"{m:>7g}" for m in MULTIPLES))
+    for label, *_ in modes:
         row = "".join(f"{lost[label][m] / total_wb[m]:>7.1%}" for m in MULTIPLES)
-        print(f"  lost, {label:<24}{row}")
+        print(f"  lost, {label:<36}{row}")
     print()
-    for label, mode, _grace in modes:
+    for label, mode, *_ in modes:
         if mode != "enforce":
             continue
         safe = [m for m in MULTIPLES if all(lost[label][x] == 0 for x in MULTIPLES if x <= m)]
@@ -188,8 +201,10 @@ def main() -> None:
         )
     bound = INTERVAL_S / (INTERVAL_S + EXIT_S)
     print(
-        f"(expected bound: reserve / (interval + exit) = {bound:.2f} x, a signalled process "
-        f"taking {EXIT_S:g} s to free its memory; well-behaved pods ramp at up to 0.05 x each)"
+        f"(without projection the bound is reserve / (interval + exit) = {bound:.2f} x, a "
+        f"signalled process taking {EXIT_S:g} s to free its memory; with it the guard acts on "
+        f"the borrowers' growth {LOOKAHEAD_S:g} s beyond the grace ahead of the crossing; "
+        "well-behaved pods ramp at up to 0.05 x each)"
     )
 
 

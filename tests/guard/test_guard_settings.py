@@ -26,6 +26,7 @@ def test_defaults_observe_with_ten_percent_reserve() -> None:
     assert g.params.mode == "observe"
     assert g.params.reserve == Reserve(fraction=0.10)
     assert (g.params.grace_s, g.interval_s, g.action) == (1.0, 1.0, "kill")
+    assert g.params.lookahead_s == 1.25  # the poll interval plus the exit allowance
     assert g.params.strict is False
     assert g.soft_limits is True
 
@@ -47,6 +48,7 @@ def test_flags() -> None:
     assert g.params.mode == "enforce"
     assert g.params.reserve == Reserve(bytes=4 * GIB)
     assert (g.params.grace_s, g.interval_s, g.action) == (0.5, 0.25, "evict")
+    assert g.params.lookahead_s == 0.5  # follows the interval
     assert g.params.strict is True
     assert g.soft_limits is False
 

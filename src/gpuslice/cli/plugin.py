@@ -27,7 +27,7 @@ from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.guard import GuardParams, Reserve
+from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError
 
@@ -415,6 +415,7 @@ def _guard_settings(params: dict[str, Any]) -> GuardSettings:
             reserve=params["memory_guard_reserve"],
             grace_s=params["memory_guard_grace"],
             strict=params["memory_guard_strict"],
+            lookahead_s=lookahead_for(params["memory_guard_interval"]),
         ),
         interval_s=params["memory_guard_interval"],
         action=params["memory_guard_action"],

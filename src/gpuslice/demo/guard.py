@@ -4,8 +4,9 @@ Seed 001 ran `stress.py` pods (3.7 GiB each) on an L40S with time-slicing and fo
 "the last applications to start talking to the GPU will be the first ones to crash". Here
 nine pods start two seconds apart; `stress-2` leaks 200 MiB/s; the tenth pod starts at
 t=50 s. With the guard off the tenth pod dies of CUDA out-of-memory, though it asks for
-less than its share; with the guard enforcing, `stress-2` is stopped once free memory
-falls below the reserve and every other pod keeps running.
+less than its share; with the guard enforcing, `stress-2` is stopped once its growth would
+take free memory below the reserve before the guard could act again, and every other pod
+keeps running.
 
 The GPU, the plan and the shares are the real ones (`sim:1xl40s`, a time-slicing config
 with 10 replicas); memory and time are simulated (`demo.guardsim`).
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.core.config import parse_config
-from gpuslice.core.guard import GuardParams
+from gpuslice.core.guard import GuardParams, lookahead_for
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.demo.guardsim import SimPod, SimResult, simulate
 
@@ -83,7 +84,12 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
             total,
             device.replicas,
             story,
-            GuardParams(mode=mode, reserve=params.reserve, grace_s=params.grace_s),
+            GuardParams(
+                mode=mode,
+                reserve=params.reserve,
+                grace_s=params.grace_s,
+                lookahead_s=lookahead_for(interval_s),
+            ),
             interval_s=interval_s,
             until_s=UNTIL_S,
         )

@@ -185,6 +185,8 @@ def message(d: Decision, what: str) -> str:
         f"its share is {d.share_bytes // MIB} MiB; {d.free_bytes // MIB} MiB free, "
         f"reserve {d.reserve_bytes // MIB} MiB"
     )
+    if d.borrowing_growth_bytes_per_s > 0 and d.free_bytes >= d.reserve_bytes:
+        head += f", borrowing growing {d.borrowing_growth_bytes_per_s // MIB} MiB/s"
     if d.kind == "over-share":
         return f"{head}: borrowing while memory is free"
     if not d.enforced:

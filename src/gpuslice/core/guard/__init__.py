@@ -8,6 +8,7 @@ from gpuslice.core.guard.model import (
     GuardState,
     Reserve,
     Tenant,
+    lookahead_for,
 )
 from gpuslice.core.guard.policy import Evaluation, evaluate, tenants_from
 
@@ -21,5 +22,6 @@ __all__ = [
     "Reserve",
     "Tenant",
     "evaluate",
+    "lookahead_for",
     "tenants_from",
 ]

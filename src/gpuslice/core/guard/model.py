@@ -106,6 +106,16 @@ _RESERVE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|[KMGT]i(?:B)?|B)?
 _UNITS = {"": 1, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
 
 
+EXIT_ALLOWANCE_S = 0.25
+"""About the time a signalled process takes to exit and free its GPU memory: added to the
+poll interval for `GuardParams.lookahead_s`."""
+
+
+def lookahead_for(interval_s: float) -> float:
+    """The lookahead the agent uses for a poll interval (see `GuardParams.lookahead_s`)."""
+    return interval_s + EXIT_ALLOWANCE_S
+
+
 @dataclass(frozen=True, slots=True)
 class GuardParams:
     mode: GuardMode = "observe"
@@ -126,6 +136,17 @@ class GuardParams:
     strict: bool = False
     """Stop any time-sliced container over its share after the grace, whatever the free
     memory (tenants that must not borrow)."""
+    lookahead_s: float = 1.25
+    """Seconds beyond the grace for which the guard projects each GPU's free memory, at the
+    rate the containers over their share on it grew since the previous poll: a GPU
+    projected to go below the reserve within grace + lookahead is under pressure now (its
+    grace clock starts). Without it a leak is seen up to a poll late and then waits out the
+    grace, so only leaks slower than reserve / (poll + grace + exit time) were safe. Only
+    borrowing is projected: a pod growing within its share (a model loading) is entitled to
+    that memory and does not make a stable borrower a victim early. The agent sets this to
+    the poll interval plus 0.25 s (about the time a signalled process takes to free its
+    memory); 0 turns projection off. The deep-dip shortcut (`critical`) still looks at the
+    memory actually free, and a burst that stops projects nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +163,8 @@ class GuardState:
     reported: frozenset[ContainerKey] = frozenset()
     """Observe mode: would-be victims already reported, not repeated on every poll while
     they stay victims."""
+    last_used: Mapping[tuple[ContainerKey, str], tuple[float, int]] = field(default_factory=dict)
+    """(container, GPU) -> (when, bytes used) at the previous poll: how fast borrowers grow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +183,6 @@ class Decision:
     """False in observe mode and for MPS tenants: the decision is only reported."""
     reason: ReclaimReason | None = None
     pids: tuple[int, ...] = ()
+    borrowing_growth_bytes_per_s: int = 0
+    """How fast the containers over their share on this GPU grew since the previous poll; a
+    reclaim with free memory still above the reserve is one projected to cross it."""

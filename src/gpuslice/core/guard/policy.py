@@ -10,6 +10,10 @@ it is. The policy turns that around:
   critical part of it, when waiting would only let a neighbour fail), containers over their
   share are reclaimed, largest overrun first, until the memory they hold (counted as freed)
   brings free memory back to the reserve;
+* "below the reserve" includes "falling fast enough to be below it within the grace plus
+  the lookahead" (the rate since the previous poll): a poll sees a leak up to one interval
+  late and a reclaim waits out the grace, so without this a leak slower than reserve / poll
+  interval could still cost a neighbour its memory;
 * a container within its share on a GPU is never chosen because of that GPU;
 * `strict` stops any container over its share once the overrun has lasted the grace;
 * a reclaimed container still holding memory after another grace is escalated (SIGKILL);
@@ -23,7 +27,7 @@ GPUs is one victim: stopping it frees its memory on each of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuslice.core.attribution import Attribution
@@ -75,6 +79,7 @@ def evaluate(
     watched = [t for t in tenants if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu]
     if params.mode == "off":
         return Evaluation((), frozenset(), GuardState())
+    growth = _borrowing_growth(watched, state, now)
     enforce = params.mode == "enforce"
     decisions: list[Decision] = []
 
@@ -93,6 +98,7 @@ def evaluate(
                 enforced=enforced,
                 reason=reason,
                 pids=t.pids,
+                borrowing_growth_bytes_per_s=int(growth.get(g.uuid, 0.0)),
             )
         )
 
@@ -135,11 +141,17 @@ def evaluate(
     for key in stopping:
         count_freed(key)
     pressure_since: dict[str, float] = {}
+    # The projection covers the grace too: a reclaim waits out the grace, and the memory
+    # must still be there for the neighbours when it happens.
+    horizon = params.grace_s + params.lookahead_s if params.lookahead_s > 0 else 0.0
+    ahead: dict[str, float] = {}  # free memory one horizon from now, before freeing
     for g in gpu_list:
         reserve = params.reserve.of(g.total_bytes)
         free = g.free_bytes + freeing.get(g.uuid, 0)
+        ahead[g.uuid] = g.free_bytes - growth.get(g.uuid, 0.0) * horizon
+        projected = ahead[g.uuid] + freeing.get(g.uuid, 0)
         release = reserve + int(reserve * params.hysteresis)
-        if free < reserve or (g.uuid in state.pressure_since and free < release):
+        if projected < reserve or (g.uuid in state.pressure_since and free < release):
             pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
 
     reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
@@ -172,7 +184,7 @@ def evaluate(
             key=lambda t: (-t.overrun_bytes, t.key),
         )
         for t in candidates:
-            if g.free_bytes + freeing.get(g.uuid, 0) >= reserve:
+            if ahead[g.uuid] + freeing.get(g.uuid, 0) >= reserve:
                 break
             if t.key in chosen:
                 continue
@@ -187,13 +199,21 @@ def evaluate(
             stopping=stopping,
             escalated=frozenset(escalated),
             reported=frozenset() if enforce else frozenset(chosen),
+            last_used={(t.key, t.gpu_uuid): (now, t.used_bytes) for t in watched},
         ),
     )
 
 
-def over_share_pods(evaluation: Evaluation) -> Mapping[tuple[str, str], bool]:
-    """(namespace, pod) -> over its share on any GPU (the per-pod gauge)."""
-    out: dict[tuple[str, str], bool] = {}
-    for key, _gpu in evaluation.over_share:
-        out[(key.namespace, key.pod)] = True
+def _borrowing_growth(watched: Iterable[Tenant], state: GuardState, now: float) -> dict[str, float]:
+    """GPU UUID -> bytes per second by which the time-sliced containers over their share on
+    it grew since the previous poll (shrinking ones count as 0, new ones as not grown)."""
+    out: dict[str, float] = {}
+    for t in watched:
+        before = state.last_used.get((t.key, t.gpu_uuid))
+        if t.kind != "time-slicing" or t.overrun_bytes <= 0 or before is None:
+            continue
+        at, used_then = before
+        if now > at and t.used_bytes > used_then:
+            rate = (t.used_bytes - used_then) / (now - at)
+            out[t.gpu_uuid] = out.get(t.gpu_uuid, 0.0) + rate
     return out
