@@ -10,11 +10,11 @@ advertising GPU labels.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from contextlib import suppress
 from pathlib import Path
+
+from gpuslice.host.atomic import atomic_write
 
 DEFAULT_OUTPUT_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gfd")
 
@@ -38,19 +38,7 @@ class LabelFile:
         with suppress(OSError):
             if self.path.read_text(encoding="utf-8") == text:
                 return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(self.path, text.encode("utf-8"))
         return True
 
     def remove(self) -> None:
