@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,8 @@ class DraPluginServer:
         self._servers: dict[Path, tuple[grpc.aio.Server, SocketId | None]] = {}
         self._watch_task: asyncio.Task[None] | None = None
         for path in (self.dra_socket, self.registration_socket):
-            if len(str(path).encode()) > MAX_SOCKET_PATH_BYTES:
+            longest = max(len(str(p).encode()) for p in (path, _hidden(path)))
+            if longest > MAX_SOCKET_PATH_BYTES:
                 raise DraServerError(
                     f"socket path {shown(str(path), 200)} is longer than "
                     f"{MAX_SOCKET_PATH_BYTES} bytes (the unix socket limit)"
@@ -175,12 +177,20 @@ class DraPluginServer:
         )
 
     async def _serve(self, path: Path, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        """Listen on a hidden name, then rename it into place.
+
+        gRPC unlinks the path it listened on when it stops, whoever's file is there by then;
+        listening on a private name keeps it from ever removing another plugin's socket at
+        our name, and the rename makes the socket appear ready and replaces a stale file.
+        """
         await self._close(path)
-        _unlink(path)  # a stale file of an earlier run: listening would fail
+        hidden = _hidden(path)
+        _unlink(hidden)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(handlers)
-        server.add_insecure_port(unix_target(str(path)))
+        server.add_insecure_port(unix_target(str(hidden)))
         await server.start()
+        os.replace(hidden, path)
         self._servers[path] = (server, socket_identity(path))
 
     async def _close(self, path: Path) -> None:
@@ -213,13 +223,16 @@ class DraPluginServer:
                 watch.close()
 
     async def _heal(self) -> None:
-        """Recreate a socket of ours whose file is gone (or was replaced by someone else)."""
+        """Recreate a socket of ours whose file is gone.
+
+        A file someone else put under our name (a second instance) is left alone: a plugin
+        never deletes another's socket.
+        """
         for path, restart in (
             (self.dra_socket, self._serve_dra),
             (self.registration_socket, self._serve_registration),
         ):
-            entry = self._servers.get(path)
-            if entry is not None and socket_identity(path) == entry[1]:
+            if path in self._servers and socket_identity(path) is not None:
                 continue
             self._log.warning("dra-socket-recreated", driver=self.driver_name, socket=str(path))
             try:
@@ -232,3 +245,12 @@ def _unlink(path: Path) -> None:
     """Remove a socket file (a quick, non-blocking metadata operation on a local dir)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def _hidden(path: Path) -> Path:
+    """Where a socket is created before it is renamed into place.
+
+    Short (a long driver name must still fit the unix path limit), per process, and
+    starting with `.`, which the kubelet's plugin watcher ignores.
+    """
+    return path.with_name(f".gs{os.getpid()}.sock")
