@@ -10,6 +10,7 @@ from gpuslice.dra.rpc import unix_target
 from gpuslice.dra.server import DraPluginServer
 from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
 from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
 
 
@@ -27,6 +28,10 @@ def test_full_method_names_match_what_the_kubelet_calls() -> None:
         "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
         "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
     }
+    assert _methods(health, "DRAResourceHealth") == {
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+    }
+    assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods[0].server_streaming
     assert _methods(reg, "Registration") == {
         "/pluginregistration.Registration/GetInfo",
         "/pluginregistration.Registration/NotifyRegistrationStatus",
@@ -56,6 +61,15 @@ def test_field_numbers_follow_the_kubelet_api() -> None:
         "supported_versions": 4,
     }
     assert numbers(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+    assert numbers(health.DeviceHealth) == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert numbers(health.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+    assert dict(health.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
 async def test_server_answers_on_the_literal_wire_path(server: DraPluginServer) -> None:
