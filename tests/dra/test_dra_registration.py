@@ -11,7 +11,7 @@ import pytest
 from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 from gpuslice.dra.server import DraPluginServer, DraServerError, DraServerSettings
-from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
+from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError
 from gpuslice.kubelet.sockets import socket_identity
 
 
@@ -162,3 +162,33 @@ async def test_missing_registry_dir_is_a_clear_error(plugin_dir: Path, sock_dir:
     server = DraPluginServer(DRIVER, plugin_dir, sock_dir / "nope", RecordingPreparer())
     with pytest.raises(DraServerError, match=r"plugin registry directory \S*/nope does not exist"):
         await server.start()
+
+
+async def test_plugin_restart_is_registered_again(
+    plugin_dir: Path, registry_dir: Path, preparer: RecordingPreparer, kubelet: DraKubeletEmulator
+) -> None:
+    stop = asyncio.Event()
+    first = asyncio.create_task(
+        DraPluginServer(DRIVER, plugin_dir, registry_dir, preparer).run(stop)
+    )
+    await kubelet.wait_registered(DRIVER)
+    stop.set()
+    await first
+    await kubelet.wait_unregistered(DRIVER)
+    async with DraPluginServer(DRIVER, plugin_dir, registry_dir, preparer) as again:
+        await kubelet.wait_registered(DRIVER)
+        await asyncio.wait_for(again.status.registered.wait(), 5)
+        assert (await kubelet.prepare(DRIVER, [claim("a")]))["a"].error == ""
+
+
+async def test_endpoint_is_what_the_kubelet_is_told(
+    plugin_dir: Path, registry_dir: Path, preparer: RecordingPreparer, kubelet: DraKubeletEmulator
+) -> None:
+    elsewhere = "/var/lib/kubelet/plugins/gpu.example.com/dra.sock"
+    settings = DraServerSettings(endpoint=elsewhere)
+    async with DraPluginServer(DRIVER, plugin_dir, registry_dir, preparer, settings=settings):
+        registration = await kubelet.wait_registered(DRIVER)
+        assert registration.endpoint == elsewhere
+        with pytest.raises(DraKubeletError, match="NodePrepareResources: UNAVAILABLE"):
+            await kubelet.prepare(DRIVER, [claim("a")])
+    assert preparer.prepare_calls == []
