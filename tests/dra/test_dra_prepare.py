@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 import pytest
 from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
@@ -126,3 +128,17 @@ async def test_unregistered_driver_is_a_kubelet_error(kubelet: DraKubeletEmulato
 
     with pytest.raises(DraKubeletError, match="not registered"):
         await kubelet.prepare("nobody.example.com", [claim("a")])
+
+
+async def test_a_preparer_answering_nonsense_fails_claims_not_the_call(
+    server: DraPluginServer, kubelet: DraKubeletEmulator, preparer: RecordingPreparer
+) -> None:
+    async def nonsense(claims: Sequence[ClaimRef]) -> object:
+        return {c.uid: None for c in claims} if len(claims) == 1 else 42
+
+    preparer.prepare = nonsense  # type: ignore[assignment,method-assign]
+    await kubelet.wait_registered(DRIVER)
+    results = await kubelet.prepare(DRIVER, [claim("a"), claim("b")])
+    assert set(results) == {"a", "b"}
+    for result in results.values():
+        assert result.error == "prepare failed: the preparer answered NoneType, not a PrepareResult"

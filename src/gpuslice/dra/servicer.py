@@ -123,19 +123,19 @@ class DraServicer:
             return out
         try:
             answers = await call(valid)
-        except Exception as exc:
+            for claim in valid:
+                if claim.uid in answers:
+                    out[claim.uid] = cleaned(answers[claim.uid])
+                else:
+                    out[claim.uid] = failure(f"gpuslice did not {what} claim {shown(claim.uid)}")
+        except Exception as exc:  # a preparer bug or a bad claim: never the whole call
             if len(valid) == 1:
                 self._log.exception(f"dra-{what}-raised", claim=shown(valid[0].uid))
-                out[valid[0].uid] = failure(bounded(f"{what} failed: {exc}"))
+                reason = str(exc) or type(exc).__name__
+                out[valid[0].uid] = failure(bounded(f"{what} failed: {reason}"))
                 return out
             for claim in valid:  # one at a time: only the bad claim fails
                 out.update(await self._answer([claim], call, failure, cleaned, what))
-            return out
-        for claim in valid:
-            if claim.uid in answers:
-                out[claim.uid] = cleaned(answers[claim.uid])
-            else:
-                out[claim.uid] = failure(f"gpuslice did not {what} claim {shown(claim.uid)}")
         return out
 
     def _logged(
@@ -189,6 +189,8 @@ def _prepare_failure(error: str) -> PrepareResult:
 
 def _prepare_cleaned(result: PrepareResult) -> PrepareResult:
     """The preparer's own error text is bounded like ours (it may echo client input)."""
+    if not isinstance(result, PrepareResult):
+        raise TypeError(f"the preparer answered {type(result).__name__}, not a PrepareResult")
     return PrepareResult(error=bounded(result.error)) if result.error else result
 
 
@@ -197,4 +199,6 @@ def _unprepare_failure(error: str) -> str:
 
 
 def _unprepare_cleaned(error: str) -> str:
+    if not isinstance(error, str):
+        raise TypeError(f"the preparer answered {type(error).__name__}, not an error text")
     return bounded(error) if error else ""
