@@ -8,10 +8,12 @@ exercise the same code paths as production.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gpuslice.core.devices import Inventory
+from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 
 HealthEventKind = Literal["xid", "recovered", "lost", "inventory-changed"]
 
@@ -106,3 +108,18 @@ class PodAssignments(Protocol):
     """Who holds which advertised device: the PodResources client, or the emulator's books."""
 
     async def list_assignments(self) -> tuple[ContainerDevices, ...]: ...
+
+
+class ClaimPreparer(Protocol):
+    """Prepares and unprepares ResourceClaims for the DRA gRPC server (`gpuslice.dra`).
+
+    Both answer per claim UID. A claim missing from the answer is reported by the server as
+    that claim's error; an exception fails every claim of the batch (each gets the error),
+    never the call. Both must be idempotent: the kubelet re-sends after its own restart.
+    """
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """Claim UID -> error text; "" means unprepared (or was never prepared)."""
+        ...

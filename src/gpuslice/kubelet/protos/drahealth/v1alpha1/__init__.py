@@ -1,0 +1,1 @@
+"""DRA resource health v1alpha1 (proto package `v1alpha1`; advertised as such)."""

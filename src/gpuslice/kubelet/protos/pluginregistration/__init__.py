@@ -1,0 +1,1 @@
+"""Kubelet plugin-watcher registration API (the `<driver>-reg.sock` of a DRA driver)."""

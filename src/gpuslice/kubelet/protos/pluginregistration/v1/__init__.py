@@ -1,0 +1,1 @@
+"""Plugin registration v1 (proto package `pluginregistration`)."""
