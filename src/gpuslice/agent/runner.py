@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.imex import with_imex
@@ -44,6 +44,14 @@ ConfigListener = Callable[[str, bool, str], Awaitable[None]]
 """Called after each reload attempt with (config name, accepted, message)."""
 
 
+class FrontEnd(Protocol):
+    """What serves the plan to the kubelet when it is not the device plugin (DRA mode)."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+
 @dataclass(slots=True)
 class AgentHooks:
     """Optional adapters the agent drives when present (wired by `agent.build`)."""
@@ -59,6 +67,8 @@ class AgentHooks:
         default_factory=list
     )
     """Long-running loops supervised with the agent's own (metrics, MPS, label watch)."""
+    front_end: FrontEnd | None = None
+    """Replaces the device plugin manager (DRA mode): a node serves its GPUs one way only."""
 
 
 class Agent:
@@ -153,15 +163,20 @@ class Agent:
             log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)
-        manager = DevicePluginManager(
-            self.state,
-            plugin_dir=self.settings.plugin_dir,
-            kubelet_socket=self.settings.kubelet_socket,
-            on_allocate=self.hooks.on_allocate,
-        )
-        self.manager = manager
+        front_end = self.hooks.front_end
+        if front_end is None:
+            manager = DevicePluginManager(
+                self.state,
+                plugin_dir=self.settings.plugin_dir,
+                kubelet_socket=self.settings.kubelet_socket,
+                on_allocate=self.hooks.on_allocate,
+            )
+            self.manager = manager
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(manager.run(stop), name="device-plugins")
+            if front_end is None:
+                tg.create_task(manager.run(stop), name="device-plugins")
+            else:
+                tg.create_task(front_end.run(stop), name="front-end")
             tg.create_task(self._health_loop(stop), name="health")
             tg.create_task(self._reload_loop(stop), name="config-reload")
             for service in self.hooks.services:
@@ -172,6 +187,10 @@ class Agent:
     def readiness(self) -> tuple[bool, str]:
         """Ready once a plan is in force and every device plugin is registered with the
         kubelet; the reason is the body of `/readyz`."""
+        if self.hooks.front_end is not None:
+            if self.state is None:
+                return False, "no plan in force yet\n"
+            return self.hooks.front_end.readiness()
         if self.manager is None or self.state is None:
             return False, "no plan in force yet\n"
         registered = self.manager.registered

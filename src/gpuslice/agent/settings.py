@@ -39,6 +39,33 @@ class GuardSettings:
     (TF allow-growth, JAX memory fraction, GPUSLICE_MEMORY_LIMIT_MIB, GPUSLICE_GPU_FRACTION)."""
 
 
+DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
+DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True)
+class DraSettings:
+    """DRA mode (docs/dra.md): the node serves GPUs as a DRA driver instead of a device
+    plugin. Never both on one node: the scheduler would count each GPU twice."""
+
+    driver_name: str = DEFAULT_DRA_DRIVER
+    """`DRA_DRIVER_NAME`: NVIDIA's name by default, so DeviceClasses, CEL selectors and
+    opaque configs written for NVIDIA's driver select and configure gpuslice unchanged
+    (then NVIDIA's DRA driver must not run on the node)."""
+    plugin_dir: Path | None = None
+    """`DRA_PLUGIN_DIR`: where `dra.sock` and the checkpoint live; default
+    `/var/lib/kubelet/plugins/<driver>`. Same path inside the pod and on the host."""
+    registry_dir: Path = DEFAULT_DRA_REGISTRY_DIR
+    """`DRA_REGISTRY_DIR`: the kubelet's plugin-watcher directory."""
+    cdi_root: Path = DEFAULT_CDI_ROOT
+    """`CDI_ROOT`: where per-claim CDI specs are written for the container runtime."""
+
+    @property
+    def plugin_path(self) -> Path:
+        return self.plugin_dir or Path("/var/lib/kubelet/plugins") / self.driver_name
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     node: str = "nvml"
@@ -117,3 +144,6 @@ class AgentSettings:
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
     kubeconfig: Path | None = None
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
+    dra: DraSettings | None = None
+    """`DRA`: serve this node's GPUs as a DRA driver instead of device plugins (None: the
+    device plugin, the default)."""
