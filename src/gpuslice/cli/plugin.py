@@ -18,9 +18,13 @@ from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
 from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRA_DRIVER,
+    DEFAULT_DRA_REGISTRY_DIR,
     DEFAULT_NODE_LABEL,
     DEFAULT_PLUGIN_DIR,
     AgentSettings,
+    DraSettings,
     GuardSettings,
 )
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
@@ -303,6 +307,42 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     default="text",
     show_default=True,
 )
+@click.option(
+    "--dra/--no-dra",
+    envvar="DRA",
+    default=False,
+    help="Serve GPUs as a DRA driver instead of device plugins (docs/dra.md).",
+)
+@click.option(
+    "--dra-driver-name",
+    envvar="DRA_DRIVER_NAME",
+    default=DEFAULT_DRA_DRIVER,
+    show_default=True,
+    help="DRA driver name (NVIDIA's, so its DeviceClasses and claims work unchanged).",
+)
+@click.option(
+    "--dra-plugin-dir",
+    envvar="DRA_PLUGIN_DIR",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Directory of dra.sock and the checkpoint [default: /var/lib/kubelet/plugins/<driver>].",
+)
+@click.option(
+    "--dra-registry-dir",
+    envvar="DRA_REGISTRY_DIR",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_DRA_REGISTRY_DIR,
+    show_default=True,
+    help="The kubelet's plugin-watcher directory.",
+)
+@click.option(
+    "--cdi-root",
+    envvar="CDI_ROOT",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_CDI_ROOT,
+    show_default=True,
+    help="Where per-claim CDI specs are written (DRA mode).",
+)
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.option(
     "--shutdown-grace",
@@ -363,8 +403,20 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         kubeconfig=params["kubeconfig"],
         memory_guard=_guard_settings(params),
         reload_interval_s=params["config_poll_interval"],
+        dra=_dra_settings(params),
     )
     asyncio.run(_serve(settings, params["shutdown_grace"]))
+
+
+def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
+    if not params["dra"]:
+        return None
+    return DraSettings(
+        driver_name=params["dra_driver_name"],
+        plugin_dir=params["dra_plugin_dir"],
+        registry_dir=params["dra_registry_dir"],
+        cdi_root=params["cdi_root"],
+    )
 
 
 async def _serve(settings: AgentSettings, grace_s: float = SHUTDOWN_GRACE_S) -> None:
