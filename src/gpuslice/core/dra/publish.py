@@ -1,0 +1,294 @@
+"""What this node publishes as a DRA driver: devices named and described as NVIDIA's does.
+
+Users' DeviceClasses and claims select GPUs by CEL over attributes, so the names are
+NVIDIA's `gpu.nvidia.com` ones (REFERENCE-DRA §5.2): a selector such as
+`device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'` selects the
+same GPUs under gpuslice. Devices are `gpu-<minor>` for whole GPUs and
+`gpu-<parent minor>-mig-<profile without dots>-<GI profile ID>-<placement start>` for MIG
+devices. A GPU in MIG mode is published as its MIG devices only (NVIDIA's driver also
+published the whole GPU, its #719).
+
+Health becomes device taints (NVIDIA's keys under the driver's domain): an XID taints with
+its code, a lost GPU with `gpu-lost`; both `NoSchedule`, so running pods stay and new
+claims go elsewhere.
+
+Everything here produces the `resource.k8s.io/v1` JSON shapes the API holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.labels import gpu_family
+
+Json = dict[str, Any]
+MIB = 1024 * 1024
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+"""The API's limit once any device of a slice has taints (Kubernetes 1.35+)."""
+MAX_ATTRIBUTES = 32
+"""Attributes plus capacities per device."""
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+AttrKind = Literal["string", "int", "bool", "version"]
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+# `nvidia-smi mig -lgip` profile IDs by GPU-instance shape (REFERENCE.md §2.2): the same on
+# A100, H100 and H200. Keyed by (memory slices, placement size, media-extensions variant).
+_GI_PROFILE_IDS = {
+    (1, 1, "+me"): 20,
+    (1, 1, ""): 19,
+    (1, 2, ""): 15,
+    (2, 2, ""): 14,
+    (3, 4, ""): 9,
+    (4, 4, ""): 5,
+    (7, 8, ""): 0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device this node offers, with what Prepare needs to find it again."""
+
+    name: str
+    kind: Literal["gpu", "mig"]
+    uuid: str
+    """The GPU's or the MIG device's own UUID (what `NVIDIA_VISIBLE_DEVICES` takes)."""
+    gpu: Gpu
+    """The physical GPU (its minor, for device nodes; its UUID, for health and MPS)."""
+    mig: MigDevice | None
+    attributes: Mapping[str, tuple[AttrKind, str | int | bool]]
+    capacity: Mapping[str, int]
+
+
+def semver(text: str) -> str:
+    """NVIDIA's version normalisation: numeric parts without leading zeros, padded to three
+    (`580.95.05` -> `580.95.5`, `8.0` -> `8.0.0`)."""
+    parts = [str(int(p)) for p in re.findall(r"\d+", text)[:3]]
+    return ".".join([*parts, "0", "0", "0"][:3])
+
+
+def cuda_version(encoded: int) -> str:
+    """NVML's CUDA driver version (`12040`) as semver (`12.4.0`)."""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}.0"
+
+
+def gi_profile_id(mig: MigDevice) -> int | None:
+    variant = "+me" if mig.profile.endswith("+me") else ""
+    return _GI_PROFILE_IDS.get((mig.slices_gi, mig.placement_size, variant))
+
+
+def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
+    profile = re.sub(r"[^a-z0-9]", "", mig.profile.lower())
+    pid = gi_profile_id(mig)
+    # an unknown shape (new GPUs) keeps a unique, stable name from the GI ID instead
+    ident = str(pid) if pid is not None else f"gi{mig.gi_id}"
+    return f"gpu-{gpu.minor}-mig-{profile}-{ident}-{mig.placement_start}"
+
+
+def _common(gpu: Gpu, inventory: Inventory) -> dict[str, tuple[AttrKind, str | int | bool]]:
+    major, minor = gpu.compute_capability
+    attrs: dict[str, tuple[AttrKind, str | int | bool]] = {
+        "productName": ("string", gpu.product_name),
+        "brand": ("string", _brand(gpu.product_name)),
+        "architecture": ("string", _architecture(gpu.compute_capability)),
+        "cudaComputeCapability": ("version", f"{major}.{minor}.0"),
+        "driverVersion": ("version", semver(inventory.driver_version)),
+        "cudaDriverVersion": ("version", cuda_version(inventory.cuda_driver_version)),
+    }
+    if gpu.pci_bus_id:
+        attrs[PCI_BUS_ID] = ("string", _extended_bdf(gpu.pci_bus_id))
+    return attrs
+
+
+def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
+    out: list[DraDevice] = []
+    for gpu in inventory.gpus:
+        common = _common(gpu, inventory)
+        if gpu.mig_enabled:
+            for mig in gpu.mig_devices:
+                attrs: dict[str, tuple[AttrKind, str | int | bool]] = {
+                    "type": ("string", "mig"),
+                    "uuid": ("string", mig.uuid),
+                    "parentUUID": ("string", gpu.uuid),
+                    "profile": ("string", mig.profile),
+                    **common,
+                }
+                capacity = {
+                    "multiprocessors": mig.multiprocessors,
+                    "copyEngines": mig.engines_copy,
+                    "decoders": mig.engines_decoder,
+                    "encoders": mig.engines_encoder,
+                    "jpegEngines": mig.engines_jpeg,
+                    "ofaEngines": mig.engines_ofa,
+                    "memory": mig.memory_mib * MIB,
+                }
+                for slot in range(mig.placement_start, mig.placement_start + mig.placement_size):
+                    capacity[f"memorySlice{slot}"] = 1
+                name = mig_device_name(gpu, mig)
+                out.append(DraDevice(name, "mig", mig.uuid, gpu, mig, attrs, capacity))
+            continue
+        whole: dict[str, tuple[AttrKind, str | int | bool]] = {
+            "type": ("string", "gpu"),
+            "uuid": ("string", gpu.uuid),
+            **common,
+        }
+        capacity = {"memory": gpu.memory_mib * MIB}
+        out.append(DraDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu, None, whole, capacity))
+    _check(out)
+    return tuple(out)
+
+
+def _check(devices: Sequence[DraDevice]) -> None:
+    seen: set[str] = set()
+    for d in devices:
+        if not _DNS_LABEL.match(d.name):
+            raise ValueError(f"device name {d.name!r} is not a DNS label")
+        if d.name in seen:
+            raise ValueError(f"device name {d.name!r} is not unique on this node")
+        seen.add(d.name)
+        if len(d.attributes) + len(d.capacity) > MAX_ATTRIBUTES:
+            raise ValueError(f"device {d.name}: more than {MAX_ATTRIBUTES} attributes+capacities")
+        for key, (_kind, value) in d.attributes.items():
+            if isinstance(value, str) and len(value) > 64:
+                raise ValueError(f"device {d.name}: attribute {key} longer than 64 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Why devices are tainted: GPU UUID -> last XID (None: lost, or unhealthy otherwise)."""
+
+    unhealthy: Mapping[str, int | None]
+
+
+def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
+    """NVIDIA's health taints for `device`, if its physical GPU is unhealthy."""
+    if device.gpu.uuid not in health.unhealthy:
+        return []
+    xid = health.unhealthy[device.gpu.uuid]
+    if xid is None:
+        return [{"key": f"{driver}/gpu-lost", "effect": "NoSchedule", "timeAdded": added}]
+    return [{"key": f"{driver}/xid", "value": str(xid), "effect": "NoSchedule", "timeAdded": added}]
+
+
+def device_json(device: DraDevice, device_taints: Sequence[Json]) -> Json:
+    out: Json = {
+        "name": device.name,
+        "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
+        "capacity": {k: {"value": str(v)} for k, v in sorted(device.capacity.items())},
+    }
+    if device_taints:
+        out["taints"] = list(device_taints)
+    return out
+
+
+def slice_specs(devices: Iterable[Json], *, driver: str, node: str, generation: int) -> list[Json]:
+    """The `spec`s of this node's slices: one pool named after the node, at most 128
+    devices per slice (64 once any device in it has taints), in device order."""
+    pending = list(devices)
+    chunks: list[list[Json]] = []
+    while pending:
+        limit = MAX_DEVICES_PER_SLICE
+        if any("taints" in d for d in pending[:MAX_DEVICES_PER_SLICE]):
+            limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS
+        chunks.append(pending[:limit])
+        pending = pending[limit:]
+    if not chunks:
+        chunks = [[]]  # an empty pool still says "this node has no devices of ours"
+    return [
+        {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
+            "devices": chunk,
+        }
+        for chunk in chunks
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceChanges:
+    """What to do in the API so this node's slices become the wanted ones."""
+
+    create: tuple[Json, ...]
+    update: tuple[Json, ...]
+    """Existing slice objects (name, resourceVersion kept) with their new spec."""
+    delete: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.create or self.update or self.delete)
+
+
+def plan_slices(
+    existing: Sequence[Json],
+    devices: Sequence[Json],
+    *,
+    driver: str,
+    node: str,
+    node_uid: str,
+) -> SliceChanges:
+    """Compare what the API holds with what should be published. Unchanged devices cost
+    nothing; any change publishes every slice at a generation above all existing ones (the
+    scheduler uses only the highest generation of a pool, so no slice is ever mixed in from
+    an older generation)."""
+    current = sorted(existing, key=lambda o: str(o.get("metadata", {}).get("name", "")))
+    generation = max((_generation(o) for o in current), default=0)
+    wanted_same = slice_specs(devices, driver=driver, node=node, generation=generation)
+    if [o.get("spec") for o in current] == wanted_same:
+        return SliceChanges((), (), ())
+    wanted = slice_specs(devices, driver=driver, node=node, generation=generation + 1)
+    update = [dict(o, spec=spec) for o, spec in zip(current, wanted, strict=False)]
+    create = [
+        _new_slice(spec, i, driver=driver, node=node, node_uid=node_uid)
+        for i, spec in enumerate(wanted)
+    ][len(current) :]
+    delete = [str(o["metadata"]["name"]) for o in current[len(wanted) :]]
+    return SliceChanges(tuple(create), tuple(update), tuple(delete))
+
+
+def _new_slice(spec: Json, index: int, *, driver: str, node: str, node_uid: str) -> Json:
+    metadata: Json = {"generateName": f"{node}-{driver}-{index:02x}-"}
+    if node_uid:  # slices go with their Node (garbage collection)
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def _generation(obj: Json) -> int:
+    try:
+        return int(obj["spec"]["pool"]["generation"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def _brand(product: str) -> str:
+    for brand in ("GeForce", "Quadro", "RTX", "Titan", "Tesla"):
+        if brand.lower() in product.lower():
+            return brand
+    return "Nvidia"
+
+
+def _architecture(cc: tuple[int, int]) -> str:
+    """NVIDIA's spelling (`Hopper`, `Ampere`, `Ada Lovelace`), from GFD's family name."""
+    return " ".join(w.capitalize() for w in gpu_family(cc).split("-"))
+
+
+def _extended_bdf(bus_id: str) -> str:
+    """`dddd:bb:dd.f` lowercase, from NVML's `00000000:04:00.0` or a short form."""
+    text = bus_id.lower()
+    domain, _, rest = text.rpartition(":")
+    if "." in rest and domain.count(":") == 1:
+        dom, bus = domain.split(":")
+        return f"{int(dom, 16):04x}:{bus}:{rest}"
+    return text

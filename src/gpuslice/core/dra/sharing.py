@@ -1,0 +1,307 @@
+"""A claim's sharing settings: NVIDIA's opaque configs, read as NVIDIA's driver reads them.
+
+A claim written for NVIDIA's DRA driver carries `resource.nvidia.com/v1beta1` `GpuConfig` or
+`MigDeviceConfig` in its opaque config (REFERENCE-DRA §5.3). gpuslice accepts them
+unchanged and as strictly (an unknown field is an error, naming it), so a claim that works
+there works here and a typo is not silently ignored. gpuslice's own additions live under
+its own group, `resource.gpuslice.io/v1alpha1` (kind `GuardConfig`: the memory guard's
+mode for the claim's devices), so nothing is ever added to NVIDIA's kinds.
+
+Resolution follows NVIDIA's driver (§5.4): from `status.allocation.devices.config`, this
+driver's entries only, class configs before claim configs and later before earlier; each
+allocation result takes the highest-precedence config that names its request (a
+`main/sub` result also matches `main`), else the highest one that names no request; a
+config naming a request explicitly must fit the device (no `GpuConfig` on a MIG device).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuslice.core.config.problems import problems_from
+from gpuslice.core.errors import GpusliceError
+
+Json = dict[str, Any]
+NVIDIA_API = "resource.nvidia.com/v1beta1"
+GPUSLICE_API = "resource.gpuslice.io/v1alpha1"
+INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+MIB = 1024 * 1024
+
+
+class ClaimConfigError(GpusliceError):
+    """A claim's config cannot be used; the message names the config entry and field."""
+
+
+# -- NVIDIA's kinds, field for field -------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class _TimeSlicingConfig(_Strict):
+    interval: Literal["Default", "Short", "Medium", "Long"] | None = None
+
+
+class _MpsConfig(_Strict):
+    default_active_thread_percentage: int | None = Field(
+        None, alias="defaultActiveThreadPercentage", ge=0, le=100
+    )
+    default_pinned_device_memory_limit: str | int | None = Field(
+        None, alias="defaultPinnedDeviceMemoryLimit"
+    )
+    default_per_device_pinned_memory_limit: dict[str, str | int] | None = Field(
+        None, alias="defaultPerDevicePinnedMemoryLimit"
+    )
+
+    @field_validator("default_pinned_device_memory_limit")
+    @classmethod
+    def _quantity(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            _mib(v)
+        return v
+
+    @field_validator("default_per_device_pinned_memory_limit")
+    @classmethod
+    def _quantities(cls, v: dict[str, str | int] | None) -> dict[str, str | int] | None:
+        for value in (v or {}).values():
+            _mib(value)
+        return v
+
+
+class _GpuSharing(_Strict):
+    strategy: Literal["TimeSlicing", "MPS"]
+    time_slicing_config: _TimeSlicingConfig | None = Field(None, alias="timeSlicingConfig")
+    mps_config: _MpsConfig | None = Field(None, alias="mpsConfig")
+
+
+class _MigSharing(_Strict):
+    strategy: Literal["TimeSlicing", "MPS"]
+    mps_config: _MpsConfig | None = Field(None, alias="mpsConfig")
+
+
+class _GpuConfig(_Strict):
+    api_version: Literal["resource.nvidia.com/v1beta1"] = Field(alias="apiVersion")
+    kind: Literal["GpuConfig"]
+    sharing: _GpuSharing | None = None
+
+
+class _MigDeviceConfig(_Strict):
+    api_version: Literal["resource.nvidia.com/v1beta1"] = Field(alias="apiVersion")
+    kind: Literal["MigDeviceConfig"]
+    sharing: _MigSharing | None = None
+
+
+class _GuardConfig(_Strict):
+    api_version: Literal["resource.gpuslice.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GuardConfig"]
+    mode: Literal["off", "observe", "enforce"] | None = None
+
+
+# -- what the driver acts on ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSettings:
+    active_thread_percentage: int | None = None
+    pinned_limit_mib: int | None = None
+    per_device_limit_mib: Mapping[str, int] = field(default_factory=dict)
+    """Key: a device UUID, or an index into the group's devices (as a string)."""
+
+    def limit_for(self, uuid: str, index: int) -> int | None:
+        for key in (uuid, str(index)):
+            if key in self.per_device_limit_mib:
+                return self.per_device_limit_mib[key]
+        return self.pinned_limit_mib
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """One resolved config: applied once to the group of devices that share it."""
+
+    kind: Literal["gpu", "mig"]
+    strategy: Literal["TimeSlicing", "MPS"] | None = None
+    """None: no sharing asked (the default config): the devices are the claim's alone,
+    shared only by the pods and containers that reference the claim."""
+    interval: int | None = None
+    """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
+    mps: MpsSettings | None = None
+    guard_mode: str | None = None
+    source: str = "default"
+    """Which config entry this came from, for messages (`config[2]` or `default`)."""
+
+
+def _mib(value: str | int) -> int:
+    """A Kubernetes quantity in whole MiB (NVIDIA rounds down; at least 1 MiB)."""
+    if isinstance(value, int):
+        count = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|k|)\s*", value)
+        if m is None:
+            raise ValueError(f"not a quantity: {value!r}")
+        scale = {
+            "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+            "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+            "Ei": 2**60,
+        }[m.group(2)]  # fmt: skip
+        count = int(float(m.group(1)) * scale)
+    mib = count // MIB
+    if mib < 1:
+        raise ValueError(f"must be at least 1Mi, got {value!r}")
+    return mib
+
+
+def parse_opaque(parameters: object, where: str) -> _GpuConfig | _MigDeviceConfig | _GuardConfig:
+    """One opaque config's parameters, strictly; errors name `where` and the field."""
+    if not isinstance(parameters, Mapping):
+        raise ClaimConfigError(f"{where}: parameters must be an object")
+    api, kind = parameters.get("apiVersion"), parameters.get("kind")
+    models: dict[tuple[object, object], type[_Strict]] = {
+        (NVIDIA_API, "GpuConfig"): _GpuConfig,
+        (NVIDIA_API, "MigDeviceConfig"): _MigDeviceConfig,
+        (GPUSLICE_API, "GuardConfig"): _GuardConfig,
+    }
+    model = models.get((api, kind))
+    if model is None:
+        known = ", ".join(f"{a} {k}" for a, k in models)
+        raise ClaimConfigError(
+            f"{where}: unknown config kind {kind!r} of apiVersion {api!r} (known: {known})"
+        )
+    try:
+        parsed = model.model_validate(dict(parameters))
+    except ValidationError as exc:
+        problems = "; ".join(str(p) for p in problems_from(model, exc))
+        raise ClaimConfigError(f"{where}.parameters: {problems}") from None
+    assert isinstance(parsed, _GpuConfig | _MigDeviceConfig | _GuardConfig)
+    _check_strategy(parsed, where)
+    return parsed
+
+
+def _check_strategy(cfg: _GpuConfig | _MigDeviceConfig | _GuardConfig, where: str) -> None:
+    sharing = getattr(cfg, "sharing", None)
+    if sharing is None:
+        return
+    if isinstance(sharing, _GpuSharing) and sharing.strategy == "MPS":
+        if sharing.time_slicing_config is not None:
+            raise ClaimConfigError(
+                f"{where}.parameters.sharing.timeSlicingConfig: not allowed with strategy MPS"
+            )
+    elif sharing.strategy == "TimeSlicing" and sharing.mps_config is not None:
+        raise ClaimConfigError(
+            f"{where}.parameters.sharing.mpsConfig: not allowed with strategy TimeSlicing"
+        )
+
+
+def _sharing(
+    cfg: _GpuConfig | _MigDeviceConfig, kind: Literal["gpu", "mig"], source: str
+) -> Sharing:
+    if cfg.sharing is None:
+        return Sharing(kind, source=source)
+    mps: MpsSettings | None = None
+    interval: int | None = None
+    mps_cfg = cfg.sharing.mps_config
+    if cfg.sharing.strategy == "MPS":
+        per_device = (mps_cfg.default_per_device_pinned_memory_limit if mps_cfg else None) or {}
+        mps = MpsSettings(
+            active_thread_percentage=(
+                mps_cfg.default_active_thread_percentage if mps_cfg else None
+            ),
+            pinned_limit_mib=(
+                _mib(mps_cfg.default_pinned_device_memory_limit)
+                if mps_cfg and mps_cfg.default_pinned_device_memory_limit is not None
+                else None
+            ),
+            per_device_limit_mib={k: _mib(v) for k, v in per_device.items()},
+        )
+    elif isinstance(cfg.sharing, _GpuSharing) and cfg.sharing.time_slicing_config is not None:
+        name = cfg.sharing.time_slicing_config.interval
+        interval = INTERVALS[name] if name is not None else None
+    return Sharing(kind, cfg.sharing.strategy, interval, mps, source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    requests: tuple[str, ...]
+    parsed: _GpuConfig | _MigDeviceConfig | _GuardConfig
+    source: str
+
+
+def resolve(
+    allocation: Mapping[str, Any],
+    driver: str,
+    kind_of: Mapping[str, Literal["gpu", "mig"]],
+) -> dict[int, Sharing]:
+    """For each of this driver's allocation results (by its index in `results`), the
+    sharing it gets. `kind_of` maps device name -> gpu|mig. ClaimConfigError on any config
+    of this driver that cannot be used (configs of other drivers are skipped unread)."""
+    devices = allocation.get("devices") or {}
+    results: Sequence[Json] = devices.get("results") or []
+    configs: Sequence[Json] = devices.get("config") or []
+    entries: list[_Entry] = []
+    ordered = sorted(
+        enumerate(configs), key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0])
+    )
+    for index, entry in ordered:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        where = f"config[{index}]"
+        parsed = parse_opaque(opaque.get("parameters"), f"{where}.opaque")
+        entries.append(_Entry(tuple(entry.get("requests") or ()), parsed, where))
+    out: dict[int, Sharing] = {}
+    for index, result in enumerate(results):
+        if result.get("driver") != driver:
+            continue
+        device = str(result.get("device", ""))
+        kind = kind_of.get(device)
+        if kind is None:
+            continue  # the caller reports devices it does not know
+        request = str(result.get("request", ""))
+        names = {request, request.split("/", 1)[0]}
+        sharing = Sharing(kind)
+        guard: str | None = None
+        chosen = _pick(entries, names, kind, _SHARING_KINDS, request)
+        if chosen is not None:
+            assert not isinstance(chosen.parsed, _GuardConfig)
+            sharing = _sharing(chosen.parsed, kind, chosen.source)
+        guard_entry = _pick(entries, names, kind, ("GuardConfig",), request)
+        if guard_entry is not None and isinstance(guard_entry.parsed, _GuardConfig):
+            guard = guard_entry.parsed.mode
+        out[index] = Sharing(
+            sharing.kind, sharing.strategy, sharing.interval, sharing.mps, guard, sharing.source
+        )
+    return out
+
+
+_SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
+_FITS = {"GpuConfig": "gpu", "MigDeviceConfig": "mig"}
+
+
+def _pick(
+    entries: Sequence[_Entry],
+    names: set[str],
+    kind: str,
+    kinds: tuple[str, ...],
+    request: str,
+) -> _Entry | None:
+    """Highest precedence first: the last entry naming the request, else the last catch-all
+    of a kind that fits the device."""
+    for entry in reversed(entries):
+        if entry.parsed.kind in kinds and names & set(entry.requests):
+            wanted = _FITS.get(entry.parsed.kind)
+            if wanted is not None and wanted != kind:
+                raise ClaimConfigError(
+                    f"{entry.source}: {entry.parsed.kind} names request {request!r}, "
+                    f"whose device is a {kind.upper() if kind == 'mig' else 'full GPU'}"
+                )
+            return entry
+    for entry in reversed(entries):
+        fits = _FITS.get(entry.parsed.kind, kind) == kind
+        if entry.parsed.kind in kinds and not entry.requests and fits:
+            return entry
+    return None
