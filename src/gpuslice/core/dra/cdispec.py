@@ -1,0 +1,94 @@
+"""The per-claim CDI spec: what the container runtime adds to a container for each device.
+
+The kubelet hands the runtime the CDI device IDs Prepare returned; the runtime finds them in
+the spec files of `/var/run/cdi` and applies their edits. gpuslice writes one spec per claim
+under its own kind (`k8s.gpuslice.io/claim`, never NVIDIA's), with device names that embed
+the claim UID: runtimes cache specs, so a name is never reused for other content.
+
+The edits are what sharing needs: the GPU's device node, `NVIDIA_VISIBLE_DEVICES` with the
+device's UUID and, for an MPS claim, the daemon's pipe and shm directories. Driver
+libraries and utility binaries come from the NVIDIA Container Toolkit: its own CDI spec
+(`nvidia-ctk cdi generate`) is referenced by listing its IDs in `toolkit_ids`, returned
+beside ours, so the runtime applies both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Json = dict[str, Any]
+CDI_KIND = "k8s.gpuslice.io/claim"
+MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class MpsMounts:
+    """Host directories of the claim's MPS control daemon."""
+
+    pipe_dir: str
+    shm_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    device: str
+    """The DRA device name (`gpu-0`, `gpu-0-mig-1g10gb-19-0`)."""
+    uuid: str
+    minor: int
+    mps: MpsMounts | None = None
+    env: Mapping[str, str] | None = None
+
+
+def cdi_name(claim_uid: str, device: str) -> str:
+    name = f"{claim_uid}-{device}"
+    if not _NAME.match(name):
+        raise ValueError(f"{name!r} is not a valid CDI device name")
+    return name
+
+
+def cdi_id(claim_uid: str, device: str, kind: str = CDI_KIND) -> str:
+    return f"{kind}={cdi_name(claim_uid, device)}"
+
+
+def claim_spec(
+    claim_uid: str, devices: Sequence[CdiDevice], *, dev_root: str = "/dev", kind: str = CDI_KIND
+) -> Json:
+    """The spec file's content for one claim (the adapter writes it as YAML)."""
+    if not devices:
+        raise ValueError("a CDI spec needs at least one device")
+    entries: list[Json] = []
+    for d in devices:
+        env = {"NVIDIA_VISIBLE_DEVICES": d.uuid, **(d.env or {})}
+        edits: Json = {
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "deviceNodes": [{"path": f"{dev_root}/nvidia{d.minor}"}],
+        }
+        if d.mps is not None:
+            edits["env"].append(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}")
+            options = ["rw", "nosuid", "nodev", "bind"]
+            edits["mounts"] = [
+                {"hostPath": d.mps.pipe_dir, "containerPath": MPS_PIPE_IN_CONTAINER,
+                 "options": options},
+                {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
+            ]  # fmt: skip
+        entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
+    common = [f"{dev_root}/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    return {
+        "cdiVersion": minimum_version(entries),
+        "kind": kind,
+        "devices": entries,
+        "containerEdits": {"deviceNodes": [{"path": p} for p in common]},
+    }
+
+
+def minimum_version(devices: Sequence[Json]) -> str:
+    """The lowest `cdiVersion` that allows these devices (runtimes vendor old CDI
+    libraries that refuse versions they do not know): 0.5.0 once a name starts with a
+    digit (claim UIDs often do), 0.3.0 otherwise."""
+    if any(str(d["name"])[:1].isdigit() for d in devices):
+        return "0.5.0"
+    return "0.3.0"

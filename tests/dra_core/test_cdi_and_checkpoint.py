@@ -1,0 +1,119 @@
+"""The per-claim CDI spec, and the checkpoint's encoding across upgrades, corruption and
+reboots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts, cdi_id, claim_spec
+from gpuslice.core.dra.kubelet_api import PreparedDevice
+from gpuslice.core.dra.prepared import (
+    AppliedSharing,
+    Checkpoint,
+    PreparedClaim,
+    decode,
+    encode,
+)
+
+UID = "4f1c8a2e-0000-4000-8000-000000000001"
+
+
+def test_claim_spec_edits_and_lowest_version() -> None:
+    spec = claim_spec(UID, [CdiDevice("gpu-0", "GPU-a", 0), CdiDevice("gpu-1", "GPU-b", 1)])
+    assert spec["kind"] == "k8s.gpuslice.io/claim"
+    assert spec["cdiVersion"] == "0.5.0"  # names start with the UID's digit
+    first = spec["devices"][0]
+    assert first["name"] == f"{UID}-gpu-0"
+    assert first["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a"]
+    assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
+    letters = claim_spec("abc", [CdiDevice("gpu-0", "GPU-a", 0)])
+    assert letters["cdiVersion"] == "0.3.0"
+    assert cdi_id(UID, "gpu-0") == f"k8s.gpuslice.io/claim={UID}-gpu-0"
+
+
+def test_mps_devices_get_the_daemons_pipe_and_shm() -> None:
+    mps = MpsMounts("/run/nvidia/mps/c1/pipe", "/run/nvidia/mps/c1/shm")
+    [device] = claim_spec(UID, [CdiDevice("gpu-0", "GPU-a", 0, mps=mps)])["devices"]
+    edits = device["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        ("/run/nvidia/mps/c1/pipe", "/tmp/nvidia-mps"),
+        ("/run/nvidia/mps/c1/shm", "/dev/shm"),
+    ]
+
+
+def test_bad_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid CDI device name"):
+        cdi_id(UID, "gpu 0")
+    with pytest.raises(ValueError, match="at least one device"):
+        claim_spec(UID, [])
+
+
+CLAIM = PreparedClaim(
+    uid=UID,
+    namespace="ml",
+    name="shared-gpu",
+    state="PrepareCompleted",
+    devices=(PreparedDevice(("mps-gpu",), "n1", "gpu-0", (f"k8s.gpuslice.io/claim={UID}-gpu-0",)),),
+    applied=(AppliedSharing("MPS", ("GPU-a",), mps_key="claim-4f1c8a2e"),),
+)
+
+
+def test_round_trip_and_boot_id() -> None:
+    raw = encode(Checkpoint("boot-1", {UID: CLAIM}))
+    got = decode(raw, "boot-1")
+    assert got.status == "ok"
+    assert got.checkpoint.claims == {UID: CLAIM}
+    after_reboot = decode(raw, "boot-2")
+    assert after_reboot.status == "stale"
+    assert after_reboot.checkpoint.claims == {}
+    assert decode(None, "boot-1").status == "empty"
+
+
+def test_a_file_from_a_newer_version_with_extra_fields_still_reads() -> None:
+    doc = json.loads(encode(Checkpoint("b", {UID: CLAIM})))
+    doc["data"]["claims"][UID]["devices"][0]["metadata"] = {"future": True}
+    doc["data"]["newTopLevel"] = [1, 2]
+    doc["version"] = 7
+    from gpuslice.core.dra.prepared import _checksum
+
+    doc["checksum"] = _checksum(doc["data"])  # the newer writer's checksum over its data
+    got = decode(json.dumps(doc).encode(), "b")
+    assert got.status == "ok"
+    assert got.checkpoint.claims[UID] == CLAIM
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"\xff\xfe", "UnicodeDecodeError"),
+        (b"{}", "not a gpuslice DRA checkpoint"),
+        (b"[1]", "not a gpuslice DRA checkpoint"),
+        (b"{\"format\": \"gpuslice.io/dra-checkpoint\", \"checksum\": \"x\", \"data\": {}}",
+         "checksum mismatch"),
+    ],
+)  # fmt: skip
+def test_corrupt_files_are_reported_not_raised(raw: bytes, reason: str) -> None:
+    got = decode(raw, "b")
+    assert got.status == "corrupt"
+    assert reason in got.reason
+
+
+def test_a_flipped_byte_is_a_checksum_mismatch() -> None:
+    raw = encode(Checkpoint("b", {UID: CLAIM})).replace(b"shared-gpu", b"shared-gpv")
+    assert decode(raw, "b").status == "corrupt"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_no_bytes_make_decode_raise(raw: bytes) -> None:
+    assert decode(raw, "b").status in ("corrupt", "ok")

@@ -1,0 +1,142 @@
+"""DRA devices and slices: NVIDIA's names and attributes, health taints, slice limits and
+the generation rule for republishing."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuslice.backends import open_backend
+from gpuslice.core.devices import Inventory
+from gpuslice.core.dra.publish import (
+    Health,
+    device_json,
+    dra_devices,
+    plan_slices,
+    semver,
+    slice_specs,
+    taints,
+)
+
+DRIVER = "gpu.nvidia.com"
+
+
+def inventory(node: str) -> Inventory:
+    backend = open_backend(node, environ={})
+    try:
+        return backend.inventory()
+    finally:
+        backend.close()
+
+
+def test_whole_gpus_are_named_by_minor_with_nvidias_attributes() -> None:
+    inv = inventory("sim:2xh100-80gb")
+    devices = dra_devices(inv)
+    assert [d.name for d in devices] == [f"gpu-{g.minor}" for g in inv.gpus]
+    attrs = device_json(devices[0], [])["attributes"]
+    gpu = inv.gpus[0]
+    assert attrs["type"] == {"string": "gpu"}
+    assert attrs["uuid"] == {"string": gpu.uuid}
+    assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert attrs["architecture"] == {"string": "Hopper"}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"] == {"version": semver(inv.driver_version)}
+    assert attrs["resource.kubernetes.io/pciBusID"]["string"].count(":") == 2
+    assert device_json(devices[0], [])["capacity"]["memory"] == {
+        "value": str(gpu.memory_mib * 1024 * 1024)
+    }
+
+
+def test_versions_are_normalised_like_nvidias() -> None:
+    assert semver("580.95.05") == "580.95.5"
+    assert semver("550.54") == "550.54.0"
+
+
+def test_a_mig_gpu_publishes_its_mig_devices_only_with_profile_ids() -> None:
+    inv = inventory("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    devices = dra_devices(inv)
+    assert [d.name for d in devices] == [
+        "gpu-0-mig-3g20gb-9-4",
+        "gpu-0-mig-2g10gb-14-2",
+        "gpu-0-mig-1g5gb-19-0",
+        "gpu-0-mig-1g5gb-19-1",
+    ]
+    first = device_json(devices[0], [])
+    assert first["attributes"]["type"] == {"string": "mig"}
+    assert first["attributes"]["profile"] == {"string": "3g.20gb"}
+    assert first["attributes"]["parentUUID"] == {"string": inv.gpus[0].uuid}
+    assert {k for k in first["capacity"] if k.startswith("memorySlice")} == {
+        "memorySlice4",
+        "memorySlice5",
+        "memorySlice6",
+        "memorySlice7",
+    }
+    assert first["capacity"]["multiprocessors"] == {"value": "42"}
+
+
+def test_media_extension_and_double_memory_profiles() -> None:
+    inv = inventory("sim:1xh100-80gb/mig=1g.10gb+me*1+1g.20gb*1")
+    names = sorted(d.name for d in dra_devices(inv))
+    assert names == ["gpu-0-mig-1g10gbme-20-0", "gpu-0-mig-1g20gb-15-6"]
+
+
+def test_health_taints_use_nvidias_keys_in_the_drivers_domain() -> None:
+    inv = inventory("sim:2xh100-80gb")
+    d0, d1 = dra_devices(inv)
+    health = Health({inv.gpus[0].uuid: 79, inv.gpus[1].uuid: None})
+    when = "2026-11-23T00:00:00Z"
+    assert taints(d0, health, DRIVER, when) == [
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "timeAdded": when}
+    ]
+    assert taints(d1, health, DRIVER, when) == [
+        {"key": "gpu.nvidia.com/gpu-lost", "effect": "NoSchedule", "timeAdded": when}
+    ]
+    assert taints(d0, Health({}), DRIVER, when) == []
+
+
+def fake_devices(n: int, tainted: bool = False) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = [{"name": f"gpu-{i}"} for i in range(n)]
+    if tainted:
+        out[0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("n", "tainted", "sizes"),
+    [(0, False, [0]), (8, False, [8]), (128, False, [128]), (129, False, [128, 1]),
+     (129, True, [64, 65])],
+)  # fmt: skip
+def test_slices_hold_at_most_128_devices_or_64_with_taints(
+    n: int, tainted: bool, sizes: list[int]
+) -> None:
+    specs = slice_specs(fake_devices(n, tainted), driver=DRIVER, node="n1", generation=3)
+    assert [len(s["devices"]) for s in specs] == sizes
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {len(sizes)}
+    assert {s["pool"]["name"] for s in specs} == {"n1"}
+    assert {s["nodeName"] for s in specs} == {"n1"}
+
+
+def test_first_publish_creates_owned_slices_at_generation_1() -> None:
+    changes = plan_slices([], fake_devices(2), driver=DRIVER, node="n1", node_uid="uid-1")
+    [created] = changes.create
+    assert created["spec"]["pool"]["generation"] == 1
+    assert created["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert created["metadata"]["generateName"].startswith("n1-gpu.nvidia.com-00-")
+    assert (changes.update, changes.delete) == ((), ())
+
+
+def stored(specs: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [
+        {"metadata": {"name": f"s{i}", "resourceVersion": "7"}, "spec": s}
+        for i, s in enumerate(specs)
+    ]
+
+
+def test_unchanged_devices_publish_nothing_and_a_change_bumps_every_slice() -> None:
+    existing = stored(slice_specs(fake_devices(130), driver=DRIVER, node="n1", generation=4))
+    same = plan_slices(existing, fake_devices(130), driver=DRIVER, node="n1", node_uid="u")
+    assert same.empty
+    fewer = plan_slices(existing, fake_devices(3), driver=DRIVER, node="n1", node_uid="u")
+    assert [s["spec"]["pool"]["generation"] for s in fewer.update] == [5]
+    assert fewer.update[0]["metadata"] == {"name": "s0", "resourceVersion": "7"}
+    assert fewer.delete == ("s1",)
+    assert fewer.create == ()
