@@ -10,7 +10,13 @@ Served:
 * `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
 * `GET /api/v1/pods` and `GET /api/v1/namespaces/<ns>/pods` (list or watch), field
   selectors on `spec.nodeName`, `metadata.name`, `metadata.namespace` (`,` joins them);
-* `POST/GET /api/v1/namespaces/<ns>/events`, `PATCH .../events/<name>`.
+* `POST/GET /api/v1/namespaces/<ns>/events`, `PATCH .../events/<name>`;
+* `resource.k8s.io/v1` (DRA): `resourceslices` and `deviceclasses` (cluster-scoped) and
+  `namespaces/<ns>/resourceclaims` (plus the all-namespaces list): list (slices filtered by
+  `spec.nodeName`, `spec.driver`, `metadata.name`), get, create (`generateName` honoured;
+  409 for a taken name), replace (`PUT`; 409 when the sent `metadata.resourceVersion` is
+  stale; a claim's `status` changes only through `PUT .../resourceclaims/<name>/status`)
+  and delete (404 when absent). Watches on these are not served (400).
 
 Label selectors are not implemented (gpuslice does not use them): requests carrying one are
 answered `400`, so a test cannot silently pass on an unfiltered answer.
@@ -68,6 +74,14 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "Pod": ("metadata.name", "metadata.namespace", "spec.nodeName"),
 }
 """Field selectors served per kind (the real API server rejects others with 400 too)."""
+_RESOURCE_KINDS = {
+    "resourceslices": "ResourceSlice",
+    "resourceclaims": "ResourceClaim",
+    "deviceclasses": "DeviceClass",
+}
+_RESOURCE_FIELDS = {"resourceslices": ("spec.nodeName", "spec.driver", "metadata.name")}
+"""Field selectors served on resource.k8s.io lists (the kubelet and drivers use these)."""
+_NAMESPACED_RESOURCES = frozenset({"resourceclaims"})
 
 
 class FakeApiServer:
@@ -82,6 +96,8 @@ class FakeApiServer:
         self._nodes: dict[str, Json] = {}
         self._pods: dict[tuple[str, str], Json] = {}
         self._events: dict[tuple[str, str], Json] = {}
+        self._resources: dict[tuple[str, str, str], Json] = {}
+        """resource.k8s.io/v1 objects by (plural, namespace or "", name)."""
         self._history: list[_Change] = []
         self._closing = False
         self._watch_generation = 0
@@ -255,6 +271,106 @@ class FakeApiServer:
                 if namespace is None or ns == namespace
             ]
 
+    # -- resource.k8s.io/v1 (DRA) ----------------------------------------------------------
+
+    def add_device_class(self, obj: Json) -> Json:
+        """A DeviceClass as an admin or a Helm chart applies it (`metadata.name` required)."""
+        return self._put_resource("deviceclasses", "", copy.deepcopy(obj))
+
+    def device_classes(self) -> list[Json]:
+        return self._resources_of("deviceclasses")
+
+    def add_claim(self, obj: Json) -> Json:
+        """A ResourceClaim as a user creates it (`metadata.namespace` and `name` required)."""
+        claim = copy.deepcopy(obj)
+        return self._put_resource("resourceclaims", claim["metadata"]["namespace"], claim)
+
+    def claim(self, namespace: str, name: str) -> Json:
+        with self._cond:
+            return copy.deepcopy(self._resources[("resourceclaims", namespace, name)])
+
+    def claims(self, namespace: str | None = None) -> list[Json]:
+        return [
+            c
+            for c in self._resources_of("resourceclaims")
+            if namespace is None or c["metadata"]["namespace"] == namespace
+        ]
+
+    def set_claim_status(self, namespace: str, name: str, status: Json) -> Json:
+        """What the scheduler writes: the allocation and `reservedFor`."""
+        with self._cond:
+            claim = copy.deepcopy(self._resources[("resourceclaims", namespace, name)])
+            claim["status"] = copy.deepcopy(status)
+            return self._put_resource("resourceclaims", namespace, claim)
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        with self._cond:
+            self._resources.pop(("resourceclaims", namespace, name), None)
+            self._bump_resources()
+
+    def resource_slices(self, node: str | None = None, driver: str | None = None) -> list[Json]:
+        """Slices in name order (the API's list order), optionally of one node and driver."""
+        return [
+            o
+            for o in self._resources_of("resourceslices")
+            if (node is None or _field(o, "spec.nodeName") == node)
+            and (driver is None or _field(o, "spec.driver") == driver)
+        ]
+
+    def delete_slice(self, name: str) -> None:
+        """Delete one slice, as another writer (or an admin) would; KeyError if absent."""
+        with self._cond:
+            del self._resources[("resourceslices", "", name)]
+            self._bump_resources()
+
+    def delete_all_slices(self, node: str, driver: str | None = None) -> int:
+        """What the kubelet does at its start (every driver's slices of `node`) and 30 s
+        after a driver's plugin went away (`driver` given). Returns how many went."""
+        with self._cond:
+            doomed = [
+                key
+                for key, o in self._resources.items()
+                if key[0] == "resourceslices"
+                and _field(o, "spec.nodeName") == node
+                and (driver is None or _field(o, "spec.driver") == driver)
+            ]
+            for key in doomed:
+                del self._resources[key]
+            self._bump_resources()
+            return len(doomed)
+
+    def _resources_of(self, plural: str) -> list[Json]:
+        with self._cond:
+            return [
+                copy.deepcopy(o) for key, o in sorted(self._resources.items()) if key[0] == plural
+            ]
+
+    def _put_resource(self, plural: str, namespace: str, obj: Json) -> Json:
+        """Store `obj` (owned by the store from here on) with a new resourceVersion; a new
+        object gets a UID and a creation time, a replaced one keeps its UID."""
+        with self._cond:
+            meta = obj.setdefault("metadata", {})
+            key = (plural, namespace, meta["name"])
+            old = self._resources.get(key)
+            if old is not None:
+                meta["uid"] = old["metadata"]["uid"]
+                meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+            else:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+            if namespace:
+                meta["namespace"] = namespace
+            obj.setdefault("apiVersion", "resource.k8s.io/v1")
+            obj.setdefault("kind", _RESOURCE_KINDS[plural])
+            self._resources[key] = obj
+            self._bump(obj)
+            return copy.deepcopy(obj)
+
+    def _bump_resources(self) -> None:
+        """A deletion moves the list's resourceVersion on, as in the real API."""
+        self._last_rv = next(self._rv)
+        self._cond.notify_all()
+
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
         """Block until `predicate()` holds (re-checked on every change and request) or the
         timeout."""
@@ -321,6 +437,12 @@ def _field(obj: Json, path: str) -> str:
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return "" if value is None else str(value)
+
+
+def _random_suffix() -> str:
+    """Five characters, as the API server appends to a `generateName`."""
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    return "".join(secrets.choice(alphabet) for _ in range(5))
 
 
 def _now() -> str:
@@ -431,6 +553,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
     def _dispatch(self, method: str) -> None:
         api = self.server_state
         url = urlsplit(self.path)
@@ -452,6 +580,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, _status(400, "BadRequest", f"bad request: {exc}"))
 
     def _route(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> None:
+        if parts[:3] == ["apis", "resource.k8s.io", "v1"]:
+            self._resource(method, parts[3:], query, body)
+            return
         if parts[:3] == ["api", "v1", "nodes"]:
             if len(parts) == 3 and method == "GET":
                 self._collection("Node", None, query)
@@ -478,6 +609,134 @@ class _Handler(BaseHTTPRequestHandler):
             self._evict(parts[3], parts[5], body)
             return
         self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+
+    # -- resource.k8s.io/v1 ---------------------------------------------------------------
+
+    def _resource(self, method: str, parts: list[str], query: dict[str, str], body: bytes) -> None:
+        """DRA objects: list (with field selectors on slices), get, create (generateName),
+        replace (409 on a stale resourceVersion; claims' `/status` too) and delete."""
+        api = self.server_state
+        namespace = ""
+        if parts[:1] == ["namespaces"] and len(parts) >= 3:
+            namespace, parts = parts[1], parts[2:]
+        plural = parts[0] if parts else ""
+        name = parts[1] if len(parts) > 1 else None
+        subresource = parts[2] if len(parts) > 2 else None
+        namespaced = plural in _NAMESPACED_RESOURCES
+        known = plural in _RESOURCE_KINDS and len(parts) <= 3
+        in_scope = bool(namespace) == namespaced or (not namespace and name is None)
+        if not known or not in_scope or subresource not in (None, "status"):
+            self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+            return
+        if subresource == "status" and plural != "resourceclaims":
+            self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+            return
+        if name is None and method == "GET":
+            if query.get("labelSelector") or query.get("watch") in ("true", "1"):
+                self._send(400, _status(400, "BadRequest", "labelSelector/watch not served"))
+                return
+            wanted = self._resource_selector(plural, query)
+            with api._cond:
+                items = [
+                    copy.deepcopy(o)
+                    for (p, ns, _n), o in sorted(api._resources.items())
+                    if p == plural and (not namespace or ns == namespace) and wanted(o)
+                ]
+                listing = {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": f"{_RESOURCE_KINDS[plural]}List",
+                    "metadata": {"resourceVersion": str(api._last_rv)},
+                    "items": items,
+                }
+            self._send(200, listing)
+            return
+        if name is None and method == "POST" and (namespace or not namespaced):
+            self._create_resource(plural, namespace, json.loads(body))
+            return
+        if name is None:
+            self._send(405, _status(405, "MethodNotAllowed", method))
+            return
+        with api._cond:
+            key = (plural, namespace, name)
+            current = api._resources.get(key)
+            if current is None:
+                message = f'{plural}.resource.k8s.io "{name}" not found'
+                self._send(404, _status(404, "NotFound", message))
+            elif method == "GET":
+                self._send(200, current)
+            elif method == "DELETE" and subresource is None:
+                del api._resources[key]
+                api._bump_resources()
+                self._send(200, current)
+            elif method == "PUT":
+                self._replace_resource(plural, namespace, name, subresource, current, body)
+            else:
+                self._send(405, _status(405, "MethodNotAllowed", method))
+
+    def _create_resource(self, plural: str, namespace: str, obj: Json) -> None:
+        api = self.server_state
+        meta = obj.setdefault("metadata", {})
+        with api._cond:
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    self._send(422, _status(422, "Invalid", "metadata.name: Required value"))
+                    return
+                meta["name"] = meta["generateName"] + _random_suffix()
+            if (plural, namespace, meta["name"]) in api._resources:
+                message = f'{plural}.resource.k8s.io "{meta["name"]}" already exists'
+                self._send(409, _status(409, "AlreadyExists", message))
+                return
+            for server_set in ("resourceVersion", "uid", "creationTimestamp"):
+                meta.pop(server_set, None)
+            if plural == "resourceclaims":
+                obj.pop("status", None)  # status is written through /status only
+            self._send(201, api._put_resource(plural, namespace, obj))
+
+    def _replace_resource(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        subresource: str | None,
+        current: Json,
+        body: bytes,
+    ) -> None:
+        """A PUT (call with the lock held): the sent resourceVersion, when there is one,
+        must be the stored one, as optimistic concurrency in the real API."""
+        api = self.server_state
+        obj = json.loads(body)
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            message = f"the name of the object ({meta['name']}) does not match the URL ({name})"
+            self._send(400, _status(400, "BadRequest", message))
+            return
+        sent_rv = str(meta.get("resourceVersion") or "")
+        if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on {plural}.resource.k8s.io "{name}": the '
+                "object has been modified; please apply your changes to the latest version "
+                "and try again"
+            )
+            self._send(409, _status(409, "Conflict", message))
+            return
+        if subresource == "status":
+            obj = dict(copy.deepcopy(current), status=obj.get("status"))
+        elif plural == "resourceclaims":
+            obj["status"] = copy.deepcopy(current.get("status"))  # status only via /status
+            if obj["status"] is None:
+                del obj["status"]
+        meta["name"] = name
+        self._send(200, api._put_resource(plural, namespace, obj))
+
+    def _resource_selector(self, plural: str, query: dict[str, str]) -> Callable[[Json], bool]:
+        selector = query.get("fieldSelector", "")
+        wanted: list[tuple[str, str]] = []
+        for term in filter(None, selector.split(",")):
+            key, eq, value = term.replace("==", "=").partition("=")
+            if not eq or "!" in key or key not in _RESOURCE_FIELDS.get(plural, ()):
+                raise ValueError(f"field selector {selector!r} not supported")
+            wanted.append((key, value))
+        return lambda obj: all(_field(obj, key) == value for key, value in wanted)
 
     # -- pods ----------------------------------------------------------------------------
 
