@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
@@ -123,3 +123,39 @@ class ClaimPreparer(Protocol):
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Claim UID -> error text; "" means unprepared (or was never prepared)."""
         ...
+
+
+class DraObjectNotFound(LookupError):
+    """The API has no such object (HTTP 404): a claim deleted or replaced meanwhile."""
+
+
+class DraObjects(Protocol):
+    """The `resource.k8s.io/v1` objects a DRA driver reads and writes, as the API's JSON.
+
+    `k8s.dra.DraApi` talks to the API server; `emulator.dra_store.DraStore` keeps them in
+    memory for the demo. Slices are this node's slices of this driver only.
+    """
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim; DraObjectNotFound when there is none."""
+        ...
+
+    async def node_uid(self) -> str:
+        """The Node's UID (slices are owned by it); "" when unknown."""
+        ...
+
+    async def list_slices(self) -> list[dict[str, Any]]: ...
+
+    async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Replace guarded by `metadata.resourceVersion`; DraConflict when it moved."""
+        ...
+
+    async def delete_slice(self, name: str) -> None:
+        """DraObjectNotFound when it was already gone."""
+        ...
+
+
+class DraConflict(Exception):
+    """A write lost a race (HTTP 409): re-read and plan again."""

@@ -4,16 +4,22 @@ The driver's rules (which slices to publish, which claim results are ours, how o
 configs resolve) live in the pure core and work on the API's JSON shapes, so this adapter
 only moves dicts: ResourceClaims are read (the kubelet sends just namespace, UID and name),
 and this node's ResourceSlices of this driver are listed, created, replaced and deleted.
+It implements `ports.DraObjects`; 404 and 409 become the port's exceptions.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
 from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from gpuslice.ports import DraConflict, DraObjectNotFound
 
 Json = dict[str, Any]
 
@@ -23,6 +29,19 @@ def _plain(obj: Any) -> Json:
     return out
 
 
+@asynccontextmanager
+async def _translated(what: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except ApiError as exc:
+        code = getattr(exc.status, "code", None)
+        if code == 404:
+            raise DraObjectNotFound(f"{what} not found") from exc
+        if code == 409:
+            raise DraConflict(f"{what}: {exc.status.message}") from exc
+        raise
+
+
 class DraApi:
     def __init__(self, client: AsyncClient, node_name: str, driver: str) -> None:
         self._client = client
@@ -30,10 +49,12 @@ class DraApi:
         self.driver = driver
 
     async def get_claim(self, namespace: str, name: str) -> Json:
-        return _plain(await self._client.get(ResourceClaim, name, namespace=namespace))
+        async with _translated(f"ResourceClaim {namespace}/{name}"):
+            return _plain(await self._client.get(ResourceClaim, name, namespace=namespace))
 
     async def node_uid(self) -> str:
-        node = await self._client.get(Node, self.node_name)
+        async with _translated(f"Node {self.node_name}"):
+            node = await self._client.get(Node, self.node_name)
         return str(node.metadata.uid) if node.metadata is not None else ""
 
     async def list_slices(self) -> list[Json]:
@@ -45,13 +66,16 @@ class DraApi:
         return [_plain(s) async for s in self._client.list(ResourceSlice, fields=fields)]
 
     async def create_slice(self, obj: Json) -> Json:
-        return _plain(await self._client.create(ResourceSlice.from_dict(obj)))
+        async with _translated("ResourceSlice"):
+            return _plain(await self._client.create(ResourceSlice.from_dict(obj)))
 
     async def replace_slice(self, obj: Json) -> Json:
         """A full replace; the object's `metadata.resourceVersion` guards against a writer
-        that changed it in between (the API answers 409 Conflict)."""
+        that changed it in between (the API answers 409 Conflict: DraConflict)."""
         name = obj["metadata"]["name"]
-        return _plain(await self._client.replace(ResourceSlice.from_dict(obj), name))
+        async with _translated(f"ResourceSlice {name}"):
+            return _plain(await self._client.replace(ResourceSlice.from_dict(obj), name))
 
     async def delete_slice(self, name: str) -> None:
-        await self._client.delete(ResourceSlice, name)
+        async with _translated(f"ResourceSlice {name}"):
+            await self._client.delete(ResourceSlice, name)

@@ -41,6 +41,24 @@ class AppliedSharing:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """What the claim's pods are entitled to on one device, for attribution and the guard
+    (kept so a restarted agent keeps guarding claims prepared before it)."""
+
+    device: str
+    physical_uuid: str
+    """The GPU's or the MIG device's UUID."""
+    strategy: str
+    """`none`, `time-slicing` or `mps`."""
+    shared_by: int = 1
+    """Pods meant to share the device (GuardConfig `sharedBy`), or a share's N."""
+    share_id: str | None = None
+    entitlement_mib: int | None = None
+    """A share's consumed memory, or an MPS pinned limit; None: memory / shared_by."""
+    thread_percentage: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedClaim:
     uid: str
     namespace: str
@@ -48,6 +66,9 @@ class PreparedClaim:
     state: ClaimState
     devices: tuple[PreparedDevice, ...] = ()
     applied: tuple[AppliedSharing, ...] = ()
+    uses: tuple[DeviceUse, ...] = ()
+    guard_mode: str | None = None
+    """The claim's GuardConfig `mode` (off, observe, enforce); None: the node's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +123,43 @@ def _claim_json(c: PreparedClaim) -> dict[str, Any]:
         out["devices"] = [_device_json(d) for d in c.devices]
     if c.applied:
         out["applied"] = [_applied_json(a) for a in c.applied]
+    if c.uses:
+        out["uses"] = [_use_json(u) for u in c.uses]
+    if c.guard_mode is not None:
+        out["guardMode"] = c.guard_mode
     return out
+
+
+def _use_json(u: DeviceUse) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "device": u.device,
+        "physical": u.physical_uuid,
+        "strategy": u.strategy,
+        "sharedBy": u.shared_by,
+    }
+    for key, value in (
+        ("shareID", u.share_id),
+        ("entitlementMiB", u.entitlement_mib),
+        ("threadPercentage", u.thread_percentage),
+    ):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _use(u: Mapping[str, Any]) -> DeviceUse:
+    def optional_int(key: str) -> int | None:
+        return None if u.get(key) is None else int(u[key])
+
+    return DeviceUse(
+        device=str(u["device"]),
+        physical_uuid=str(u["physical"]),
+        strategy=str(u.get("strategy", "none")),
+        shared_by=max(1, int(u.get("sharedBy", 1))),
+        share_id=None if u.get("shareID") is None else str(u["shareID"]),
+        entitlement_mib=optional_int("entitlementMiB"),
+        thread_percentage=optional_int("threadPercentage"),
+    )
 
 
 def _device_json(d: PreparedDevice) -> dict[str, Any]:
@@ -154,4 +211,6 @@ def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
             )
             for a in c.get("applied", ())
         ),
+        uses=tuple(_use(u) for u in c.get("uses", ())),
+        guard_mode=None if c.get("guardMode") is None else str(c["guardMode"]),
     )

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.labels import gpu_family
+from gpuslice.core.sharing.model import Plan
 
 Json = dict[str, Any]
 MIB = 1024 * 1024
@@ -34,7 +35,11 @@ MAX_ATTRIBUTES = 32
 """Attributes plus capacities per device."""
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
+SHARES_CAPACITY = "gpuslice.io/shares"
+"""The capacity counting a shared GPU's shares (qualified: it is not one of NVIDIA's)."""
+
 AttrKind = Literal["string", "int", "bool", "version"]
+ShareStrategy = Literal["time-slicing", "mps"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # `nvidia-smi mig -lgip` profile IDs by GPU-instance shape (REFERENCE.md §2.2): the same on
@@ -63,6 +68,31 @@ class DraDevice:
     mig: MigDevice | None
     attributes: Mapping[str, tuple[AttrKind, str | int | bool]]
     capacity: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareOffer:
+    """A device this node offers as consumable shares: the node's config shares it N ways
+    (`replicas`), so N claims that ask for nothing each get one share and memory/N."""
+
+    replicas: int
+    strategy: ShareStrategy
+    memory_mib: int
+
+
+def share_offers(plan: Plan) -> dict[str, ShareOffer]:
+    """Physical UUID (GPU or MIG device) -> its offer, for every device the plan shares by
+    time-slicing or MPS: the config users already have decides which GPUs DRA shares."""
+    out: dict[str, ShareOffer] = {}
+    for resource in plan.resources:
+        if resource.strategy == "none":
+            continue
+        for dev in resource.devices:
+            if dev.replicas > 1:
+                out[dev.physical.uuid] = ShareOffer(
+                    dev.replicas, resource.strategy, dev.physical.memory_mib
+                )
+    return out
 
 
 def semver(text: str) -> str:
@@ -166,21 +196,44 @@ class Health:
 
 
 def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
-    """NVIDIA's health taints for `device`, if its physical GPU is unhealthy."""
-    if device.gpu.uuid not in health.unhealthy:
+    """NVIDIA's health taints for `device`, if it or its physical GPU is unhealthy."""
+    uuid = device.uuid if device.uuid in health.unhealthy else device.gpu.uuid
+    if uuid not in health.unhealthy:
         return []
-    xid = health.unhealthy[device.gpu.uuid]
+    xid = health.unhealthy[uuid]
     if xid is None:
         return [{"key": f"{driver}/gpu-lost", "effect": "NoSchedule", "timeAdded": added}]
     return [{"key": f"{driver}/xid", "value": str(xid), "effect": "NoSchedule", "timeAdded": added}]
 
 
-def device_json(device: DraDevice, device_taints: Sequence[Json]) -> Json:
+def device_json(
+    device: DraDevice, device_taints: Sequence[Json], offer: ShareOffer | None = None
+) -> Json:
+    """The device as the API holds it. An offered device allows many allocations, each
+    consuming one share and memory/N unless its request asks for more (consumable
+    capacity, Kubernetes' DRAConsumableCapacity)."""
+    capacity: Json = {k: {"value": str(v)} for k, v in sorted(device.capacity.items())}
     out: Json = {
         "name": device.name,
         "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
-        "capacity": {k: {"value": str(v)} for k, v in sorted(device.capacity.items())},
+        "capacity": capacity,
     }
+    if offer is not None and offer.replicas > 1:
+        out["allowMultipleAllocations"] = True
+        capacity["memory"] = {
+            "value": str(device.capacity.get("memory", offer.memory_mib * MIB)),
+            "requestPolicy": {
+                "default": f"{offer.memory_mib // offer.replicas}Mi",
+                "validRange": {"min": "1Mi", "step": "1Mi"},
+            },
+        }
+        capacity[SHARES_CAPACITY] = {
+            "value": str(offer.replicas),
+            "requestPolicy": {
+                "default": "1",
+                "validRange": {"min": "1", "max": str(offer.replicas), "step": "1"},
+            },
+        }
     if device_taints:
         out["taints"] = list(device_taints)
     return out

@@ -101,6 +101,9 @@ class _GuardConfig(_Strict):
     api_version: Literal["resource.gpuslice.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["GuardConfig"]
     mode: Literal["off", "observe", "enforce"] | None = None
+    shared_by: int | None = Field(None, alias="sharedBy", ge=1, le=4096)
+    """How many pods are meant to share each device of the claim: each is entitled to
+    1/sharedBy of its memory (as `replicas` does for the device plugin). Default 1."""
 
 
 # -- what the driver acts on ------------------------------------------------------------------
@@ -132,8 +135,18 @@ class Sharing:
     """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
     mps: MpsSettings | None = None
     guard_mode: str | None = None
+    shared_by: int | None = None
+    """GuardConfig `sharedBy`: pods meant to share each device (None: not said, 1)."""
     source: str = "default"
     """Which config entry this came from, for messages (`config[2]` or `default`)."""
+
+
+def quantity_mib(value: object) -> int:
+    """A Kubernetes quantity (`20Gi`, `21474836480`, an int) in whole MiB, at least 1;
+    ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"not a quantity: {value!r}")
+    return _mib(value)
 
 
 def _mib(value: str | int) -> int:
@@ -265,6 +278,7 @@ def resolve(
         names = {request, request.split("/", 1)[0]}
         sharing = Sharing(kind)
         guard: str | None = None
+        shared_by: int | None = None
         chosen = _pick(entries, names, kind, _SHARING_KINDS, request)
         if chosen is not None:
             assert not isinstance(chosen.parsed, _GuardConfig)
@@ -272,8 +286,15 @@ def resolve(
         guard_entry = _pick(entries, names, kind, ("GuardConfig",), request)
         if guard_entry is not None and isinstance(guard_entry.parsed, _GuardConfig):
             guard = guard_entry.parsed.mode
+            shared_by = guard_entry.parsed.shared_by
         out[index] = Sharing(
-            sharing.kind, sharing.strategy, sharing.interval, sharing.mps, guard, sharing.source
+            sharing.kind,
+            sharing.strategy,
+            sharing.interval,
+            sharing.mps,
+            guard,
+            shared_by,
+            sharing.source,
         )
     return out
 

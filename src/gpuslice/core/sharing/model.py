@@ -120,6 +120,9 @@ class AdvertisedDevice:
     replicas: int
     """How many advertised devices of this resource share `physical` (1 = exclusive)."""
     mps: MpsShare | None = None
+    entitlement_mib: int | None = None
+    """The memory its holder is entitled to when that is not `physical.memory_mib / replicas`:
+    a DRA share's consumed capacity, which the scheduler sized per claim."""
 
 
 @dataclass(frozen=True, slots=True)

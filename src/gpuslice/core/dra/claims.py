@@ -1,0 +1,273 @@
+"""From an allocated ResourceClaim to what Prepare must do on this node, with no I/O.
+
+The kubelet sends only a claim's namespace, UID and name; the driver reads the claim and
+must then decide, for each allocation result of this driver, which device it is, which
+sharing applies (NVIDIA's opaque configs, `core.dra.sharing`) and, for a device offered as
+consumable shares, how much of it the claim got. Every reason to refuse is a `ClaimError`
+whose text goes back to the kubelet (and into the pod's events), so each one names the
+claim's field and value: a claim replaced under the same name, one not allocated yet, a
+result naming a device this node no longer has, a config this driver cannot apply.
+
+Results are grouped per resolved config as NVIDIA's driver does, so one MPS daemon or one
+time-slice setting serves all devices a config applies to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.core.devices import GpuUuid
+from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.publish import SHARES_CAPACITY, DraDevice, ShareOffer, ShareStrategy
+from gpuslice.core.dra.sharing import ClaimConfigError, Sharing, quantity_mib, resolve
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
+from gpuslice.core.sharing.model import ResourceName
+
+Json = dict[str, Any]
+__all__ = ["SHARES_CAPACITY", "ClaimError", "ClaimWork", "DeviceWork", "ShareOffer", "ShareUse"]
+
+
+class ClaimError(GpusliceError):
+    """This claim cannot be prepared here; the text is the claim's error for the kubelet."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUse:
+    """What one claim took of a shared GPU: shares of `replicas`, and memory."""
+
+    shares: int
+    replicas: int
+    memory_mib: int
+    strategy: ShareStrategy
+
+    @property
+    def thread_percentage(self) -> int:
+        """The MPS client limit: the claim's fraction of the SMs, at least 1 %."""
+        return max(1, min(100, 100 * self.shares // self.replicas))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    request: str
+    """The allocation result's request (`main/sub` for a firstAvailable subrequest)."""
+    device: DraDevice
+    sharing: Sharing
+    share_id: str | None = None
+    share: ShareUse | None = None
+
+    @property
+    def request_name(self) -> str:
+        """What the kubelet matches against a container's claim reference (`main`)."""
+        return self.request.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupWork:
+    """Devices one resolved config applies to: configured once, undone once."""
+
+    sharing: Sharing
+    devices: tuple[DeviceWork, ...]
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.device.gpu.uuid for d in self.devices))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWork:
+    ref: ClaimRef
+    devices: tuple[DeviceWork, ...]
+    groups: tuple[GroupWork, ...]
+
+
+def claim_work(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    *,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, DraDevice],
+    offers: Mapping[str, ShareOffer],
+) -> ClaimWork:
+    """What preparing `claim` means on this node; ClaimError says why it cannot be."""
+    where = f"ResourceClaim {ref.namespace}/{ref.name}"
+    if not isinstance(claim, Mapping):
+        raise ClaimError(f"{where}: not an object")
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"{where} has UID {uid!r}, not {ref.uid!r}: it was deleted and created again"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not isinstance(allocation, Mapping):
+        raise ClaimError(f"{where}: status.allocation is missing (the claim is not allocated)")
+    results = (allocation.get("devices") or {}).get("results")
+    if not isinstance(results, list):
+        raise ClaimError(f"{where}: status.allocation.devices.results is missing")
+    ours = [(i, r) for i, r in enumerate(results) if _get(r, "driver") == driver]
+    if not ours:
+        raise ClaimError(f"{where}: no allocation result is for driver {driver!r}")
+    kind_of = {name: d.kind for name, d in devices.items()}
+    seen: dict[str, int] = {}
+    for i, result in ours:
+        field = f"status.allocation.devices.results[{i}]"
+        if _get(result, "pool") != pool:
+            raise ClaimError(
+                f"{where}: {field}.pool is {_get(result, 'pool')!r}; this node's pool is {pool!r}"
+            )
+        name = _get(result, "device")
+        if name not in devices:
+            raise ClaimError(
+                f"{where}: {field}.device {name!r} is not a device of this node "
+                f"(now: {', '.join(sorted(devices)) or 'none'})"
+            )
+        if not _get(result, "shareID"):
+            if name in seen:
+                raise ClaimError(f"{where}: {field} allocates device {name!r} a second time")
+            seen[name] = i
+    try:
+        sharing = resolve(allocation, driver, kind_of)
+    except ClaimConfigError as exc:
+        raise ClaimError(f"{where}: status.allocation.devices.{exc}") from None
+    work: list[DeviceWork] = []
+    for i, result in ours:
+        device = devices[_get(result, "device")]
+        chosen = sharing[i]
+        share_id = _get(result, "shareID") or None
+        share = None
+        if share_id is not None:
+            share = _share_use(result, device, offers.get(device.name), f"{where}: results[{i}]")
+            if chosen.strategy is not None:
+                raise ClaimError(
+                    f"{where}: {chosen.source} asks for {chosen.strategy} on device "
+                    f"{device.name}, which this node offers as shares ({share.replicas}, "
+                    f"{share.strategy}): the node's config sets how shares are shared"
+                )
+        if chosen.strategy == "MPS" and device.kind == "mig":
+            raise ClaimError(
+                f"{where}: {chosen.source}: MPS on MIG device {device.name} is not supported "
+                "by gpuslice; use a whole GPU, or time-slicing on the MIG device"
+            )
+        work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share))
+    return ClaimWork(ref, tuple(work), _groups(work))
+
+
+def _get(obj: object, key: str) -> str:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def _share_use(
+    result: Mapping[str, Any], device: DraDevice, offer: ShareOffer | None, where: str
+) -> ShareUse:
+    consumed = result.get("consumedCapacity") or {}
+    replicas = offer.replicas if offer is not None else 1
+    strategy: ShareStrategy = offer.strategy if offer is not None else "time-slicing"
+    total_mib = device.capacity.get("memory", 0) // (1024 * 1024)
+    try:
+        memory = consumed.get("memory")
+        memory_mib = quantity_mib(memory) if memory is not None else total_mib // replicas
+        raw_shares = consumed.get(SHARES_CAPACITY)
+        shares = int(str(raw_shares)) if raw_shares is not None else 1
+    except (ValueError, TypeError) as exc:
+        raise ClaimError(f"{where}.consumedCapacity: {exc}") from None
+    if shares < 1 or memory_mib < 1 or memory_mib > max(total_mib, 1):
+        raise ClaimError(
+            f"{where}.consumedCapacity: {dict(consumed)!r} does not fit device {device.name}"
+        )
+    return ShareUse(min(shares, replicas), replicas, memory_mib, strategy)
+
+
+def _groups(work: Sequence[DeviceWork]) -> tuple[GroupWork, ...]:
+    keyed: dict[tuple[object, ...], list[DeviceWork]] = {}
+    for d in work:
+        s = d.sharing
+        key = (s.source, s.kind, s.strategy, s.guard_mode, s.shared_by, d.share is not None)
+        keyed.setdefault(key, []).append(d)
+    return tuple(GroupWork(items[0].sharing, tuple(items)) for items in keyed.values())
+
+
+# -- MPS daemons for claims --------------------------------------------------------------
+
+
+def claim_daemon_key(claim_uid: str, gpu_uuids: Sequence[str]) -> str:
+    """NVIDIA's daemon ID shape: `<claim UID>-<5 hex of sha256 of the GPU UUIDs>`."""
+    digest = hashlib.sha256(",".join(gpu_uuids).encode()).hexdigest()[:5]
+    return f"{claim_uid}-{digest}"
+
+
+def share_daemon_key(gpu_uuid: str) -> str:
+    """One daemon per shared GPU, serving every MPS share claim on it."""
+    return f"shares-{gpu_uuid}"
+
+
+def daemon_spec(
+    key: str,
+    root: str,
+    gpus: Sequence[tuple[str, int]],
+    *,
+    thread_percentage: int | None = None,
+    limits_mib: Mapping[int, int] | None = None,
+) -> MpsDaemonSpec:
+    """A control daemon under `<root>/<key>/` for `gpus` ((UUID, index) pairs)."""
+    base = f"{root.rstrip('/')}/{key}"
+    return MpsDaemonSpec(
+        resource=ResourceName(key),
+        root=root.rstrip("/"),
+        pipe_dir=f"{base}/pipe",
+        log_dir=f"{base}/log",
+        shm_dir=f"{base}/shm",
+        started_marker=f"{base}/{STARTED_MARKER}",
+        ready_marker=f"{root.rstrip('/')}/{READY_MARKER}",
+        gpu_uuids=tuple(GpuUuid(u) for u, _ in gpus),
+        gpu_indices=tuple(i for _, i in gpus),
+        active_thread_percentage=100 if thread_percentage is None else thread_percentage,
+        pinned_mem_limits_mib=tuple(sorted((limits_mib or {}).items())),
+    )
+
+
+def group_daemon_spec(claim_uid: str, group: GroupWork, root: str) -> MpsDaemonSpec | None:
+    """The daemon an MPS config group gets (None when the group is not MPS): its
+    defaults are the config's thread percentage and pinned limits (per device UUID or
+    index into the group's GPUs, as NVIDIA reads `defaultPerDevicePinnedMemoryLimit`)."""
+    mps = group.sharing.mps
+    if group.sharing.strategy != "MPS" or mps is None:
+        return None
+    gpus: dict[str, int] = {}
+    for d in group.devices:
+        gpus.setdefault(d.device.gpu.uuid, d.device.gpu.index)
+    limits: dict[int, int] = {}
+    for position, (uuid, index) in enumerate(gpus.items()):
+        limit = mps.limit_for(uuid, position)
+        if limit is not None:
+            limits[index] = limit
+    return daemon_spec(
+        claim_daemon_key(claim_uid, list(gpus)),
+        root,
+        list(gpus.items()),
+        thread_percentage=mps.active_thread_percentage,
+        limits_mib=limits,
+    )
+
+
+def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
+    """What a share's containers are told: MPS client limits (enforced by the MPS server),
+    or for time-slicing the same memory hints the device plugin gives replicas."""
+    if share.strategy == "mps":
+        return {
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share.memory_mib}M",
+        }
+    fraction = min(1.0, share.memory_mib / total_mib) if total_mib else 1.0
+    text = f"{math.floor(fraction * 10_000) / 10_000:.4f}".rstrip("0").rstrip(".")
+    return {
+        "GPUSLICE_GPU_FRACTION": text,
+        "GPUSLICE_MEMORY_LIMIT_MIB": str(share.memory_mib),
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": text,
+    }
