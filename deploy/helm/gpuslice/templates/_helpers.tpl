@@ -51,6 +51,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Checks NVIDIA's chart makes, plus ours; each message says what to change. */}}
 {{- define "gpuslice.validate" -}}
 {{- include "gpuslice.nvidiaValues" . }}
+{{- include "gpuslice.validateDra" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}
@@ -115,5 +116,56 @@ capabilities:
   {{- end }}
 seccompProfile:
   type: RuntimeDefault
+{{- end }}
+{{- end }}
+
+{{/*
+DRA mode: the names of the DeviceClasses for one device type ("gpu" or "mig"). NVIDIA's
+driver name gpu.nvidia.com gives NVIDIA's classes gpu.nvidia.com and mig.nvidia.com; any
+driver name gpu.<rest> gives <type>.<rest> the same way; any other name <type>.<driver>.
+Called with (list <type> <driverName>).
+*/}}
+{{- define "gpuslice.draClassName" -}}
+{{- $type := index . 0 }}
+{{- $driver := index . 1 }}
+{{- if hasPrefix "gpu." $driver }}
+{{- printf "%s.%s" $type (trimPrefix "gpu." $driver) }}
+{{- else }}
+{{- printf "%s.%s" $type $driver }}
+{{- end }}
+{{- end }}
+
+{{/* DRA mode: the directory of the agent's dra.sock and checkpoint. */}}
+{{- define "gpuslice.draPluginDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.dra.kubeletPluginsDir) .Values.dra.driverName }}
+{{- end }}
+
+{{/*
+The DaemonSet's updateStrategy: `updateStrategy` as given, except that in DRA mode a
+rolling update is pinned to maxSurge 0. A surge pod would be a second kubelet plugin on the
+node with the same socket names (the kubelet's rolling-update mode with per-pod socket
+names is not supported), so a maxSurge other than 0 is refused in gpuslice.validate.
+*/}}
+{{- define "gpuslice.updateStrategy" -}}
+{{- $strategy := deepCopy (.Values.updateStrategy | default dict) }}
+{{- if and .Values.dra.enabled (eq (toString ($strategy.type | default "RollingUpdate")) "RollingUpdate") }}
+{{- $rolling := deepCopy ($strategy.rollingUpdate | default dict) }}
+{{- $_ := set $rolling "maxSurge" 0 }}
+{{- $_ = set $strategy "type" "RollingUpdate" }}
+{{- $_ = set $strategy "rollingUpdate" $rolling }}
+{{- end }}
+{{- toYaml $strategy }}
+{{- end }}
+
+{{/* DRA mode checks; each message says what to change. */}}
+{{- define "gpuslice.validateDra" -}}
+{{- if .Values.dra.enabled }}
+{{- $strategy := .Values.updateStrategy | default dict }}
+{{- $rolling := $strategy.rollingUpdate | default dict }}
+{{- if hasKey $rolling "maxSurge" }}
+{{- if not (has (toString $rolling.maxSurge) (list "0" "0%")) }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v with dra.enabled: a DRA kubelet plugin must be replaced with maxSurge 0 (two agents on one node would share the kubelet plugin's socket names); remove maxSurge or set it to 0" $rolling.maxSurge) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
