@@ -8,9 +8,12 @@ snapshot (telemetry, the kubelet's PodResources list, `/proc`, attribution) when
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice.core.guard import GpuMemory, tenants_from
+from gpuslice.core.guard.model import GuardMode
+from gpuslice.core.sharing.model import Plan
 from gpuslice.guard import GuardView
 from gpuslice.guard.enforcement import ReadView
 from gpuslice.metrics import SnapshotRefresher
@@ -27,20 +30,28 @@ guard's state (a container it was stopping has nothing left to stop)."""
 
 
 def guard_view_reader(
-    backend: GpuBackend, current: CurrentPlan, shared: SnapshotRefresher, proc_root: Path
+    backend: GpuBackend,
+    current: CurrentPlan,
+    shared: SnapshotRefresher,
+    proc_root: Path,
+    *,
+    mode_of: Callable[[str], GuardMode | None] | None = None,
 ) -> ReadView:
     """The guard's `read`: None while the plan shares no GPU by time-slicing or MPS (MIG
     and exclusive GPUs are exempt), `IDLE_VIEW` while no GPU has a process, otherwise the
-    GPUs' memory and the attributed tenants from a fresh shared snapshot."""
+    GPUs' memory and the attributed tenants from a fresh shared snapshot.
+
+    `mode_of` (DRA mode) gives a resource's own guard mode, e.g. claim `claim:<ns>/<name>`
+    -> its GuardConfig `mode`, None when it has none; it can only lower the node's mode."""
 
     async def read() -> GuardView | None:
         plan = current()
-        if plan is None or not any(r.strategy in GUARDED_STRATEGIES for r in plan[0].resources):
+        if plan is None or not shares_memory(plan[0]):
             return None
         if not await _any_gpu_process(backend):
             return IDLE_VIEW
         snap = await shared.refresh()
-        tenants = tenants_from(snap.attribution)
+        tenants = tenants_from(snap.attribution, mode_of)
         pids = [p for t in tenants for p in t.pids]
         identities = await asyncio.to_thread(cgroup_identities, pids, proc_root) if pids else {}
         gpus = tuple(
@@ -55,6 +66,19 @@ def guard_view_reader(
         return GuardView(gpus, tenants, identities)
 
     return read
+
+
+def shares_memory(plan: Plan) -> bool:
+    """Some resource shares a GPU's memory between holders: a time-slicing or MPS resource,
+    or (a DRA claims plan) a whole GPU meant for several pods or a consumable share."""
+    return any(
+        r.strategy in GUARDED_STRATEGIES
+        or any(
+            d.physical.kind == "gpu" and (d.replicas > 1 or d.entitlement_mib is not None)
+            for d in r.devices
+        )
+        for r in plan.resources
+    )
 
 
 async def _any_gpu_process(backend: GpuBackend) -> bool:

@@ -26,6 +26,12 @@ Entitlement per replica, from the plan: exclusive -> the whole GPU; time-slicing
 share (memory/replicas and 1/replicas of the SMs; nothing enforces it); MPS -> the pinned
 memory limit and the active thread percentage (both enforced by the MPS server); MIG ->
 the MIG device's memory and SMs. A container holding several devices on one GPU gets the sum.
+
+DRA claims come in the same shape (a *claims plan*: one resource `claim:<ns>/<name>` per
+prepared claim, device IDs `<pool>/<device>[/<shareID>]`): a claim shared by N pods has
+`replicas` N and is entitled like a time-slicing replica, and a consumable-capacity share
+carries its consumed memory in `AdvertisedDevice.entitlement_mib`, which wins over
+memory/replicas (kind `mps` when the share runs under MPS, else `time-slicing`).
 """
 
 from __future__ import annotations
@@ -297,15 +303,24 @@ def entitlement_of(dev: AdvertisedDevice, gpu_sms: int | None) -> Entitlement:
     if phys.kind == "mig":
         fraction = phys.multiprocessors / gpu_sms if gpu_sms else None
         return Entitlement("mig", total_bytes, fraction)
+    replicas = max(1, dev.replicas)
+    if dev.entitlement_mib is not None:
+        # A DRA share: the scheduler sized its memory per claim (consumed capacity).
+        if dev.mps is not None:
+            return Entitlement(
+                "mps", dev.entitlement_mib * MIB, dev.mps.active_thread_percentage / 100.0
+            )
+        return Entitlement("time-slicing", dev.entitlement_mib * MIB, 1.0 / replicas)
     if dev.mps is not None:
         return Entitlement(
             "mps",
             dev.mps.pinned_memory_limit_mib * MIB,
             dev.mps.active_thread_percentage / 100.0,
         )
-    if dev.replica is None or dev.replicas <= 1:
+    if replicas == 1:
         return Entitlement("exclusive", total_bytes, 1.0)
-    return Entitlement("time-slicing", total_bytes // dev.replicas, 1.0 / dev.replicas)
+    # A device-plugin replica, or a DRA claim meant for `replicas` pods (GuardConfig sharedBy).
+    return Entitlement("time-slicing", total_bytes // replicas, 1.0 / replicas)
 
 
 _KIND_ORDER: dict[EntitlementKind, int] = {"mig": 3, "mps": 2, "time-slicing": 1, "exclusive": 0}

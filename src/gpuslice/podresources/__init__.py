@@ -4,7 +4,23 @@ The emulator lives beside the client because tests and `gpuslice demo` need a ku
 server that speaks the same protocol over a real unix socket.
 """
 
+from gpuslice.podresources.claims import (
+    ClaimBooks,
+    ClaimDevice,
+    ContainerClaim,
+    claim_device_id,
+    claim_resource,
+)
 from gpuslice.podresources.client import PodResourcesClient, PodResourcesError
 from gpuslice.podresources.emulator import PodResourcesEmulator
 
-__all__ = ["PodResourcesClient", "PodResourcesEmulator", "PodResourcesError"]
+__all__ = [
+    "ClaimBooks",
+    "ClaimDevice",
+    "ContainerClaim",
+    "PodResourcesClient",
+    "PodResourcesEmulator",
+    "PodResourcesError",
+    "claim_device_id",
+    "claim_resource",
+]

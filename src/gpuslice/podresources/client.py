@@ -37,10 +37,19 @@ class PodResourcesError(Exception):
 class PodResourcesClient:
     """Implements `ports.PodAssignments` against a kubelet (or `PodResourcesEmulator`)."""
 
-    def __init__(self, socket_path: Path | str = DEFAULT_SOCKET, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        socket_path: Path | str = DEFAULT_SOCKET,
+        *,
+        timeout_s: float = 5.0,
+        dra_driver: str | None = None,
+    ) -> None:
         self.socket_path = Path(socket_path)
         self.timeout_s = timeout_s
         """Per-call deadline: a scrape loop must not hang on a wedged kubelet."""
+        self.dra_driver = dra_driver
+        """Keep only this DRA driver's claim devices (`gpu.nvidia.com` in DRA mode); None
+        keeps every driver's. Device-plugin devices are always kept."""
         self._channel: Any = None
         self._socket_identity: tuple[int, int, int] | None = None
 
@@ -48,7 +57,7 @@ class PodResourcesClient:
         resp = await self._call(
             LIST_METHOD, pb.ListPodResourcesRequest(), pb.ListPodResourcesResponse
         )
-        return assignments_of(resp.pod_resources)
+        return assignments_of(resp.pod_resources, self.dra_driver)
 
     async def allocatable(self) -> dict[str, tuple[str, ...]]:
         """resource -> device IDs the kubelet considers allocatable on this node."""
@@ -61,7 +70,7 @@ class PodResourcesClient:
         """One pod's devices (the kubelet's `Get`, alpha behind `KubeletPodResourcesGet`)."""
         request = pb.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace)
         resp = await self._call(GET_METHOD, request, pb.GetPodResourcesResponse)
-        return assignments_of([resp.pod_resources])
+        return assignments_of([resp.pod_resources], self.dra_driver)
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None

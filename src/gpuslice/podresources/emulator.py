@@ -1,7 +1,10 @@
 """A kubelet-side PodResources server over a real unix socket, fed from a callable.
 
 Used by tests and `gpuslice demo`: whatever keeps the books of who holds which device (the
-kubelet emulator, a test) hands in `source`, and every `List` answers from it afresh.
+kubelet emulator, a test) hands in `source`, and every `List` answers from it afresh. DRA
+claims come from `claims` (a `ClaimBooks`, its own unless one is shared in): `book_claim`
+and `release_claim` play the kubelet after NodePrepareResources / NodeUnprepareResources,
+and `List` and `Get` report them in `dynamic_resources` as the kubelet does.
 `restart` recreates the socket file the way a kubelet restart does, so clients' reconnect
 logic runs for real.
 """
@@ -17,6 +20,12 @@ from typing import Any
 import grpc
 
 from gpuslice.kubelet.protos.podresources.v1 import api_pb2 as pb
+from gpuslice.podresources.claims import (
+    ClaimBooks,
+    ClaimDevice,
+    ClaimDeviceSpec,
+    ContainerClaim,
+)
 from gpuslice.podresources.convert import (
     SERVICE,
     allocatable_response,
@@ -32,13 +41,16 @@ class PodResourcesEmulator:
     def __init__(
         self,
         socket_path: Path | str,
-        source: AssignmentSource,
+        source: AssignmentSource = lambda: (),
         *,
         allocatable: AllocatableSource | None = None,
+        claims: ClaimBooks | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.source = source
         self.allocatable = allocatable
+        self.claims = claims if claims is not None else ClaimBooks()
+        """Which container uses which DRA claim's devices (served as dynamic resources)."""
         self.list_calls = 0
         """How many `List` calls were answered (lets tests see a client reached this server)."""
         self._server: Any = None
@@ -69,6 +81,27 @@ class PodResourcesEmulator:
         """Stop, remove the socket, serve on a new one: what a kubelet restart looks like."""
         await self.stop()
         await self.start()
+
+    def book_claim(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        claim_namespace: str,
+        claim_name: str,
+        devices: Sequence[ClaimDevice | ClaimDeviceSpec],
+    ) -> ContainerClaim:
+        """The container uses the claim's devices, each a `ClaimDevice` or
+        (driver, pool, device, share_id, CDI IDs); the next `List` reports it."""
+        return self.claims.book(namespace, pod, container, claim_namespace, claim_name, devices)
+
+    def release_claim(self, claim_namespace: str, claim_name: str) -> int:
+        """The claim was unprepared: no container uses it any more."""
+        return self.claims.release_claim(claim_namespace, claim_name)
+
+    def pod_resources(self) -> list[pb.PodResources]:
+        """What `List` answers now, as the kubelet's protobuf messages."""
+        return pod_resources(self.source(), self.claims.entries())
 
     async def __aenter__(self) -> PodResourcesEmulator:
         await self.start()
@@ -108,7 +141,7 @@ class PodResourcesEmulator:
         self, request: pb.ListPodResourcesRequest, context: Any
     ) -> pb.ListPodResourcesResponse:
         self.list_calls += 1
-        return pb.ListPodResourcesResponse(pod_resources=pod_resources(self.source()))
+        return pb.ListPodResourcesResponse(pod_resources=self.pod_resources())
 
     async def _allocatable(
         self, request: pb.AllocatableResourcesRequest, context: Any
@@ -123,7 +156,7 @@ class PodResourcesEmulator:
     async def _get(
         self, request: pb.GetPodResourcesRequest, context: Any
     ) -> pb.GetPodResourcesResponse:
-        for pod in pod_resources(self.source()):
+        for pod in self.pod_resources():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
                 return pb.GetPodResourcesResponse(pod_resources=pod)
         await context.abort(

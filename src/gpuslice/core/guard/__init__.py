@@ -8,6 +8,8 @@ from gpuslice.core.guard.model import (
     GuardState,
     Reserve,
     Tenant,
+    effective_mode,
+    holder_mode,
     lookahead_for,
 )
 from gpuslice.core.guard.policy import Evaluation, evaluate, tenants_from
@@ -21,7 +23,9 @@ __all__ = [
     "GuardState",
     "Reserve",
     "Tenant",
+    "effective_mode",
     "evaluate",
+    "holder_mode",
     "lookahead_for",
     "tenants_from",
 ]

@@ -8,7 +8,7 @@ sequences without a clock, and the benchmark drives the same code in simulated t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,6 +18,30 @@ from gpuslice.core.errors import GpusliceError
 GuardMode = Literal["off", "observe", "enforce"]
 """`off`: not evaluated; `observe`: decisions are logged and posted, nothing is stopped;
 `enforce`: reclaim decisions stop the container."""
+
+_ACTING: dict[GuardMode, int] = {"off": 0, "observe": 1, "enforce": 2}
+
+
+def effective_mode(node: GuardMode, holder: GuardMode | None) -> GuardMode:
+    """The mode that applies to one tenant: its holder's (a DRA claim's GuardConfig `mode`)
+    where it acts less than the node's, else the node's. The node-wide mode is a ceiling a
+    claim can only lower: `enforce` asked by a claim on an `observe` node stays `observe`,
+    so whoever runs the node decides whether the guard may stop anything at all."""
+    if holder is None or _ACTING[holder] >= _ACTING[node]:
+        return node
+    return holder
+
+
+def holder_mode(modes: Iterable[GuardMode | None]) -> GuardMode | None:
+    """One tenant's own mode from those of the resources it holds on that GPU: None (the
+    node's) when any resource has no mode of its own, else the one that acts most. Memory
+    used on one GPU cannot be split by resource, so a tenant is left alone (`off`) only
+    when every resource it holds there says so."""
+    listed = list(modes)
+    if not listed or any(m is None for m in listed):
+        return None
+    return max((m for m in listed if m is not None), key=_ACTING.__getitem__)
+
 
 GuardAction = Literal["kill", "evict"]
 """How a reclaim is carried out: signal the container's processes, or the Eviction API."""
@@ -62,6 +86,9 @@ class Tenant:
     share_bytes: int
     used_bytes: int
     pids: tuple[int, ...] = ()
+    mode: GuardMode | None = None
+    """Its holder's own mode (a DRA claim's GuardConfig `mode`); None: the node's. It can
+    only lower the node's mode (`effective_mode`)."""
 
     @property
     def overrun_bytes(self) -> int:
@@ -180,7 +207,8 @@ class Decision:
     free_bytes: int
     reserve_bytes: int
     enforced: bool
-    """False in observe mode and for MPS tenants: the decision is only reported."""
+    """False in observe mode (the node's, or the tenant's own) and for MPS tenants: the
+    decision is only reported."""
     reason: ReclaimReason | None = None
     pids: tuple[int, ...] = ()
     borrowing_growth_bytes_per_s: int = 0

@@ -23,11 +23,18 @@ it is. The policy turns that around:
 MPS tenants are reported but never reclaimed (the MPS server enforces their pinned limit);
 MIG and exclusive tenants are skipped (nobody shares their memory). A container on several
 GPUs is one victim: stopping it frees its memory on each of them.
+
+A tenant may carry its own mode (a DRA claim's GuardConfig), which can only lower the
+node's (`model.effective_mode`): an `off` tenant is not watched at all (its memory still
+counts as used on the GPU); an `observe` tenant is reported, as the node's observe mode
+would report it, but never stopped. Under a node that enforces, an observing tenant's
+memory does not count as being freed, so it shields no enforced borrower on that GPU:
+the guard goes on choosing them until the projection is back at the reserve.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuslice.core.attribution import Attribution
@@ -36,10 +43,13 @@ from gpuslice.core.guard.model import (
     Decision,
     DecisionKind,
     GpuMemory,
+    GuardMode,
     GuardParams,
     GuardState,
     ReclaimReason,
     Tenant,
+    effective_mode,
+    holder_mode,
 )
 
 
@@ -51,8 +61,14 @@ class Evaluation:
     state: GuardState
 
 
-def tenants_from(attribution: Attribution) -> tuple[Tenant, ...]:
-    """The guard's view of the exporter's attribution (one tenant per container per GPU)."""
+def tenants_from(
+    attribution: Attribution, mode_of: Callable[[str], GuardMode | None] | None = None
+) -> tuple[Tenant, ...]:
+    """The guard's view of the exporter's attribution (one tenant per container per GPU).
+
+    `mode_of` gives a resource's own guard mode (in DRA mode: claim `claim:<ns>/<name>` ->
+    its GuardConfig `mode`), None where it has none; a tenant's mode follows `holder_mode`.
+    """
     return tuple(
         Tenant(
             key=ContainerKey(u.namespace, u.pod, u.container),
@@ -61,6 +77,7 @@ def tenants_from(attribution: Attribution) -> tuple[Tenant, ...]:
             share_bytes=u.entitlement.memory_bytes,
             used_bytes=u.memory_used_bytes,
             pids=u.pids,
+            mode=None if mode_of is None else holder_mode(mode_of(r) for r in u.resources),
         )
         for u in attribution.usages
     )
@@ -76,9 +93,17 @@ def evaluate(
     """One poll's decisions and the state for the next poll (rules in the module docstring)."""
     gpu_list = sorted(gpus, key=lambda g: g.uuid)
     by_gpu = {g.uuid: g for g in gpu_list}
-    watched = [t for t in tenants if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu]
     if params.mode == "off":
         return Evaluation((), frozenset(), GuardState())
+
+    def mode(t: Tenant) -> GuardMode:
+        return effective_mode(params.mode, t.mode)
+
+    watched = [
+        t
+        for t in tenants
+        if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu and mode(t) != "off"
+    ]
     growth = _borrowing_growth(watched, state, now)
     enforce = params.mode == "enforce"
     decisions: list[Decision] = []
@@ -156,14 +181,21 @@ def evaluate(
 
     reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
     chosen: set[ContainerKey] = set()
+    observed: set[ContainerKey] = set()
 
     def reclaim(t: Tenant, reason: ReclaimReason) -> None:
+        acts = mode(t) == "enforce"
         chosen.add(t.key)
-        if enforce or t.key not in state.reported:
-            decide("reclaim", t, reason, enforce)
-        count_freed(t.key)  # observe reports the victims enforce would choose
-        if enforce:
+        if acts or t.key not in state.reported:
+            decide("reclaim", t, reason, acts)
+        if acts:
             stopping[t.key] = now
+        else:
+            observed.add(t.key)
+        if acts or not enforce:
+            # The node's observe mode reports the victims enforce would choose; a tenant
+            # observing under a node that enforces frees nothing, so others still go.
+            count_freed(t.key)
 
     if params.strict:
         for t in sorted(reclaimable, key=lambda t: (-t.overrun_bytes, t.key, t.gpu_uuid)):
@@ -198,7 +230,7 @@ def evaluate(
             over_since=over_since,
             stopping=stopping,
             escalated=frozenset(escalated),
-            reported=frozenset() if enforce else frozenset(chosen),
+            reported=frozenset(observed),
             last_used={(t.key, t.gpu_uuid): (now, t.used_bytes) for t in watched},
         ),
     )
