@@ -18,16 +18,23 @@ from pathlib import Path
 
 from lightkube import AsyncClient
 
+from gpuslice.agent.dra_driver import DraDriver, DriverSettings
+from gpuslice.agent.dra_front import DraFrontEnd
+from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.guard_view import guard_view_reader
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
-from gpuslice.agent.settings import AgentSettings
+from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
+from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
+from gpuslice.dra.server import DraServerSettings
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
+from gpuslice.host.cdi_store import CdiSpecStore
+from gpuslice.host.checkpoint_file import CheckpointFile, boot_id
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.k8s import (
     NodeEvents,
@@ -38,11 +45,21 @@ from gpuslice.k8s import (
     PodEvictor,
     make_client,
 )
+from gpuslice.k8s.dra import DraApi
+from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.status import build_status
-from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings, NvidiaSmiComputeMode
+from gpuslice.mps import (
+    ControlProgram,
+    MpsDaemonManager,
+    MpsTimings,
+    NvidiaSmiComputeMode,
+    NvidiaSmiTimeslice,
+    TimesliceSetter,
+)
 from gpuslice.podresources import PodResourcesClient
+from gpuslice.ports import DraObjects
 
 log = get_logger("gpuslice.agent")
 
@@ -92,10 +109,85 @@ def wire_mps(
 
 
 def _current_plan(agent: Agent) -> tuple[Plan, Inventory] | None:
+    """What attribution reads: the device-plugin plan, or in DRA mode the prepared claims
+    seen as a plan (one resource per claim)."""
     if agent.state is None:
         return None
     snap = agent.state.current
+    front = agent.hooks.front_end
+    if isinstance(front, DraFrontEnd):
+        claims = front.driver.claims_plan()
+        return None if claims is None else (claims, snap.inventory)
     return snap.plan, snap.inventory
+
+
+def wire_dra(
+    agent: Agent,
+    dra: DraSettings,
+    objects: DraObjects,
+    *,
+    timeslice: TimesliceSetter | None = None,
+    warn: Callable[[str, str], Awaitable[None]] | None = None,
+    server_settings: DraServerSettings | None = None,
+    mps_timings: MpsTimings | None = None,
+) -> DraFrontEnd:
+    """Serve the node's GPUs as a DRA driver (docs/dra.md) instead of device plugins.
+
+    Claims' MPS daemons get their own manager under the plugin directory; the device
+    plugin's manager is not wired in this mode, so the two never start daemons on one GPU.
+    """
+    settings = agent.settings
+    if not settings.node_name:
+        raise ValueError(
+            "DRA mode needs the node's name (--node-name / NODE_NAME): it names the pool "
+            "of this node's devices and selects its ResourceSlices"
+        )
+    plugin_dir = dra.plugin_path
+
+    def snapshot() -> Snapshot | None:
+        return None if agent.state is None else agent.state.current
+
+    mps = MpsDaemonManager(
+        [],
+        ControlProgram.factory(settings.mps_control),
+        compute_mode=NvidiaSmiComputeMode() if settings.set_compute_mode else None,
+        timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
+    )
+    driver = DraDriver(
+        DriverSettings(
+            driver=dra.driver_name,
+            node=settings.node_name,
+            mps_root=str(plugin_dir / "mps"),
+        ),
+        objects=objects,
+        checkpoint=CheckpointFile(plugin_dir / "checkpoint.json"),
+        cdi=CdiSpecStore(dra.cdi_root, CDI_KIND),
+        snapshot=snapshot,
+        boot_id=boot_id(),
+        mps=mps,
+        timeslice=timeslice if timeslice is not None else NvidiaSmiTimeslice(dra.nvidia_smi),
+        warn=warn,
+    )
+    publisher = SlicePublisher(
+        objects,
+        driver=dra.driver_name,
+        node=settings.node_name,
+        snapshot=snapshot,
+        xids=lambda: agent.last_xid,
+        resync_s=dra.resync_s,
+    )
+    front = DraFrontEnd(
+        lambda: agent.state,
+        driver_name=dra.driver_name,
+        plugin_dir=plugin_dir,
+        registry_dir=dra.registry_dir,
+        driver=driver,
+        publisher=publisher,
+        mps=mps,
+        server_settings=server_settings,
+    )
+    agent.hooks.front_end = front
+    return front
 
 
 def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRefresher:
@@ -333,12 +425,32 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             watcher = NodeLabelWatcher(client, settings.node_name, settings.node_label)
             watcher_task = asyncio.create_task(watcher.feed(labels), name="node-label-watch")
         agent = Agent(settings, backend, hooks=AgentHooks(), label_values=labels)
-        wire_mps(
-            agent,
-            control=settings.mps_control,
-            set_compute_mode=settings.set_compute_mode,
-            timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
-        )
+        warn = None
+        if client is not None:
+            events = NodeEvents(client, settings.node_name, settings.namespace)
+            wire_events(agent, events)
+
+            async def warn(reason: str, message: str) -> None:
+                await events.post(reason, message, type="Warning")
+
+        if settings.dra is not None:
+            if client is None:
+                raise ValueError(
+                    "DRA mode needs the node's name (--node-name / NODE_NAME) and API access"
+                )
+            wire_dra(
+                agent,
+                settings.dra,
+                DraApi(client, settings.node_name, settings.dra.driver_name),
+                warn=warn,
+            )
+        else:
+            wire_mps(
+                agent,
+                control=settings.mps_control,
+                set_compute_mode=settings.set_compute_mode,
+                timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
+            )
         metrics_on = settings.metrics_port is not None
         node_pods = NodePods(client, settings.node_name) if client is not None else None
         refresher = snapshot_refresher(agent, node_pods)
@@ -363,14 +475,6 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
             wire_label_file(agent, settings.labels_file)
         elif settings.labels_mode == "api" and client is not None:
             wire_label_api(agent, NodeLabeler(client, settings.node_name))
-        warn = None
-        if client is not None:
-            events = NodeEvents(client, settings.node_name, settings.namespace)
-            wire_events(agent, events)
-
-            async def warn(reason: str, message: str) -> None:
-                await events.post(reason, message, type="Warning")
-
         agent.hooks.services.append(inventory_watcher(agent, warn))
         yield agent
     finally:

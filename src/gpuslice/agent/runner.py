@@ -92,6 +92,8 @@ class Agent:
             log.warning("healthcheck-setting", message=w)
         self.health = HealthState()
         self.extra_unhealthy: frozenset[str] = frozenset()
+        self.last_xid: dict[str, int | None] = {}
+        """GPU UUID -> its last XID (None: lost); DRA taints carry the XID as NVIDIA's do."""
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
         self.label_value = ""
         self.loaded: LoadedConfig | None = None
@@ -320,6 +322,8 @@ class Agent:
                 await self.reload("inventory-event")
                 continue
             inventory = self.state.current.inventory
+            if event.kind in ("xid", "lost"):
+                self.last_xid[event.gpu_uuid] = event.xid if event.kind == "xid" else None
             before = self.health.unhealthy
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:

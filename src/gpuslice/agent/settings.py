@@ -60,6 +60,11 @@ class DraSettings:
     """`DRA_REGISTRY_DIR`: the kubelet's plugin-watcher directory."""
     cdi_root: Path = DEFAULT_CDI_ROOT
     """`CDI_ROOT`: where per-claim CDI specs are written for the container runtime."""
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+    """`NVIDIA_SMI`: sets a claim's time-slice interval (`compute-policy --set-timeslice`)."""
+    resync_s: float = 10.0
+    """`DRA_RESYNC_INTERVAL`: seconds between checks that this node's ResourceSlices are
+    still there (the kubelet deletes them when it restarts)."""
 
     @property
     def plugin_path(self) -> Path:

@@ -343,6 +343,21 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     show_default=True,
     help="Where per-claim CDI specs are written (DRA mode).",
 )
+@click.option(
+    "--nvidia-smi",
+    envvar="NVIDIA_SMI",
+    default="nvidia-smi",
+    show_default=True,
+    help="nvidia-smi command, for claims' time-slice intervals (DRA mode).",
+)
+@click.option(
+    "--dra-resync-interval",
+    envvar="DRA_RESYNC_INTERVAL",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between checks that this node's ResourceSlices are still published.",
+)
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.option(
     "--shutdown-grace",
@@ -416,6 +431,8 @@ def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
         plugin_dir=params["dra_plugin_dir"],
         registry_dir=params["dra_registry_dir"],
         cdi_root=params["cdi_root"],
+        nvidia_smi=tuple(params["nvidia_smi"].split()),
+        resync_s=params["dra_resync_interval"],
     )
 
 
