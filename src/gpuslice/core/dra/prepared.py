@@ -38,6 +38,10 @@ class AppliedSharing:
     """The MPS daemon's key in the daemon manager; empty when no daemon."""
     interval: int | None = None
     """The time-slice interval set, to reset to Default at Unprepare."""
+    thread_percentage: int | None = None
+    """The daemon's default active thread percentage (to start it again after a restart)."""
+    limits_mib: tuple[tuple[int, int], ...] = ()
+    """The daemon's (GPU index, MiB) pinned memory limits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,10 @@ def _applied_json(a: AppliedSharing) -> dict[str, Any]:
         out["mpsKey"] = a.mps_key
     if a.interval is not None:
         out["interval"] = a.interval
+    if a.thread_percentage is not None:
+        out["threadPercentage"] = a.thread_percentage
+    if a.limits_mib:
+        out["limitsMiB"] = [[index, mib] for index, mib in a.limits_mib]
     return out
 
 
@@ -208,6 +216,10 @@ def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
                 gpu_uuids=tuple(str(g) for g in a.get("gpus", ())),
                 mps_key=str(a.get("mpsKey", "")),
                 interval=None if a.get("interval") is None else int(a["interval"]),
+                thread_percentage=(
+                    None if a.get("threadPercentage") is None else int(a["threadPercentage"])
+                ),
+                limits_mib=tuple((int(i), int(m)) for i, m in a.get("limitsMiB", ())),
             )
             for a in c.get("applied", ())
         ),

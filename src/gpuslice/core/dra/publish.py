@@ -95,6 +95,22 @@ def share_offers(plan: Plan) -> dict[str, ShareOffer]:
     return out
 
 
+_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+_DECIMAL = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3))
+
+
+def quantity(value: int, *, binary: bool = False) -> str:
+    """`value` in the canonical form the API server returns a Quantity in (`5Gi`, not
+    `5120Mi`; `1k`, not `1000`). Publishing any other spelling makes every comparison with
+    the stored slice differ, and the pool would be republished at each resync."""
+    if value == 0:
+        return "0"
+    for suffix, scale in _BINARY if binary else _DECIMAL:
+        if value % scale == 0:
+            return f"{value // scale}{suffix}"
+    return str(value)
+
+
 def semver(text: str) -> str:
     """NVIDIA's version normalisation: numeric parts without leading zeros, padded to three
     (`580.95.05` -> `580.95.5`, `8.0` -> `8.0.0`)."""
@@ -212,7 +228,7 @@ def device_json(
     """The device as the API holds it. An offered device allows many allocations, each
     consuming one share and memory/N unless its request asks for more (consumable
     capacity, Kubernetes' DRAConsumableCapacity)."""
-    capacity: Json = {k: {"value": str(v)} for k, v in sorted(device.capacity.items())}
+    capacity: Json = {k: {"value": quantity(v)} for k, v in sorted(device.capacity.items())}
     out: Json = {
         "name": device.name,
         "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
@@ -221,17 +237,17 @@ def device_json(
     if offer is not None and offer.replicas > 1:
         out["allowMultipleAllocations"] = True
         capacity["memory"] = {
-            "value": str(device.capacity.get("memory", offer.memory_mib * MIB)),
+            "value": quantity(device.capacity.get("memory", offer.memory_mib * MIB)),
             "requestPolicy": {
-                "default": f"{offer.memory_mib // offer.replicas}Mi",
+                "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
                 "validRange": {"min": "1Mi", "step": "1Mi"},
             },
         }
         capacity[SHARES_CAPACITY] = {
-            "value": str(offer.replicas),
+            "value": quantity(offer.replicas),
             "requestPolicy": {
                 "default": "1",
-                "validRange": {"min": "1", "max": str(offer.replicas), "step": "1"},
+                "validRange": {"min": "1", "max": quantity(offer.replicas), "step": "1"},
             },
         }
     if device_taints:
