@@ -116,7 +116,10 @@ class DraNode:
         deadline = time.monotonic() + timeout_s
         while not predicate():
             if time.monotonic() > deadline or not self.daemon.running:
-                raise AssertionError(f"timed out waiting for {what}:\n{self.daemon.log()[-4000:]}")
+                log = "\n".join(
+                    ln for ln in self.daemon.log().splitlines() if "logger=httpx" not in ln
+                )
+                raise AssertionError(f"timed out waiting for {what}:\n{log[-6000:]}")
             await asyncio.sleep(0.05)
 
     def allocate(

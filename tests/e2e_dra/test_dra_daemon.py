@@ -1,16 +1,19 @@
-"""`gpuslice plugin --dra` as a process: registration through the plugin watcher, slices,
-claims prepared with the right CDI edits for each kind of sharing, unprepare, restarts."""
+"""`gpuslice plugin --dra` as a process: registration through the plugin watcher, slices
+published and updated on health change, claims prepared with the right CDI edits for
+exclusive, time-sliced, MPS and MIG claims, unprepare, and restarts of both sides."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dra_node import (
     DRIVER,
     NODE,
+    DraNode,
     claim_obj,
     opaque,
     request,
@@ -19,31 +22,261 @@ from dra_node import (
 
 from gpuslice.testing.apiserver import FakeApiServer
 
-
-def _env(spec: dict, name: str) -> dict[str, str]:
-    device = next(d for d in spec["devices"] if d["name"].endswith(name))
-    return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+NVIDIA = "resource.nvidia.com/v1beta1"
+MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 
 
-async def test_exclusive_claim_is_prepared_and_unprepared(
+def _device_edits(spec: dict[str, Any], device: str) -> dict[str, Any]:
+    entry = next(d for d in spec["devices"] if d["name"].endswith(f"-{device}"))
+    edits: dict[str, Any] = entry["containerEdits"]
+    return edits
+
+
+def _env(spec: dict[str, Any], device: str) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in _device_edits(spec, device)["env"])
+
+
+def _uuid(node: DraNode, device: str) -> str:
+    return str(node.devices()[device]["attributes"]["uuid"]["string"])
+
+
+async def test_exclusive_claim_prepared_idempotently_then_unprepared(
     sock_dir: Path, api: FakeApiServer
 ) -> None:
     async with running_dra_node(sock_dir, api) as node:
-        devices = node.devices()
-        assert list(devices) == ["gpu-0"]
+        assert list(node.devices()) == ["gpu-0"]
         ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
-        results = await node.prepare(ref)
-        result = results[ref.uid]
+        result = (await node.prepare(ref))[ref.uid]
         assert result.error == ""
         (device,) = result.devices
         assert (device.pool, device.device, device.request_names) == (NODE, "gpu-0", ("gpu",))
         assert device.cdi_ids == (f"k8s.gpuslice.io/claim={ref.uid}-gpu-0",)
         spec = node.cdi_spec(ref.uid)
-        uuid = devices["gpu-0"]["attributes"]["uuid"]["string"]
-        assert _env(spec, "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == uuid
-        again = await node.prepare(ref)
-        assert again[ref.uid] == result
+        assert spec["kind"] == "k8s.gpuslice.io/claim"
+        assert _env(spec, "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, "gpu-0")
+        assert _device_edits(spec, "gpu-0")["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+        # the kubelet asks again (its restart): same answer, nothing redone
+        assert (await node.prepare(ref))[ref.uid] == result
         assert await node.unprepare(ref) == {ref.uid: ""}
         assert not (node.cdi_root / f"k8s.gpuslice.io-claim_{ref.uid}.yaml").exists()
+        assert await node.unprepare(ref) == {ref.uid: ""}  # idempotent
+
+
+async def test_nvidia_mps_config_gets_its_own_daemon_and_mounts(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    params = {
+        "apiVersion": NVIDIA,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+            },
+        },
+    }
+    async with running_dra_node(sock_dir, api) as node:
+        claim = claim_obj("mps", [request("mps-gpu")], [opaque(params, ["mps-gpu"])])
+        ref = node.allocate(claim, devices={"mps-gpu": "gpu-0"})
+        result = (await node.prepare(ref))[ref.uid]
+        assert result.error == "", result.error
+        edits = _device_edits(node.cdi_spec(ref.uid), "gpu-0")
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        pipe = Path(mounts["/tmp/nvidia-mps"])
+        assert pipe.is_dir()
+        assert pipe.parent.name.startswith(ref.uid)
+        assert pipe.is_relative_to(node.plugin_dir / "mps")
+        assert Path(mounts["/dev/shm"]).is_dir()
+        # the fake control daemon logs the defaults it was given
+        log = (pipe.parent / "log").glob("*")
+        commands = "\n".join(p.read_text(errors="replace") for p in log if p.is_file())
+        assert "set_default_active_thread_percentage 50" in commands
+        assert "set_default_device_pinned_mem_limit 0 10240M" in commands
         assert await node.unprepare(ref) == {ref.uid: ""}
-        _ = DRIVER, opaque
+        await node.wait(lambda: not pipe.parent.joinpath(".started").exists(), "daemon stopped")
+
+
+async def test_time_slicing_interval_is_set_then_reset(sock_dir: Path, api: FakeApiServer) -> None:
+    params = {
+        "apiVersion": NVIDIA,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    async with running_dra_node(sock_dir, api) as node:
+        uuid = _uuid(node, "gpu-0")
+        ref = node.allocate(
+            claim_obj("ts", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+        )
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        assert node.nvidia_smi_calls() == [f"compute-policy -i {uuid} --set-timeslice 3"]
+        assert _env(node.cdi_spec(ref.uid), "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert await node.unprepare(ref) == {ref.uid: ""}
+        assert node.nvidia_smi_calls()[-1] == f"compute-policy -i {uuid} --set-timeslice 0"
+
+
+async def test_a_gpu_without_timeslice_support_fails_that_claim_plainly(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    params = {
+        "apiVersion": NVIDIA,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+    }
+    async with running_dra_node(sock_dir, api, nvidia_smi_fail="Not Supported") as node:
+        bad = node.allocate(
+            claim_obj("ts", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+        )
+        error = (await node.prepare(bad))[bad.uid].error
+        assert "does not take time-slice interval 1" in error
+        assert "Not Supported" in error
+        assert not (node.cdi_root / f"k8s.gpuslice.io-claim_{bad.uid}.yaml").exists()
+        # nothing was left prepared: the same device serves the next claim
+        plain = node.allocate(claim_obj("plain", [request("gpu")]), devices={"gpu": "gpu-0"})
+        assert (await node.prepare(plain))[plain.uid].error == ""
+
+
+async def test_mig_devices_are_published_and_prepared_with_their_own_uuid(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    async with running_dra_node(sock_dir, api, node=MIG_NODE) as node:
+        devices = node.devices()
+        assert all(d["attributes"]["type"] == {"string": "mig"} for d in devices.values())
+        name = "gpu-0-mig-1g5gb-19-0"
+        ref = node.allocate(
+            claim_obj("mig", [request("mig", "mig.nvidia.com")]), devices={"mig": name}
+        )
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        env = _env(node.cdi_spec(ref.uid), name)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, name)
+        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        mps = {
+            "apiVersion": NVIDIA,
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS"},
+        }
+        other = node.allocate(
+            claim_obj("mig-mps", [request("mig", "mig.nvidia.com")], [opaque(mps)]),
+            devices={"mig": "gpu-0-mig-2g10gb-14-2"},
+        )
+        assert "MPS on MIG device" in (await node.prepare(other))[other.uid].error
+
+
+async def test_bad_claims_get_their_own_error_and_disturb_nothing(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    async with running_dra_node(sock_dir, api, node="sim:2xh100-80gb") as node:
+        good = node.allocate(claim_obj("good", [request("gpu")]), devices={"gpu": "gpu-0"})
+        unknown_kind = node.allocate(
+            claim_obj(
+                "unknown-kind",
+                [request("gpu")],
+                [opaque({"apiVersion": NVIDIA, "kind": "GpuConfg"})],
+            ),
+            devices={"gpu": "gpu-1"},
+        )
+        typo = node.allocate(
+            claim_obj(
+                "typo",
+                [request("gpu")],
+                [opaque({"apiVersion": NVIDIA, "kind": "GpuConfig", "sharng": {}})],
+            ),
+            devices={"gpu": "gpu-1"},
+        )
+        other_driver = node.allocate(
+            claim_obj(
+                "other-driver",
+                [request("gpu")],
+                [opaque({"whatever": True}, driver="gpu.example.com")],
+            ),
+            devices={"gpu": "gpu-1"},
+        )
+        gone = node.allocate(claim_obj("gone", [request("gpu")]), devices={"gpu": "gpu-7"})
+        results = await node.prepare(good, unknown_kind, typo, gone)
+        assert results[good.uid].error == ""
+        assert "unknown config kind 'GpuConfg'" in results[unknown_kind.uid].error
+        assert "sharng" in results[typo.uid].error
+        assert "device 'gpu-7' is not a device of this node" in results[gone.uid].error
+        # a config for another driver is not ours to read: the claim prepares
+        assert (await node.prepare(other_driver))[other_driver.uid].error == ""
+        # the same device twice: the second claim is refused, naming the first
+        twice = node.allocate(claim_obj("twice", [request("gpu")]), devices={"gpu": "gpu-0"})
+        assert "already prepared for ResourceClaim default/good" in (
+            (await node.prepare(twice))[twice.uid].error
+        )
+        # a claim replaced under the same name, and one not allocated at all
+        stale = good.__class__(good.namespace, "not-the-uid", good.name)
+        assert "deleted and created again" in (await node.prepare(stale))["not-the-uid"].error
+        api.add_claim(claim_obj("pending", [request("gpu")]))
+        pending = api.claim("default", "pending")["metadata"]["uid"]
+        ref = good.__class__("default", pending, "pending")
+        assert "not allocated" in (await node.prepare(ref))[pending].error
+        missing = good.__class__("default", "uid-x", "no-such-claim")
+        assert "not found" in (await node.prepare(missing))["uid-x"].error
+        assert node.daemon.running
+        assert (await node.prepare(good))[good.uid].error == ""
+
+
+async def test_health_change_taints_the_device_then_clears(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    async with running_dra_node(sock_dir, api, node="sim:2xh100-80gb") as node:
+        node.control.inject_xid(1, 79)
+        await node.wait(lambda: "taints" in node.devices()["gpu-1"], "gpu-1 tainted")
+        (taint,) = node.devices()["gpu-1"]["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            f"{DRIVER}/xid",
+            "79",
+            "NoSchedule",
+        )
+        assert "taints" not in node.devices()["gpu-0"]
+        generation = node.slices()[0]["spec"]["pool"]["generation"]
+        node.control.inject_recovery(1)
+        await node.wait(lambda: "taints" not in node.devices()["gpu-1"], "gpu-1 healthy")
+        assert node.slices()[0]["spec"]["pool"]["generation"] > generation
+
+
+async def test_kubelet_restart_wipes_slices_they_come_back_and_prepare_repeats(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    async with running_dra_node(sock_dir, api) as node:
+        ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
+        first = (await node.prepare(ref))[ref.uid]
+        await node.kubelet.restart()
+        assert api.delete_all_slices(NODE) == 1  # what a starting kubelet does
+        await node.kubelet.wait_registered(DRIVER)
+        await node.wait(lambda: bool(node.slices()), "slices republished")
+        assert (await node.prepare(ref))[ref.uid] == first
+
+
+async def test_daemon_restart_keeps_prepared_claims(sock_dir: Path, api: FakeApiServer) -> None:
+    params = {
+        "apiVersion": NVIDIA,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}},
+    }
+    async with running_dra_node(sock_dir, api) as node:
+        ref = node.allocate(
+            claim_obj("c1", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+        )
+        first = (await node.prepare(ref))[ref.uid]
+        calls = len(node.nvidia_smi_calls())
+        await node.restart_daemon()
+        await node.kubelet.wait_registered(DRIVER, 30.0)
+        assert (await node.prepare(ref))[ref.uid] == first
+        assert len(node.nvidia_smi_calls()) == calls  # not applied a second time
+        # the claim is gone from the API by now; Unprepare works from the checkpoint
+        api.delete_claim("default", "c1")
+        assert await node.unprepare(ref) == {ref.uid: ""}
+        assert node.nvidia_smi_calls()[-1].endswith("--set-timeslice 0")
+
+
+async def test_a_v1beta1_kubelet_prepares_too(sock_dir: Path, api: FakeApiServer) -> None:
+    async with running_dra_node(sock_dir, api, kubelet_versions=("v1beta1.DRAPlugin",)) as node:
+        registration = node.kubelet.registration(DRIVER)
+        assert registration is not None
+        assert registration.version == "v1beta1.DRAPlugin"
+        ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
+        (device,) = (await node.prepare(ref))[ref.uid].devices
+        assert device.device == "gpu-0"
