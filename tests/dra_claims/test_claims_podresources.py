@@ -127,7 +127,8 @@ async def test_booking_again_replaces_and_keeps_cdi_ids_on_the_wire(sock_dir: Pa
     (res,) = dynamic.claim_resources
     assert (dynamic.claim_namespace, dynamic.claim_name) == ("n", "x")
     assert (res.driver_name, res.pool_name, res.device_name) == (DRIVER, "pool", "gpu-1")
-    assert res.HasField("share_id") and res.share_id == "s1"
+    assert res.HasField("share_id")
+    assert res.share_id == "s1"
     assert [d.name for d in res.cdi_devices] == ["k=v"]
 
 

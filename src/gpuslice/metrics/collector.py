@@ -7,6 +7,11 @@ share one label set, so "a container using more than its share" is a single comp
 
     gpuslice_pod_memory_used_bytes > gpuslice_pod_entitled_memory_bytes
     gpuslice_pod_sm_util_percent / 100 > gpuslice_pod_entitled_sm_fraction
+
+In DRA mode a container's series also carry `claim="<namespace>/<name>"`, the
+ResourceClaim its devices on that GPU come from (`claim_of`). A device-plugin holder's
+series have no `claim` label at all, which PromQL reads as `claim=""`: the device-plugin
+mode's series stay exactly as they were, and `on(claim)` joins work on both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from gpuslice.metrics.snapshot import MetricsSnapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 POD_LABELS = ["namespace", "pod", "container", "gpu", "UUID"]
+CLAIM_LABEL = "claim"
+CLAIM_PREFIX = "claim:"
+"""The resource name prefix of a claims plan's holders (`claim:<namespace>/<name>`)."""
 
 _GPU_FAMILIES: tuple[tuple[str, str], ...] = (
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
@@ -82,6 +90,14 @@ def _families() -> dict[str, GaugeMetricFamily]:
     return fams
 
 
+def claim_of(resources: Iterable[str]) -> str:
+    """`<namespace>/<name>` of the claims among a holder's resources, "" when none is one
+    (a device-plugin resource). A container holding devices of several claims on one GPU
+    (its memory there cannot be split between them) gets them sorted, comma-separated."""
+    claims = sorted({r.removeprefix(CLAIM_PREFIX) for r in resources if r.startswith(CLAIM_PREFIX)})
+    return ",".join(claims)
+
+
 class SnapshotCollector(Collector):
     """Reads `latest()` on each scrape; exports nothing until the first snapshot exists."""
 
@@ -109,16 +125,27 @@ class SnapshotCollector(Collector):
                 fams["DCGM_FI_DEV_POWER_USAGE"].add_metric(labels, s.power_w)
             fams["DCGM_FI_DEV_XID_ERRORS"].add_metric(labels, s.last_xid or 0)
         for u in snap.attribution.usages:
-            labels = [u.namespace, u.pod, u.container, str(u.gpu_index), u.gpu_uuid]
-            fams["gpuslice_pod_memory_used_bytes"].add_metric(labels, u.memory_used_bytes)
-            if u.sm_util_percent is not None:
-                fams["gpuslice_pod_sm_util_percent"].add_metric(labels, u.sm_util_percent)
+            pod_labels = {
+                "namespace": u.namespace,
+                "pod": u.pod,
+                "container": u.container,
+                "gpu": str(u.gpu_index),
+                "UUID": u.gpu_uuid,
+            }
+            claim = claim_of(u.resources)
+            if claim:
+                pod_labels[CLAIM_LABEL] = claim
             ent = u.entitlement
-            fams["gpuslice_pod_entitled_memory_bytes"].add_metric(labels, ent.memory_bytes)
-            over = 1 if u.memory_used_bytes > ent.memory_bytes else 0
-            fams["gpuslice_pod_memory_over_share"].add_metric(labels, over)
-            if ent.sm_fraction is not None:
-                fams["gpuslice_pod_entitled_sm_fraction"].add_metric(labels, ent.sm_fraction)
+            values: list[tuple[str, float | None]] = [
+                ("gpuslice_pod_memory_used_bytes", u.memory_used_bytes),
+                ("gpuslice_pod_sm_util_percent", u.sm_util_percent),
+                ("gpuslice_pod_entitled_memory_bytes", ent.memory_bytes),
+                ("gpuslice_pod_memory_over_share", int(u.memory_used_bytes > ent.memory_bytes)),
+                ("gpuslice_pod_entitled_sm_fraction", ent.sm_fraction),
+            ]
+            for name, value in values:
+                if value is not None:
+                    fams[name].add_sample(name, pod_labels, value)
         for resource, n in sorted(snap.advertised.items()):
             fams["gpuslice_advertised_devices"].add_metric([resource], n)
         for resource, n in sorted(snap.allocated.items()):

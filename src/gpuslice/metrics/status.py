@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.core.sharing.model import Plan
+from gpuslice.metrics.collector import CLAIM_PREFIX
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
 STATUS_VERSION = 1
@@ -33,6 +34,9 @@ def _resources(plan: Plan | None) -> list[dict[str, Any]]:
                 },
             )
             entry["devices"] += 1
+            if dev.entitlement_mib is not None:
+                # A DRA share: what the scheduler gave this claim, not memory / replicas.
+                entry["entitlement_mib"] = entry.get("entitlement_mib", 0) + dev.entitlement_mib
             if dev.mps is not None:
                 entry["mps_active_thread_percentage"] = dev.mps.active_thread_percentage
                 entry["mps_pinned_memory_limit_mib"] = dev.mps.pinned_memory_limit_mib
@@ -90,6 +94,11 @@ def build_status(
                     "gpu_index": u.gpu_index,
                     "gpu_uuid": u.gpu_uuid,
                     "resources": list(u.resources),
+                    "claims": [
+                        r.removeprefix(CLAIM_PREFIX)
+                        for r in u.resources
+                        if r.startswith(CLAIM_PREFIX)
+                    ],
                     "sharing": ent.kind,
                     "memory_used_bytes": u.memory_used_bytes,
                     "memory_entitled_bytes": ent.memory_bytes,

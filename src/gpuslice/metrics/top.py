@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuslice.core.attribution import ContainerGpuUsage
+from gpuslice.metrics.collector import claim_of
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
 MIB = 1024 * 1024
@@ -59,17 +60,16 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
             str(s.last_xid) if s.last_xid else "-",
         )
 
-    pods = Table(title="Pods", title_justify="left")
-    for col in ("GPU", "NAMESPACE/POD", "CONTAINER", "SHARING", "MEMORY USED", "ENTITLED"):
-        pods.add_column(col)
-    for col in ("OF SHARE", "SM %", "SM SHARE", "PIDS"):
-        pods.add_column(col)
-    for u in sorted(snapshot.attribution.usages, key=lambda u: (u.gpu_index, u.namespace, u.pod)):
+    usages = snapshot.attribution.usages
+    claims = any(claim_of(u.resources) for u in usages)
+    pods = _pods_table(claims)
+    for u in sorted(usages, key=lambda u: (u.gpu_index, u.namespace, u.pod)):
         ent = u.entitlement
         pods.add_row(
             str(u.gpu_index),
             f"{u.namespace}/{u.pod}",
             u.container,
+            *([claim_of(u.resources) or "-"] if claims else []),
             ent.kind,
             _mib(u.memory_used_bytes),
             _mib(ent.memory_bytes),
@@ -87,6 +87,28 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
     for problem in snapshot.problems:
         parts.append(Text(f"warning: {problem}", style="yellow"))
     return Group(*parts)
+
+
+def _pods_table(claims: bool) -> Table:
+    """The pods table; a CLAIM column (DRA mode: the ResourceClaim behind the devices) only
+    when some holder is a claim, so the device-plugin mode's table is as it was."""
+    pods = Table(title="Pods", title_justify="left")
+    for col in ("GPU", "NAMESPACE/POD", "CONTAINER"):
+        pods.add_column(col)
+    if claims:
+        pods.add_column("CLAIM")
+    for col in ("SHARING", "MEMORY USED", "ENTITLED", "OF SHARE", "SM %", "SM SHARE", "PIDS"):
+        pods.add_column(col)
+    return pods
+
+
+def _per_gpu(g: Mapping[str, Any]) -> str:
+    text = f"GPU {g['gpu_index']}: {g['devices']}x of {g['memory_mib']} MiB"
+    if g.get("entitlement_mib") is not None:
+        return text + f" ({g['entitlement_mib']} MiB held)"
+    if g.get("replicas", 1) > 1:
+        return text + f" (1/{g['replicas']} each)"
+    return text
 
 
 def _pct(value: float | None) -> str:
@@ -110,11 +132,7 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
         resources.add_column(col)
     allocated = doc.get("allocated", {})
     for res in doc.get("resources", []):
-        per_gpu = ", ".join(
-            f"GPU {g['gpu_index']}: {g['devices']}x of {g['memory_mib']} MiB"
-            + (f" (1/{g['replicas']} each)" if g.get("replicas", 1) > 1 else "")
-            for g in res.get("per_gpu", [])
-        )
+        per_gpu = ", ".join(_per_gpu(g) for g in res.get("per_gpu", []))
         resources.add_row(
             res["name"],
             res["strategy"],
@@ -140,12 +158,10 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
         )
     parts.append(gpus)
 
-    pods = Table(title="Pods", title_justify="left")
-    for col in ("GPU", "NAMESPACE/POD", "CONTAINER", "SHARING", "MEMORY USED", "ENTITLED"):
-        pods.add_column(col)
-    for col in ("OF SHARE", "SM %", "SM SHARE", "PIDS"):
-        pods.add_column(col)
-    for p in doc.get("pods", []):
+    pod_docs = doc.get("pods", [])
+    claims = any(p.get("claims") for p in pod_docs)
+    pods = _pods_table(claims)
+    for p in pod_docs:
         share = p.get("memory_share_used")
         over = bool(p.get("over_share"))
         of_share = Text(
@@ -156,6 +172,7 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             str(p["gpu_index"]),
             f"{p['namespace']}/{p['pod']}",
             p["container"],
+            *([",".join(p.get("claims", [])) or "-"] if claims else []),
             p["sharing"],
             _mib(int(p["memory_used_bytes"])),
             _mib(int(p["memory_entitled_bytes"])),
