@@ -109,6 +109,11 @@ class DraNode:
     def slices(self) -> list[Json]:
         return self.api.resource_slices(NODE, DRIVER)
 
+    def log(self) -> str:
+        """The daemon's log without the HTTP client's request lines."""
+        lines = self.daemon.log().splitlines()
+        return "\n".join(ln for ln in lines if "logger=httpx" not in ln)
+
     def devices(self) -> dict[str, Json]:
         return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
 

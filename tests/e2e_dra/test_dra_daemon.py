@@ -36,6 +36,14 @@ def _env(spec: dict[str, Any], device: str) -> dict[str, str]:
     return dict(e.split("=", 1) for e in _device_edits(spec, device)["env"])
 
 
+def _is_dir(path: Path) -> bool:
+    return path.is_dir()
+
+
+def _read_all(directory: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in directory.glob("*") if p.is_file())
+
+
 def _uuid(node: DraNode, device: str) -> str:
     return str(node.devices()[device]["attributes"]["uuid"]["string"])
 
@@ -85,13 +93,12 @@ async def test_nvidia_mps_config_gets_its_own_daemon_and_mounts(
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
         pipe = Path(mounts["/tmp/nvidia-mps"])
-        assert pipe.is_dir()
+        assert _is_dir(pipe)
+        assert _is_dir(Path(mounts["/dev/shm"]))
         assert pipe.parent.name.startswith(ref.uid)
         assert pipe.is_relative_to(node.plugin_dir / "mps")
-        assert Path(mounts["/dev/shm"]).is_dir()
         # the fake control daemon logs the defaults it was given
-        log = (pipe.parent / "log").glob("*")
-        commands = "\n".join(p.read_text(errors="replace") for p in log if p.is_file())
+        commands = _read_all(pipe.parent / "log")
         assert "set_default_active_thread_percentage 50" in commands
         assert "set_default_device_pinned_mem_limit 0 10240M" in commands
         assert await node.unprepare(ref) == {ref.uid: ""}
