@@ -34,7 +34,9 @@ from metrics_fixtures import (
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from gpuslice.agent.guard_view import guard_view_reader
 from gpuslice.core.cgroups import PodUid
+from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
@@ -267,3 +269,28 @@ async def test_status_and_top_show_the_claim(node: Node) -> None:
     assert "GPU 3: 1x of 46068 MiB (30000 MiB held)" in shown
     local = text_of(render_top(snap, now=1_700_000_000.0))
     assert row(local, "ml/mps-a")[:5] == ["1", "ml/mps-a", "main", "ml/mps", "mps"]
+
+
+async def test_the_guards_view_takes_each_claims_mode(node: Node) -> None:
+    """What `agent.build` wires in DRA mode: the guard's reader over the shared snapshot,
+    with the driver's per-claim GuardConfig modes; claims without one take the node's."""
+    modes: dict[str, GuardMode] = {"claim:ml/big": "observe", "claim:ml/mps": "off"}
+    read = guard_view_reader(
+        node.refresher.backend,
+        lambda: (PLAN, INVENTORY),
+        node.refresher,
+        node.refresher.proc_root,
+        mode_of=modes.get,
+    )
+    view = await read()
+    assert view is not None
+    tenants = {t.key.pod: t for t in view.tenants}
+    assert {pod: t.mode for pod, t in tenants.items()} == {
+        "trainer": "observe",
+        "infer": None,
+        "nb": None,
+        "mps-a": "off",
+        "mps-b": "off",
+    }
+    assert tenants["trainer"].share_bytes == 30000 * MIB
+    assert set(view.identities) == {101, 102, 103, 104, 105}
