@@ -892,10 +892,10 @@ class _Search:
         if key not in self.held.counted and not self.holders.get(key):
             for counter_key, need in device.counters.items():
                 have = self.offer.counters.get(counter_key)
-                spare = (have or Fraction(0)) - self._counter_used(counter_key)
-                if have is None or need > spare:
+                remaining = (have or Fraction(0)) - self._counter_used(counter_key)
+                if have is None or need > remaining:
                     where = f"{counter_key[2]}/{counter_key[3]}"
-                    return f"needs {Quantity(need)} of counter {where}, {Quantity(spare)} left"
+                    return f"needs {Quantity(need)} of counter {where}, {Quantity(remaining)} left"
         pick = _Pick(alt, device, consumed)
         why = self._constrain(pick)
         if why:
