@@ -352,6 +352,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _cel_value(value: Json) -> Any:
+    """An attribute's value for CEL; None for a type this emulator does not know."""
     if "string" in value:
         return celtypes.StringType(value["string"])
     if "bool" in value:
@@ -363,12 +364,10 @@ def _cel_value(value: Json) -> Any:
             return Version(str(value["version"]))
         except ValueError:
             return celtypes.StringType(str(value["version"]))
-    for kind, convert in (("strings", _cel_value), ("ints", _cel_value), ("bools", _cel_value)):
+    for kind in ("strings", "ints", "bools", "versions"):  # list attributes (1.36 alpha)
         if kind in value:
-            return celtypes.ListType([convert({kind[:-1]: v}) for v in value[kind]])
-    if "versions" in value:
-        return celtypes.ListType([_cel_value({"version": v}) for v in value["versions"]])
-    raise ValueError(f"attribute value {value!r} has no known type")
+            return celtypes.ListType([_cel_value({kind[:-1]: v}) for v in value[kind]])
+    return None
 
 
 def _qualified(name: str, driver: str) -> tuple[str, str]:
@@ -412,7 +411,9 @@ class _Device:
             attrs: dict[str, dict[str, Any]] = {}
             for name, value in (self.spec.get("attributes") or {}).items():
                 domain, ident = _qualified(name, driver)
-                attrs.setdefault(domain, {})[ident] = _cel_value(value)
+                converted = _cel_value(value) if isinstance(value, dict) else None
+                if converted is not None:
+                    attrs.setdefault(domain, {})[ident] = converted
             caps: dict[str, dict[str, Any]] = {}
             for (domain, ident), (_name, quantity) in self.capacity.items():
                 caps.setdefault(domain, {})[ident] = quantity
