@@ -76,7 +76,7 @@ def test_a_mig_gpu_publishes_its_mig_devices_only_with_profile_ids() -> None:
 def test_media_extension_and_double_memory_profiles() -> None:
     inv = inventory("sim:1xh100-80gb/mig=1g.10gb+me*1+1g.20gb*1")
     names = sorted(d.name for d in dra_devices(inv))
-    assert names == ["gpu-0-mig-1g10gbme-20-0", "gpu-0-mig-1g20gb-15-6"]
+    assert names == ["gpu-0-mig-1g10gb-me-20-0", "gpu-0-mig-1g20gb-15-6"]
 
 
 def test_health_taints_use_nvidias_keys_in_the_drivers_domain() -> None:

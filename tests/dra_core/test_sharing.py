@@ -79,13 +79,42 @@ def test_claim_config_beats_class_config_and_later_beats_earlier() -> None:
     assert later[0].strategy == "MPS"
 
 
-def test_a_config_naming_the_request_beats_a_catch_all_and_subrequests_match_main() -> None:
+def test_precedence_walks_down_like_nvidias_and_stops_at_a_fitting_catch_all() -> None:
     ts = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
     mps = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
-    configs = [cfg(mps, ["main"]), cfg(ts)]
-    got = resolve(alloc([result("main/big", "gpu-0"), result("other", "gpu-1")], configs),
+    # a later catch-all outranks an earlier config that names the request (NVIDIA's walk)
+    later_catch_all = [cfg(mps, ["main"]), cfg(ts)]
+    got = resolve(alloc([result("main", "gpu-0")], later_catch_all), DRIVER, KINDS)
+    assert got[0].strategy == "TimeSlicing"
+    # a later config naming the request outranks an earlier catch-all
+    later_named = [cfg(ts), cfg(mps, ["main"])]
+    got = resolve(alloc([result("main", "gpu-0"), result("other", "gpu-1")], later_named),
                   DRIVER, KINDS)  # fmt: skip
     assert (got[0].strategy, got[1].strategy) == ("MPS", "TimeSlicing")
+
+
+def test_a_config_naming_a_main_request_applies_to_its_subrequests() -> None:
+    """Kubernetes' API: naming `main` applies to all its subrequests. NVIDIA's driver
+    compares the result's `main/sub` exactly and would not apply it (a deliberate
+    difference, docs/configuration.md)."""
+    mps = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    got = resolve(alloc([result("main/big", "gpu-0")], [cfg(mps, ["main"])]), DRIVER, KINDS)
+    assert got[0].strategy == "MPS"
+
+
+def test_a_config_source_that_is_neither_class_nor_claim_is_refused() -> None:
+    mps = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    with pytest.raises(ClaimConfigError, match="source: must be FromClass or FromClaim"):
+        resolve(alloc([result("r", "gpu-0")], [cfg(mps, source="FromElsewhere")]), DRIVER, KINDS)
+
+
+def test_nvidias_multi_user_field_is_read_and_true_is_refused_plainly() -> None:
+    base = {"apiVersion": API, "kind": "GpuConfig"}
+    off = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}})
+    assert resolve(alloc([result("r", "gpu-0")], [cfg(off)]), DRIVER, KINDS)[0].strategy == "MPS"
+    on = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+    with pytest.raises(ClaimConfigError, match="multiUser"):
+        resolve(alloc([result("r", "gpu-0")], [cfg(on)]), DRIVER, KINDS)
 
 
 def test_a_mig_device_takes_only_a_mig_device_config() -> None:

@@ -145,7 +145,7 @@ class SlicePublisher:
         for obj in written:
             for device in (obj.get("spec") or {}).get("devices") or []:
                 capacity = device.get("capacity") or {}
-                if "gpuslice.io/shares" in capacity and not device.get("allowMultipleAllocations"):
+                if "shares" in capacity and not device.get("allowMultipleAllocations"):
                     log.warning(
                         "dra-shares-dropped",
                         device=device.get("name"),

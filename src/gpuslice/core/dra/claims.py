@@ -202,8 +202,10 @@ def claim_daemon_key(claim_uid: str, gpu_uuids: Sequence[str]) -> str:
 
 
 def share_daemon_key(gpu_uuid: str) -> str:
-    """One daemon per shared GPU, serving every MPS share claim on it."""
-    return f"shares-{gpu_uuid}"
+    """One daemon per shared GPU, serving every MPS share claim on it. Short: the daemon's
+    control socket lives at `<root>/<key>/pipe/control` and a unix socket path has 107
+    bytes at most (`/var/lib/kubelet/plugins/gpu.nvidia.com/mps/` takes 44)."""
+    return f"shares-{hashlib.sha256(gpu_uuid.encode()).hexdigest()[:12]}"
 
 
 def daemon_spec(
@@ -241,6 +243,14 @@ def group_daemon_spec(claim_uid: str, group: GroupWork, root: str) -> MpsDaemonS
     gpus: dict[str, int] = {}
     for d in group.devices:
         gpus.setdefault(d.device.gpu.uuid, d.device.gpu.index)
+    known = set(gpus) | {str(i) for i in range(len(gpus))}
+    for key in mps.per_device_limit_mib:
+        if key not in known:
+            raise ClaimError(
+                f"{group.sharing.source}: mpsConfig.defaultPerDevicePinnedMemoryLimit key "
+                f"{key!r} is neither a UUID of the config's devices nor an index below "
+                f"{len(gpus)}"
+            )
     limits: dict[int, int] = {}
     for position, (uuid, index) in enumerate(gpus.items()):
         limit = mps.limit_for(uuid, position)
@@ -264,6 +274,8 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share.memory_mib}M",
         }
     fraction = min(1.0, share.memory_mib / total_mib) if total_mib else 1.0
+    if share.memory_mib == total_mib * share.shares // share.replicas:
+        fraction = share.shares / share.replicas  # the default size: exactly k of N
     text = f"{math.floor(fraction * 10_000) / 10_000:.4f}".rstrip("0").rstrip(".")
     return {
         "GPUSLICE_GPU_FRACTION": text,

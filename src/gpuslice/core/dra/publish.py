@@ -35,8 +35,10 @@ MAX_ATTRIBUTES = 32
 """Attributes plus capacities per device."""
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
-SHARES_CAPACITY = "gpuslice.io/shares"
-"""The capacity counting a shared GPU's shares (qualified: it is not one of NVIDIA's)."""
+SHARES_CAPACITY = "shares"
+"""The capacity counting a shared GPU's shares, in the driver's domain
+(`gpu.nvidia.com/shares`), as NVIDIA's `ConsumableShares` count mode names it."""
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 AttrKind = Literal["string", "int", "bool", "version"]
 ShareStrategy = Literal["time-slicing", "mps"]
@@ -129,7 +131,8 @@ def gi_profile_id(mig: MigDevice) -> int | None:
 
 
 def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
-    profile = re.sub(r"[^a-z0-9]", "", mig.profile.lower())
+    # NVIDIA's spelling: dots dropped, `+` (media extensions) as `-`: `1g10gb-me`
+    profile = re.sub(r"[^a-z0-9-]", "", mig.profile.lower().replace("+", "-"))
     pid = gi_profile_id(mig)
     # an unknown shape (new GPUs) keeps a unique, stable name from the GI ID instead
     ident = str(pid) if pid is not None else f"gi{mig.gi_id}"
@@ -148,6 +151,8 @@ def _common(gpu: Gpu, inventory: Inventory) -> dict[str, tuple[AttrKind, str | i
     }
     if gpu.pci_bus_id:
         attrs[PCI_BUS_ID] = ("string", _extended_bdf(gpu.pci_bus_id))
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs[NUMA_NODE] = ("int", gpu.numa_node)
     return attrs
 
 
@@ -342,15 +347,26 @@ def _generation(obj: Json) -> int:
 
 
 def _brand(product: str) -> str:
-    for brand in ("GeForce", "Quadro", "RTX", "Titan", "Tesla"):
-        if brand.lower() in product.lower():
-            return brand
+    """NVML's brand as NVIDIA's driver spells it, from the product name (the inventory does
+    not carry NVML's brand): `Tesla T4` -> Tesla, `NVIDIA RTX A6000` -> NvidiaRTX, data
+    centre GPUs (`NVIDIA H100 80GB HBM3`) -> Nvidia."""
+    words = product.replace("NVIDIA ", "").split()
+    first = words[0].lower() if words else ""
+    rtx = len(words) > 1 and words[1].upper() == "RTX"
+    for brand in ("Tesla", "Quadro", "GeForce", "Titan"):
+        if first == brand.lower():
+            return f"{brand}RTX" if rtx and brand != "Tesla" else brand
+    if first == "rtx":
+        return "NvidiaRTX"
     return "Nvidia"
 
 
 def _architecture(cc: tuple[int, int]) -> str:
     """NVIDIA's spelling (`Hopper`, `Ampere`, `Ada Lovelace`), from GFD's family name."""
-    return " ".join(w.capitalize() for w in gpu_family(cc).split("-"))
+    family = gpu_family(cc)
+    if family == "undefined":
+        return "Unknown"
+    return " ".join(w.capitalize() for w in family.split("-"))
 
 
 def _extended_bdf(bus_id: str) -> str:

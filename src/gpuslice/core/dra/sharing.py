@@ -58,6 +58,16 @@ class _MpsConfig(_Strict):
     default_per_device_pinned_memory_limit: dict[str, str | int] | None = Field(
         None, alias="defaultPerDevicePinnedMemoryLimit"
     )
+    multi_user: bool | None = Field(None, alias="multiUser")
+    """NVIDIA's newer field; gpuslice runs its daemons only the default way, so `true` is
+    refused plainly rather than ignored."""
+
+    @field_validator("multi_user")
+    @classmethod
+    def _single_user(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("true is not supported by gpuslice (omit it, or set false)")
+        return v
 
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
@@ -256,6 +266,12 @@ def resolve(
     results: Sequence[Json] = devices.get("results") or []
     configs: Sequence[Json] = devices.get("config") or []
     entries: list[_Entry] = []
+    for index, entry in enumerate(configs):
+        source = entry.get("source")
+        if source not in ("FromClass", "FromClaim"):
+            raise ClaimConfigError(
+                f"config[{index}].source: must be FromClass or FromClaim, got {source!r}"
+            )
     ordered = sorted(
         enumerate(configs), key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0])
     )
@@ -310,19 +326,20 @@ def _pick(
     kinds: tuple[str, ...],
     request: str,
 ) -> _Entry | None:
-    """Highest precedence first: the last entry naming the request, else the last catch-all
-    of a kind that fits the device."""
+    """NVIDIA's walk: from the highest precedence down, the first entry that names the
+    request, or names no request and fits the device; naming it with a kind that does not
+    fit the device is an error."""
     for entry in reversed(entries):
-        if entry.parsed.kind in kinds and names & set(entry.requests):
-            wanted = _FITS.get(entry.parsed.kind)
+        if entry.parsed.kind not in kinds:
+            continue
+        wanted = _FITS.get(entry.parsed.kind)
+        if names & set(entry.requests):
             if wanted is not None and wanted != kind:
                 raise ClaimConfigError(
                     f"{entry.source}: {entry.parsed.kind} names request {request!r}, "
                     f"whose device is a {kind.upper() if kind == 'mig' else 'full GPU'}"
                 )
             return entry
-    for entry in reversed(entries):
-        fits = _FITS.get(entry.parsed.kind, kind) == kind
-        if entry.parsed.kind in kinds and not entry.requests and fits:
+        if not entry.requests and (wanted is None or wanted == kind):
             return entry
     return None

@@ -1,0 +1,327 @@
+"""The DRA driver in-process: its record across restarts, reboots and corruption, consumable
+shares, the overlap guard, and the claims plan the guard and the exporter read. The API is
+the in-memory store and the scheduler the allocator; CDI specs and the checkpoint are real
+files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.agent.dra_driver import DraDriver, DriverSettings
+from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.backends import open_backend
+from gpuslice.core.config import parse_config
+from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.claimplan import claim_resource
+from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.sharing.plan import build_plan
+from gpuslice.emulator.dra_allocator import AllocationError
+from gpuslice.emulator.dra_store import DraStore
+from gpuslice.host.cdi_store import CdiSpecStore
+from gpuslice.host.checkpoint_file import CheckpointFile
+from gpuslice.kubelet.state import PlanState
+from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+
+DRIVER = "gpu.nvidia.com"
+NODE = "n1"
+FAKE_MPS = (sys.executable, "-m", "gpuslice.testing.fake_mps_control")
+GPU_CLASS = {
+    "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                }
+            }
+        ]
+    },
+}
+SHARED_4 = """\
+version: v1
+sharing:
+  {strategy}:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+@dataclass
+class Rig:
+    store: DraStore
+    state: PlanState
+    workdir: Path
+    boot: list[str] = field(default_factory=lambda: ["boot-1"])
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    mps: MpsDaemonManager | None = None
+
+    def driver(self) -> DraDriver:
+        async def warn(reason: str, message: str) -> None:
+            self.warnings.append((reason, message))
+
+        return DraDriver(
+            DriverSettings(DRIVER, NODE, mps_root=str(self.workdir / "mps")),
+            objects=self.store,
+            checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
+            cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),
+            snapshot=lambda: self.state.current,
+            boot_id=self.boot[0],
+            mps=self.mps,
+            warn=warn,
+        )
+
+    async def publish(self) -> None:
+        await SlicePublisher(
+            self.store, driver=DRIVER, node=NODE, snapshot=lambda: self.state.current
+        ).publish_once()
+
+    def claim(self, name: str, requests: list[dict[str, Any]] | None = None) -> ClaimRef:
+        obj = {
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {
+                "devices": {
+                    "requests": requests
+                    or [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+                }
+            },
+        }
+        created = self.store.add_claim(obj)
+        self.store.allocate_claim("team-a", name, pod_uid=f"uid-{name}")
+        return ClaimRef("team-a", created["metadata"]["uid"], name)
+
+    def cdi_files(self) -> set[str]:
+        root = self.workdir / "cdi"
+        return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
+@pytest.fixture
+def make_rig(sock_dir: Path) -> Callable[..., Awaitable[Rig]]:
+    async def make(node: str = "sim:2xh100-80gb", config: str = "version: v1\n") -> Rig:
+        backend = open_backend(node, environ={})
+        try:
+            inventory = backend.inventory()
+        finally:
+            backend.close()
+        state = PlanState(build_plan(inventory, parse_config(config)), inventory)
+        store = DraStore(NODE, DRIVER)
+        store.add_device_class(GPU_CLASS)
+        rig = Rig(store, state, sock_dir)
+        await rig.publish()
+        return rig
+
+    return make
+
+
+async def test_restart_keeps_claims_and_a_reboot_drops_them_with_their_specs(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    first = (await driver.prepare([ref]))[ref.uid]
+    assert first.error == ""
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+
+    restarted = rig.driver()
+    await restarted.load()
+    assert restarted.claims.keys() == {ref.uid}
+    assert (await restarted.prepare([ref]))[ref.uid] == first
+
+    rig.boot[0] = "boot-2"  # the node rebooted: nothing prepared exists any more
+    rebooted = rig.driver()
+    await rebooted.load()
+    assert rebooted.claims == {}
+    assert rig.cdi_files() == set()
+    # and the claim prepares again from scratch, same answer
+    assert (await rebooted.prepare([ref]))[ref.uid] == first
+
+
+async def test_a_corrupt_checkpoint_is_moved_aside_reported_and_the_driver_starts(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    (rig.workdir / "checkpoint.json").write_text('{"format": "gpuslice.io/dra-chec', "utf-8")
+    driver = rig.driver()
+    await driver.load()
+    assert driver.loaded
+    assert driver.claims == {}
+    (reason, message), *_ = rig.warnings
+    assert reason == "CheckpointCorrupt"
+    assert "moved to" in message
+    assert any(p.name.startswith("checkpoint.json.corrupt-") for p in rig.workdir.iterdir())
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+
+
+async def test_a_checkpoint_from_a_newer_version_with_more_fields_reads(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    first = (await driver.prepare([ref]))[ref.uid]
+    path = rig.workdir / "checkpoint.json"
+    doc = json.loads(path.read_text("utf-8"))
+    doc["data"]["claims"][ref.uid]["futureField"] = {"x": 1}
+    doc["data"]["somethingNew"] = [1, 2]
+    from gpuslice.core.dra.prepared import _checksum
+
+    doc["checksum"] = _checksum(doc["data"])
+    path.write_text(json.dumps(doc), "utf-8")
+    upgraded_back = rig.driver()
+    await upgraded_back.load()
+    assert rig.warnings == []
+    assert (await upgraded_back.prepare([ref]))[ref.uid] == first
+
+
+async def test_a_prepare_cut_short_leaves_nothing_behind(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    # the agent died between PrepareStarted and PrepareCompleted of a second claim
+    path = rig.workdir / "checkpoint.json"
+    doc = json.loads(path.read_text("utf-8"))
+    doc["data"]["claims"]["half"] = {
+        "namespace": "team-a",
+        "name": "half",
+        "state": "PrepareStarted",
+    }
+    from gpuslice.core.dra.prepared import _checksum
+
+    doc["checksum"] = _checksum(doc["data"])
+    path.write_text(json.dumps(doc), "utf-8")
+    (rig.workdir / "cdi" / "k8s.gpuslice.io-claim_half.yaml").write_text("{}", "utf-8")
+    again = rig.driver()
+    await again.load()
+    assert again.claims.keys() == {ref.uid}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+
+
+async def test_four_claims_share_a_gpu_the_fifth_finds_no_room(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="timeSlicing"))
+    (device,) = rig.store.slices()[0]["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["shares"]["value"] == "4"
+    driver = rig.driver()
+    await driver.load()
+    refs = [rig.claim(f"s{i}") for i in range(4)]
+    results = await driver.prepare(refs)
+    share_ids = {r.devices[0].share_id for r in results.values()}
+    assert len(share_ids) == 4
+    assert None not in share_ids
+    with pytest.raises(AllocationError):
+        rig.claim("s4")
+    env = _cdi_env(rig, refs[0].uid, "gpu-0")
+    memory_mib = int(device["capacity"]["memory"]["value"]) // 2**20
+    assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == str(memory_mib // 4)
+    assert env["GPUSLICE_GPU_FRACTION"] == "0.25"
+    plan = driver.claims_plan()
+    assert plan is not None
+    (resource,) = [r for r in plan.resources if r.name == claim_resource("team-a", "s0")]
+    (dev,) = resource.devices
+    assert dev.entitlement_mib == memory_mib // 4
+    assert dev.id == f"{NODE}/gpu-0/{results[refs[0].uid].devices[0].share_id}"
+    # shares of one device never trip the overlap guard, an exclusive claim would
+    assert (await driver.unprepare(refs[:1])) == {refs[0].uid: ""}
+    assert len(driver.claims) == 3
+
+
+@pytest.fixture
+async def mps_manager() -> AsyncIterator[MpsDaemonManager]:
+    import asyncio
+
+    manager = MpsDaemonManager(
+        [],
+        ControlProgram.factory(FAKE_MPS),
+        timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        yield manager
+    finally:
+        stop.set()
+        await task
+
+
+async def test_mps_shares_run_one_daemon_per_gpu_and_carry_client_limits(
+    make_rig: Callable[..., Awaitable[Rig]], mps_manager: MpsDaemonManager
+) -> None:
+    rig = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="mps"))
+    rig.mps = mps_manager
+    driver = rig.driver()
+    await driver.load()
+    a, b = rig.claim("a"), rig.claim("b")
+    results = await driver.prepare([a, b])
+    assert all(r.error == "" for r in results.values()), results
+    assert len(mps_manager.specs) == 1  # one daemon serves every share of the GPU
+    env = _cdi_env(rig, a.uid, "gpu-0")
+    memory_mib = rig.state.current.inventory.gpus[0].memory_mib
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={memory_mib // 4}M"
+    await driver.unprepare([a])
+    assert len(mps_manager.specs) == 1  # b still uses it
+    await driver.unprepare([b])
+    assert mps_manager.specs == ()
+
+
+async def test_guard_mode_and_shared_by_come_from_the_claims_guard_config(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    obj = {
+        "metadata": {"name": "g", "namespace": "team-a"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "resource.gpuslice.io/v1alpha1",
+                                "kind": "GuardConfig",
+                                "mode": "observe",
+                                "sharedBy": 2,
+                            },
+                        }
+                    }
+                ],
+            }
+        },
+    }
+    created = rig.store.add_claim(obj)
+    rig.store.allocate_claim("team-a", "g", pod_uid="p1")
+    ref = ClaimRef("team-a", created["metadata"]["uid"], "g")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    assert driver.guard_mode(claim_resource("team-a", "g")) == "observe"
+    plan = driver.claims_plan()
+    assert plan is not None
+    (dev,) = plan.resources[0].devices
+    assert (dev.replicas, plan.resources[0].strategy) == (2, "time-slicing")
+
+
+def _cdi_env(rig: Rig, uid: str, device: str) -> dict[str, str]:
+    spec = yaml.safe_load((rig.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml").read_text())
+    entry = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
+    return dict(e.split("=", 1) for e in entry["containerEdits"]["env"])
