@@ -28,6 +28,7 @@ from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
@@ -62,6 +63,7 @@ from gpuslice.podresources import PodResourcesClient
 from gpuslice.ports import DraObjects
 
 log = get_logger("gpuslice.agent")
+_GUARD_MODES: tuple[GuardMode, ...] = ("off", "observe", "enforce")
 
 
 def wire_mps(
@@ -197,7 +199,10 @@ def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRe
     settings = agent.settings
     return SnapshotRefresher(
         backend=agent.backend,
-        assignments=PodResourcesClient(settings.pod_resources_socket),
+        assignments=PodResourcesClient(
+            settings.pod_resources_socket,
+            dra_driver=None if settings.dra is None else settings.dra.driver_name,
+        ),
         current=lambda: _current_plan(agent),
         hostname=settings.node_name or socket.gethostname(),
         proc_root=settings.proc_root,
@@ -288,8 +293,19 @@ def wire_guard(
         return None
     shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
 
+    def mode_of(resource: str) -> GuardMode | None:
+        """A DRA claim's own GuardConfig mode (it can only lower the node's)."""
+        front = agent.hooks.front_end
+        if not isinstance(front, DraFrontEnd):
+            return None
+        mode = front.driver.guard_mode(resource)
+        for known in _GUARD_MODES:
+            if mode == known:
+                return known
+        return None
+
     read = guard_view_reader(
-        agent.backend, lambda: _current_plan(agent), shared, settings.proc_root
+        agent.backend, lambda: _current_plan(agent), shared, settings.proc_root, mode_of=mode_of
     )
 
     guard = MemoryGuard(
