@@ -51,7 +51,7 @@ from gpuslice.testing.hostile_configs import HOSTILE
 NODE = "sim:8xh100-80gb"
 RES = "nvidia.com/gpu"
 WAIT_S = 60.0
-FAKE_MPS = f"{sys.executable} -m gpuslice.testing.fake_mps_control"
+FAKE_MPS = f"{sys.executable} -m gpuslice.emulator.fake_mps_control"
 
 
 def ts(replicas: int) -> str:

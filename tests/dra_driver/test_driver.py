@@ -32,7 +32,7 @@ from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
-FAKE_MPS = (sys.executable, "-m", "gpuslice.testing.fake_mps_control")
+FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
 GPU_CLASS = {
     "metadata": {"name": "gpu.nvidia.com"},
     "spec": {

@@ -16,7 +16,7 @@ from gpuslice.testing.daemon import DaemonProcess
 STARTUP_S = 30.0
 """Deadline for the daemon process to start and register (a loaded 2-core CI machine)."""
 
-FAKE_MPS = f"{sys.executable} -m gpuslice.testing.fake_mps_control"
+FAKE_MPS = f"{sys.executable} -m gpuslice.emulator.fake_mps_control"
 
 
 @dataclass(slots=True)

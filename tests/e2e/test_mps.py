@@ -1,7 +1,7 @@
 """MPS sharing through the real daemon: the control daemon is started, configured, watched
 and restarted by gpuslice, and the kubelet only gets allocatable replicas while it answers.
 
-The control program is the fake one (`gpuslice.testing.fake_mps_control`, speaking the same
+The control program is the fake one (`gpuslice.emulator.fake_mps_control`, speaking the same
 commands on stdin); everything else is the production path.
 """
 
@@ -37,7 +37,7 @@ async def ask_daemon(pipe_dir: Path, command: str) -> str:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gpuslice.testing.fake_mps_control",
+        "gpuslice.emulator.fake_mps_control",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -25,7 +25,7 @@ Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
 STARTUP_S = 30.0
-FAKE_MPS = f"{sys.executable} -m gpuslice.testing.fake_mps_control"
+FAKE_MPS = f"{sys.executable} -m gpuslice.emulator.fake_mps_control"
 
 GPU_CLASS: Json = {
     "apiVersion": "resource.k8s.io/v1",

@@ -198,7 +198,7 @@ async def test_mps_on_mig_config_stops_the_daemon_at_start_with_the_reason(
             "--no-compute-mode",
             "--no-labels",
             "--mps-control",
-            f"{sys.executable} -m gpuslice.testing.fake_mps_control",
+            f"{sys.executable} -m gpuslice.emulator.fake_mps_control",
         ],
         log_path=sock_dir / "daemon.log",
     )

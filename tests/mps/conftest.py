@@ -22,7 +22,7 @@ from gpuslice.core.sharing.model import (
 )
 from gpuslice.mps import MpsDaemonManager
 
-FAKE_CONTROL = (sys.executable, "-m", "gpuslice.testing.fake_mps_control")
+FAKE_CONTROL = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
 
 L40S_MIB = 46068
 """What NVML reports for an L40S (NVIDIA's issue #764 shows 4606M for 10 replicas)."""

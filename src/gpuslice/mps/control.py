@@ -3,7 +3,7 @@
 The control program is the only interface NVIDIA documents: `-d` starts the daemon, and
 every other use pipes commands on stdin to the daemon found through
 `CUDA_MPS_PIPE_DIRECTORY`. The command is configurable as an argument list so tests and
-the demo run the fake in `gpuslice.testing.fake_mps_control` through the same code.
+the demo run the fake in `gpuslice.emulator.fake_mps_control` through the same code.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ and `control.log` in `CUDA_MPS_LOG_DIRECTORY`; without `-d` it sends the command
 stdin to that daemon and prints the answers, failing when no daemon answers. Tests crash
 the daemon with SIGKILL (pid from the pid file) or freeze it with SIGSTOP.
 
-Run it as `python -m gpuslice.testing.fake_mps_control [-d]`.
+Run it as `python -m gpuslice.emulator.fake_mps_control [-d]`. It ships in the package (not
+in `gpuslice.testing`) because `gpuslice demo --dra` runs claims with MPS on it.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def _daemonize(pipe: Path, log: Path) -> int:
     devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
     child = os.posix_spawn(
         sys.executable,
-        [sys.executable, "-m", "gpuslice.testing.fake_mps_control", "--serve"],
+        [sys.executable, "-m", "gpuslice.emulator.fake_mps_control", "--serve"],
         os.environ,
         file_actions=devnull,
         setsid=True,
