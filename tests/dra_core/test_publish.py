@@ -140,3 +140,16 @@ def test_unchanged_devices_publish_nothing_and_a_change_bumps_every_slice() -> N
     assert fewer.update[0]["metadata"] == {"name": "s0", "resourceVersion": "7"}
     assert fewer.delete == ("s1",)
     assert fewer.create == ()
+
+
+def test_brand_follows_nvml_spelling_from_the_product_name() -> None:
+    from gpuslice.core.dra.publish import _brand
+
+    assert _brand("Tesla T4") == "Tesla"
+    assert _brand("NVIDIA H100 80GB HBM3") == "Nvidia"
+    assert _brand("NVIDIA GeForce RTX 3060") == "GeForceRTX"
+    assert _brand("NVIDIA RTX A6000") == "NvidiaRTX"
+    assert _brand("Quadro RTX 8000") == "QuadroRTX"
+    assert _brand("NVIDIA L40S") == "Nvidia"
+    attrs = device_json(dra_devices(inventory("sim:1xt4"))[0], [])["attributes"]
+    assert attrs["brand"] == {"string": "Tesla"}

@@ -64,6 +64,7 @@ class Rig:
     boot: list[str] = field(default_factory=lambda: ["boot-1"])
     warnings: list[tuple[str, str]] = field(default_factory=list)
     mps: MpsDaemonManager | None = None
+    timeslice: Any = None
 
     def driver(self) -> DraDriver:
         async def warn(reason: str, message: str) -> None:
@@ -77,6 +78,7 @@ class Rig:
             snapshot=lambda: self.state.current,
             boot_id=self.boot[0],
             mps=self.mps,
+            timeslice=self.timeslice,
             warn=warn,
         )
 
@@ -325,3 +327,53 @@ def _cdi_env(rig: Rig, uid: str, device: str) -> dict[str, str]:
     spec = yaml.safe_load((rig.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml").read_text())
     entry = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
     return dict(e.split("=", 1) for e in entry["containerEdits"]["env"])
+
+
+class RecordingTimeslice:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
+        self.calls.append((gpu_uuid, interval))
+
+
+async def test_time_slicing_without_an_interval_runs_no_nvidia_smi(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    setter = RecordingTimeslice()
+    rig.timeslice = setter
+    driver = rig.driver()
+    await driver.load()
+    ts = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing"},
+    }
+    obj = {
+        "metadata": {"name": "ts", "namespace": "team-a"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": ts}}],
+            }
+        },
+    }
+    created = rig.store.add_claim(obj)
+    rig.store.allocate_claim("team-a", "ts", pod_uid="p1")
+    ref = ClaimRef("team-a", created["metadata"]["uid"], "ts")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    assert setter.calls == []  # NVIDIA would set interval Default here
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert setter.calls == []
+
+
+def test_dra_mode_without_a_node_name_is_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from gpuslice.cli.main import main
+
+    result = CliRunner().invoke(main, ["plugin", "--node", "sim:1xt4", "--dra"], env={})
+    assert result.exit_code == 2
+    assert "--dra needs --node-name" in result.output
+    assert "Traceback" not in result.output

@@ -28,6 +28,7 @@ from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
@@ -140,7 +141,7 @@ def wire_dra(
     """
     settings = agent.settings
     if not settings.node_name:
-        raise ValueError(
+        raise GpusliceError(
             "DRA mode needs the node's name (--node-name / NODE_NAME): it names the pool "
             "of this node's devices and selects its ResourceSlices"
         )
@@ -451,7 +452,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
 
         if settings.dra is not None:
             if client is None:
-                raise ValueError(
+                raise GpusliceError(
                     "DRA mode needs the node's name (--node-name / NODE_NAME) and API access"
                 )
             wire_dra(

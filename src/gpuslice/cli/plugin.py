@@ -426,6 +426,11 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
 def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
     if not params["dra"]:
         return None
+    if not params["node_name"]:
+        raise click.UsageError(
+            "--dra needs --node-name (NODE_NAME): the node's name is the pool of its "
+            "devices and selects its ResourceSlices, and the driver reads claims from the API"
+        )
     return DraSettings(
         driver_name=params["dra_driver_name"],
         plugin_dir=params["dra_plugin_dir"],
