@@ -377,3 +377,48 @@ def test_dra_mode_without_a_node_name_is_a_usage_error() -> None:
     assert result.exit_code == 2
     assert "--dra needs --node-name" in result.output
     assert "Traceback" not in result.output
+
+
+class StallingStore(DraStore):
+    """An API server that never answers for one claim."""
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if name == "stuck":
+            import asyncio
+
+            await asyncio.Event().wait()
+        return await super().get_claim(namespace, name)
+
+
+async def test_an_api_that_hangs_fails_its_claim_in_time_and_holds_no_other(
+    sock_dir: Path,
+) -> None:
+    import asyncio
+
+    backend = open_backend("sim:2xh100-80gb", environ={})
+    try:
+        inventory = backend.inventory()
+    finally:
+        backend.close()
+    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
+    store = StallingStore(NODE, DRIVER)
+    store.add_device_class(GPU_CLASS)
+    rig = Rig(store, state, sock_dir)
+    await rig.publish()
+    driver = DraDriver(
+        DriverSettings(DRIVER, NODE, mps_root=str(sock_dir / "mps"), api_timeout_s=0.5),
+        objects=store,
+        checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
+        cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
+        snapshot=lambda: state.current,
+        boot_id="b",
+    )
+    await driver.load()
+    stuck, fine = rig.claim("stuck"), rig.claim("fine")
+    slow = asyncio.create_task(driver.prepare([stuck]))
+    await asyncio.sleep(0.05)
+    # another pod's claim is prepared while the first one waits on the API
+    got = await asyncio.wait_for(driver.prepare([fine]), 0.4)
+    assert got[fine.uid].error == ""
+    error = (await slow)[stuck.uid].error
+    assert "no answer from the API within 0.5 s" in error

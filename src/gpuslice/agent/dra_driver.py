@@ -68,6 +68,9 @@ class DriverSettings:
     dev_root: str = "/dev"
     mps_ready_timeout_s: float = 10.0
     """How long Prepare waits for a new MPS daemon to answer before failing the claim."""
+    api_timeout_s: float = 15.0
+    """How long Prepare waits for the API to return a claim: an API server that hangs fails
+    the claims concerned well within the kubelet's 45 s, and never holds the others."""
 
 
 @dataclass(slots=True)
@@ -188,8 +191,13 @@ class DraDriver:
     # -- ports.ClaimPreparer ---------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        # Claims are read before taking the lock, all at once: a slow API server delays
+        # only the batch that waits on it, not Prepare and Unprepare of other pods.
+        pending = [r for r in claims if not self._completed(r.uid)]
+        fetched = await asyncio.gather(*(self._read_claim(r) for r in pending))
+        objects = {r.uid: got for r, got in zip(pending, fetched, strict=True)}
         async with self._lock:
-            return {ref.uid: await self._prepare_one(ref) for ref in claims}
+            return {ref.uid: await self._prepare_one(ref, objects.get(ref.uid)) for ref in claims}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         async with self._lock:
@@ -197,17 +205,37 @@ class DraDriver:
 
     # -- prepare ---------------------------------------------------------------------------
 
-    async def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+    def _completed(self, uid: str) -> bool:
+        done = self._claims.get(uid)
+        return done is not None and done.state == "PrepareCompleted"
+
+    async def _read_claim(self, ref: ClaimRef) -> Mapping[str, object] | str:
+        """The claim from the API, or why it could not be read."""
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        try:
+            return await asyncio.wait_for(
+                self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+            )
+        except DraObjectNotFound:
+            return f"{where} not found in the API (deleted?)"
+        except TimeoutError:
+            return (
+                f"reading {where}: no answer from the API within {self.settings.api_timeout_s:g} s"
+            )
+        except Exception as exc:
+            return f"reading {where}: {exc}"
+
+    async def _prepare_one(
+        self, ref: ClaimRef, claim: Mapping[str, object] | str | None
+    ) -> PrepareResult:
         done = self._claims.get(ref.uid)
         if done is not None and done.state == "PrepareCompleted":
             return PrepareResult(done.devices)  # the kubelet asks again after its restart
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        try:
-            claim = await self._objects.get_claim(ref.namespace, ref.name)
-        except DraObjectNotFound:
-            return _failed(ref, f"{where} not found in the API (deleted?)")
-        except Exception as exc:
-            return _failed(ref, f"reading {where}: {exc}")
+        if claim is None:  # completed when the batch came in, unprepared meanwhile
+            claim = await self._read_claim(ref)
+        if isinstance(claim, str):
+            return _failed(ref, claim)
         try:
             work = self._work(claim, ref)
             self._check_overlap(work)

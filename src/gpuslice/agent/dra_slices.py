@@ -110,7 +110,9 @@ class SlicePublisher:
                 if attempt == 2:
                     raise
                 continue  # someone else wrote meanwhile: read again and plan again
-            after = await self._objects.list_slices() if not changes.empty else existing
+            # a change rewrites every slice that stays (plan_slices), so the replies are the
+            # pool as it now is: no second list
+            after = written if not changes.empty else existing
             self._stored, self._wanted = _identity(after), wanted
             self._check_dropped(written)
             self.published.set()
@@ -161,7 +163,8 @@ class SlicePublisher:
         while not stop.is_set():
             snap = state.current
             try:
-                await self.publish_once()
+                # an API server that hangs must not stop the resync for good
+                await asyncio.wait_for(self.publish_once(), max(30.0, 3 * self.resync_s))
                 failures = 0
                 self.last_error = ""
             except Exception as exc:  # the API server may be away; keep trying

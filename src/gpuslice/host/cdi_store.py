@@ -19,6 +19,8 @@ import yaml
 from gpuslice.host.atomic import atomic_write
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+"""libyaml's safe dumper when PyYAML has it (4-5x faster per spec), else the Python one."""
 
 
 class CdiSpecStore:
@@ -39,7 +41,7 @@ class CdiSpecStore:
         if spec.get("kind") != self.kind:
             raise ValueError(f"spec kind {spec.get('kind')!r} is not this store's {self.kind!r}")
         path = self.path_for(claim_uid)
-        text = yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=False)
+        text = yaml.dump(dict(spec), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
         atomic_write(path, text.encode("utf-8"), mode=0o644)
         return path
 

@@ -94,7 +94,9 @@ def encode(cp: Checkpoint) -> bytes:
         "claims": {uid: _claim_json(c) for uid, c in sorted(cp.claims.items())},
     }
     doc = {"format": FORMAT, "version": VERSION, "checksum": _checksum(data), "data": data}
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    # compact: `indent` falls back to the pure-Python encoder, 7x slower at 64 claims, and
+    # the file is written twice per Prepare
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def decode(raw: bytes | None, boot_id: str) -> Decoded:
