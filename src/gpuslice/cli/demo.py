@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from rich.panel import Panel
 from rich.table import Table
 
 from gpuslice.cli.common import console, plan_for
+from gpuslice.cli.describe import claims_table, short_ids, slices_table
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import EXIT_BAD_INPUT, reports_errors
 from gpuslice.cli.output import emit, output_option, plain
+from gpuslice.demo.dra_scenario import DRA_NODE, DemoError, DraDemoResult, DraStep, run_dra_demo
 from gpuslice.demo.scenario import DEFAULT_NODE, TIME_SLICING_CONFIG, DemoResult, Step, run_demo
 
 
@@ -101,12 +104,96 @@ def summary(result: DemoResult) -> str:
     )
 
 
+def _dra_pods_table(step: DraStep) -> Table:
+    table = Table(title="pods: what the container runtime gets (CDI spec)", title_justify="left")
+    table.add_column("pod", no_wrap=True)
+    table.add_column("CDI device ID (from NodePrepareResources)", no_wrap=True)
+    table.add_column("container env and mounts", overflow="fold")
+    for pod in step.pods:
+        env = [f"{k}={short_ids(v)}" for k, v in pod.env]
+        env += [
+            f"[dim]mount {m.container_path} ← {short_ids(m.host_path)}[/dim]" for m in pod.mounts
+        ]
+        how = "" if pod.prepared else "\n[dim](claim already prepared:\n kubelet reused it)[/dim]"
+        table.add_row(
+            f"{pod.name}\n[dim]{pod.claim}[/dim]{how}",
+            "\n".join(short_ids(i) for i in pod.cdi_ids),
+            "\n".join(env),
+        )
+    return table
+
+
+def _dra_claims_table(step: DraStep) -> Table:
+    table = Table(title="kubectl get resourceclaims", title_justify="left")
+    table.add_column("claim", no_wrap=True)
+    table.add_column("allocated (request → device)", no_wrap=True)
+    table.add_column("reserved for")
+    table.add_column("config")
+    for c in step.claims:
+        table.add_row(
+            f"{c.namespace}/{c.name}",
+            "\n".join(f"{r} → {d}" for r, d in c.devices) or "-",
+            ", ".join(c.reserved_for) or "-",
+            c.config or "-",
+        )
+    return table
+
+
+def render_dra(result: DraDemoResult, console: Console) -> None:
+    console.print(
+        Panel.fit(
+            "gpuslice demo --dra: the agent as a DRA driver (ResourceSlices, Prepare, CDI)\n"
+            f"node: [bold]{result.node}[/bold] (simulated GPUs) as {result.node_name}, driver "
+            f"{result.driver}; kubelet emulated over unix sockets, scheduler played by the "
+            "allocator, MPS by a fake control program",
+        )
+    )
+    for i, step in enumerate(result.steps, 1):
+        console.rule(f"[bold]{i}. {step.title}")
+        if step.devices:
+            console.print(slices_table(step.devices, "kubectl get resourceslices (devices)"))
+        if step.note and step.what_if is None:
+            console.print(Panel(step.note.rstrip(), title="claim", expand=False))
+        if step.claims:
+            console.print(_dra_claims_table(step))
+        if step.pods:
+            console.print(_dra_pods_table(step))
+        for d in step.mps_daemons:
+            limits = ", ".join(f"GPU {i}: {v}" for i, v in d.pinned_limits) or "none"
+            state = "[green]answering[/green]" if d.ready else "[yellow]not answering[/yellow]"
+            console.print(
+                f"MPS control daemon {short_ids(d.key)} on GPU "
+                f"{', '.join(map(str, d.gpu_indices))}: {state}; default active thread "
+                f"percentage {d.active_thread_percentage or '?'}, pinned memory limit {limits}"
+            )
+        if step.what_if is not None:
+            console.print(f"[dim]{step.note}[/dim]")
+            console.print(claims_table(step.what_if.claims, "what each claim would get"))
+        if i > 1 and not step.what_if:
+            specs = ", ".join(short_ids(s) for s in step.cdi_specs) or "(none)"
+            console.print(f"CDI specs on the node: {specs}")
+    console.print(dra_summary(result))
+
+
+def dra_summary(result: DraDemoResult) -> str:
+    devices = result.steps[0].devices
+    mig = sum(1 for d in devices if d.type == "mig")
+    return (
+        f"\n[bold]Summary[/bold]: the node published {len(devices)} devices "
+        f"({len(devices) - mig} whole GPU, {mig} MIG); two pods shared one MPS claim through "
+        "one CDI device, a third got a MIG device picked by CEL, and unpreparing removed "
+        "the CDI specs and stopped the MPS daemon.\n"
+        f"Next: gpuslice describe --node '{result.node}' --claims <your claims.yaml> "
+        "(what claims would get before you create them); docs/dra.md for a cluster."
+    )
+
+
 @click.command()
 @click.option(
     "--node",
-    default=DEFAULT_NODE,
-    show_default=True,
-    help="Simulated node spec, e.g. sim:2xt4 or sim:1xa100-80gb/mig=1g.10gb*7.",
+    default=None,
+    help=f"Simulated node spec, e.g. sim:2xt4 or sim:1xa100-80gb/mig=1g.10gb*7 "
+    f"[default: {DEFAULT_NODE}; {DRA_NODE} with --dra].",
 )
 @click.option(
     "--config-file",
@@ -123,16 +210,33 @@ def summary(result: DemoResult) -> str:
     show_default=True,
     help="guard: seed 001, one time-sliced pod leaking memory, the memory guard off and on.",
 )
+@click.option(
+    "--dra",
+    is_flag=True,
+    help="Run the agent as a DRA driver instead: ResourceSlices, an MPS claim shared by two "
+    "pods, a MIG device by CEL, the what-if view, unprepare (--node applies).",
+)
 @output_option
 @reports_errors
 def demo(
-    node: str, config_file: Path | None, pods: int, verbose: bool, scenario: str, output: str
+    node: str | None,
+    config_file: Path | None,
+    pods: int,
+    verbose: bool,
+    scenario: str,
+    dra: bool,
+    output: str,
 ) -> None:
     """Replay seed 000 on an emulated node: 2 GPUs, 4 pods, then time-slicing x4.
 
     `--scenario guard` replays seed 001 instead (a leaking pod on a time-sliced L40S, the
-    memory guard off and enforcing; --node and --pods do not apply).
+    memory guard off and enforcing; --node and --pods do not apply). `--dra` shows DRA
+    mode on an H100 node with one GPU whole and one in MIG.
     """
+    if dra:
+        _run_dra(node or DRA_NODE, verbose, output)
+        return
+    node = node or DEFAULT_NODE
     if scenario == "guard":
         from gpuslice.cli.demo_guard import render_guard
         from gpuslice.demo.guard import run_guard_demo
@@ -145,8 +249,6 @@ def demo(
         return
     setup_logging("text", verbose=False)
     if not verbose:
-        import logging
-
         logging.getLogger().setLevel(logging.WARNING)
     plan_for(node, config_file)  # a bad config or node fails here, at once, by name
     text = config_file.read_text(encoding="utf-8") if config_file else TIME_SLICING_CONFIG
@@ -157,5 +259,21 @@ def demo(
         sys.exit(EXIT_BAD_INPUT)
     if output == "table":
         render(result, console())
+    else:
+        emit(plain(result), output)
+
+
+def _run_dra(node: str, verbose: bool, output: str) -> None:
+    setup_logging("text", verbose=False)
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+    plan_for(node, None)  # a bad node spec fails here, at once, by name
+    try:
+        result = asyncio.run(run_dra_demo(node))
+    except (TimeoutError, DemoError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if output == "table":
+        render_dra(result, console())
     else:
         emit(plain(result), output)

@@ -1,8 +1,17 @@
-"""`gpuslice describe`: what a config does on a node, before it is applied."""
+"""`gpuslice describe`: what a config does on a node, before it is applied.
+
+With `--claims`, the same question for a node in DRA mode: what each ResourceClaim of a
+file would be allocated and what Prepare would give its containers
+(`gpuslice.emulator.dra_whatif`).
+"""
 
 from __future__ import annotations
 
+import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -13,6 +22,12 @@ from gpuslice.cli.main import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
+
+if TYPE_CHECKING:
+    from gpuslice.emulator.dra_whatif import ClaimOutcome, SliceDevice, WhatIf
+
+EXIT_NOT_ALL_FIT = 1
+"""`describe --claims`: at least one claim would not be allocated or prepared."""
 
 
 def _render_table(view: NodeView, report: DescribeReport, console: Console) -> None:
@@ -84,13 +99,154 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     show_default=True,
     help="nvml (this machine's GPUs) or a simulated node spec such as sim:2xt4.",
 )
+@click.option(
+    "--claims",
+    "claims_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="ResourceClaims (YAML, several documents or a kind: List): what each would get "
+    "from this node in DRA mode, in file order.",
+)
+@click.option(
+    "--device-classes",
+    "classes_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="DeviceClasses to use with --claims instead of NVIDIA's gpu.nvidia.com and "
+    "mig.nvidia.com.",
+)
 @output_option
 @reports_errors
-def describe_command(config_file: Path | None, config_name: str, node: str, output: str) -> None:
-    """Show what this node would advertise with a config, and what each replica gets."""
+def describe_command(
+    config_file: Path | None,
+    config_name: str,
+    node: str,
+    claims_file: Path | None,
+    classes_file: Path | None,
+    output: str,
+) -> None:
+    """Show what this node would advertise with a config, and what each replica gets.
+
+    With --claims: what each ResourceClaim would be allocated on this node in DRA mode
+    (the config decides which GPUs are offered as shares), how the device is shared, the
+    env its containers get and what the memory guard allows each pod. Exit code 1 when a
+    claim would not fit, 2 for unreadable input.
+    """
+    if classes_file is not None and claims_file is None:
+        raise click.UsageError("--device-classes goes with --claims")
     view = plan_for(node, config_file, config_name)
+    if claims_file is not None:
+        _describe_claims(view, claims_file, classes_file, output)
+        return
     report = describe_plan(view.plan, view.inventory)
     if output == "table":
         _render_table(view, report, console())
     else:
         emit(report_to_dict(report), output)
+
+
+def _describe_claims(
+    view: NodeView, claims_file: Path, classes_file: Path | None, output: str
+) -> None:
+    # the allocator imports celpy: loaded only when claims are asked about
+    from gpuslice.emulator.dra_whatif import (
+        DEFAULT_DEVICE_CLASSES,
+        load_claims,
+        load_device_classes,
+        what_if,
+        what_if_to_dict,
+    )
+
+    claims = load_claims(_read(claims_file), str(claims_file))
+    classes = (
+        load_device_classes(_read(classes_file), str(classes_file))
+        if classes_file is not None
+        else list(DEFAULT_DEVICE_CLASSES)
+    )
+    report = what_if(view.inventory, view.plan, claims, classes)
+    if output == "table":
+        title = f"node {view.backend_name} · DRA driver {report.driver}"
+        if view.config_name:
+            title += f" · config {view.config_name}"
+        render_what_if(report, console(), title)
+    else:
+        emit(what_if_to_dict(report), output)
+    if not report.all_fit:
+        sys.exit(EXIT_NOT_ALL_FIT)
+
+
+def _read(path: Path) -> str:
+    from gpuslice.emulator.dra_whatif import ClaimsFileError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClaimsFileError(f"{path}: cannot be read: {exc}") from None
+
+
+def slices_table(devices: Sequence[SliceDevice], title: str) -> Table:
+    """A node's published devices: one row per device."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("device", no_wrap=True)
+    table.add_column("type")
+    table.add_column("product / profile")
+    table.add_column("memory", justify="right")
+    table.add_column("offered as")
+    for d in devices:
+        offered = "whole device"
+        if d.shares:
+            offered = f"{d.shares} shares, {gib(d.share_memory_mib or 0)} GiB each by default"
+        table.add_row(
+            d.name,
+            d.type,
+            d.product + (f" · MIG {d.profile}" if d.profile else ""),
+            f"{gib(d.memory_mib)} GiB",
+            offered,
+        )
+    if not devices:
+        table.add_row("(no devices)", "", "", "", "")
+    return table
+
+
+def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
+    """Per claim and request: the device, its sharing, the container env, the guard's limit."""
+    table = Table(title=title, title_justify="left", show_lines=True, expand=True)
+    table.add_column("claim", no_wrap=True)
+    table.add_column("request → device", no_wrap=True)
+    table.add_column("sharing", min_width=20, ratio=3)
+    table.add_column("container env (CDI)", min_width=24, ratio=5, overflow="fold")
+    table.add_column("guard, per pod", min_width=14, ratio=2)
+    for c in claims:
+        label = f"{c.namespace}/{c.name}"
+        if not c.fits:
+            table.add_row(f"[red]{label}[/red]", f"[red]not {c.stage}d[/red]", c.error, "", "")
+            continue
+        for d in c.devices:
+            what = d.device + (f"\n[dim]MIG {d.profile}[/dim]" if d.profile else "")
+            env = "\n".join(f"{k}={short_ids(v)}" for k, v in d.env)
+            for m in d.mounts:
+                env += f"\n[dim]mount {m.container_path} ← {short_ids(m.host_path)}[/dim]"
+            guard = f"{d.entitlement}: {gib(d.entitlement_mib)} GiB"
+            if d.sm_fraction is not None and d.entitlement != "exclusive":
+                guard += f", {d.sm_fraction:.0%} of SMs"
+            if c.guard_mode:
+                guard += f"\n[dim]GuardConfig mode {c.guard_mode}[/dim]"
+            table.add_row(label, f"{d.request} → {what}", d.sharing_text, env, guard)
+    return table
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def short_ids(text: str) -> str:
+    """UUIDs (GPU, MIG, claim) cut to their first 8 hex digits, `GPU-79225abe…`: enough to
+    tell them apart in a table; `-o json` has them whole."""
+    return _UUID.sub(lambda m: m.group(0)[:8] + "…", text)
+
+
+def render_what_if(report: WhatIf, console: Console, title: str) -> None:
+    console.print(f"[bold]{title}[/bold]")
+    console.print(slices_table(report.devices, "ResourceSlices this node would publish"))
+    console.print(claims_table(report.claims, "what each claim would get (in file order)"))
+    fit = sum(1 for c in report.claims if c.fits)
+    console.print(f"{fit} of {len(report.claims)} claims fit.")
