@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuslice.core.dra.claimplan import CLAIM_PREFIX
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 POD_LABELS = ["namespace", "pod", "container", "gpu", "UUID"]
 CLAIM_LABEL = "claim"
-CLAIM_PREFIX = "claim:"
 """The resource name prefix of a claims plan's holders (`claim:<namespace>/<name>`)."""
 
 _GPU_FAMILIES: tuple[tuple[str, str], ...] = (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice.core.dra.claimplan import CLAIM_PREFIX
 from gpuslice.core.sharing.model import Plan
-from gpuslice.metrics.collector import CLAIM_PREFIX
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
 STATUS_VERSION = 1

@@ -18,17 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-CLAIM_PREFIX = "claim:"
+from gpuslice.core.dra.claimplan import CLAIM_PREFIX, claim_resource
+from gpuslice.core.dra.claimplan import dra_device_id as claim_device_id
 
-
-def claim_resource(namespace: str, name: str) -> str:
-    """The resource name a claim's devices are listed under: `claim:<namespace>/<name>`."""
-    return f"{CLAIM_PREFIX}{namespace}/{name}"
-
-
-def claim_device_id(pool: str, device: str, share_id: str | None = None) -> str:
-    """`<pool>/<device>`, or `<pool>/<device>/<shareID>` for a consumable-capacity share."""
-    return f"{pool}/{device}/{share_id}" if share_id else f"{pool}/{device}"
+__all__ = ["CLAIM_PREFIX", "ClaimBooks", "ClaimDevice", "ContainerClaim", "claim_device_id",
+           "claim_resource"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
