@@ -87,16 +87,13 @@ class Rig:
             self.store, driver=DRIVER, node=NODE, snapshot=lambda: self.state.current
         ).publish_once()
 
-    def claim(self, name: str, requests: list[dict[str, Any]] | None = None) -> ClaimRef:
-        obj = {
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {
-                "devices": {
-                    "requests": requests
-                    or [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
-                }
-            },
+    def claim(self, name: str, *parameters: dict[str, Any]) -> ClaimRef:
+        """Create and allocate a one-GPU claim with these opaque config parameters."""
+        devices: dict[str, Any] = {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": p}} for p in parameters],
         }
+        obj = {"metadata": {"name": name, "namespace": "team-a"}, "spec": {"devices": devices}}
         created = self.store.add_claim(obj)
         self.store.allocate_claim("team-a", name, pod_uid=f"uid-{name}")
         return ClaimRef("team-a", created["metadata"]["uid"], name)
@@ -291,30 +288,13 @@ async def test_guard_mode_and_shared_by_come_from_the_claims_guard_config(
     rig = await make_rig()
     driver = rig.driver()
     await driver.load()
-    obj = {
-        "metadata": {"name": "g", "namespace": "team-a"},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                "config": [
-                    {
-                        "opaque": {
-                            "driver": DRIVER,
-                            "parameters": {
-                                "apiVersion": "resource.gpuslice.io/v1alpha1",
-                                "kind": "GuardConfig",
-                                "mode": "observe",
-                                "sharedBy": 2,
-                            },
-                        }
-                    }
-                ],
-            }
-        },
+    guard = {
+        "apiVersion": "resource.gpuslice.io/v1alpha1",
+        "kind": "GuardConfig",
+        "mode": "observe",
+        "sharedBy": 2,
     }
-    created = rig.store.add_claim(obj)
-    rig.store.allocate_claim("team-a", "g", pod_uid="p1")
-    ref = ClaimRef("team-a", created["metadata"]["uid"], "g")
+    ref = rig.claim("g", guard)
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     assert driver.guard_mode(claim_resource("team-a", "g")) == "observe"
     plan = driver.claims_plan()
@@ -350,18 +330,7 @@ async def test_time_slicing_without_an_interval_runs_no_nvidia_smi(
         "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing"},
     }
-    obj = {
-        "metadata": {"name": "ts", "namespace": "team-a"},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                "config": [{"opaque": {"driver": DRIVER, "parameters": ts}}],
-            }
-        },
-    }
-    created = rig.store.add_claim(obj)
-    rig.store.allocate_claim("team-a", "ts", pod_uid="p1")
-    ref = ClaimRef("team-a", created["metadata"]["uid"], "ts")
+    ref = rig.claim("ts", ts)
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     assert setter.calls == []  # NVIDIA would set interval Default here
     assert await driver.unprepare([ref]) == {ref.uid: ""}
