@@ -93,3 +93,12 @@ def test_gpuslice_demo_dra_json_has_the_five_steps() -> None:
     doc = json.loads(result.stdout)
     assert len(doc["steps"]) == 5
     assert doc["steps"][4]["cdi_specs"] == []
+
+
+def test_a_node_without_mig_is_one_error_line_not_a_traceback() -> None:
+    """--node applies to --dra; a node the scenario cannot run on says what it needs."""
+    result = CliRunner().invoke(main, ["demo", "--dra", "--node", "sim:1xt4"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: claim default/small-mig: request 'mig'")
+    assert "1g.10gb MIG devices" in result.stderr
+    assert result.stderr.count("\n") == 1

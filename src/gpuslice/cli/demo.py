@@ -234,6 +234,10 @@ def demo(
     mode on an H100 node with one GPU whole and one in MIG.
     """
     if dra:
+        if config_file is not None or scenario != "seed000":
+            raise click.UsageError(
+                "--dra runs its own scenario: --config-file and --scenario do not apply"
+            )
         _run_dra(node or DRA_NODE, verbose, output)
         return
     node = node or DEFAULT_NODE

@@ -32,6 +32,7 @@ from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.dra.server import DraServerSettings
+from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.emulator.dra_whatif import (
@@ -358,7 +359,13 @@ def _add_and_allocate(node: _Node, claim: Json, pods: tuple[str, ...]) -> ClaimR
     created = node.store.add_claim(claim)
     ns, name = created["metadata"]["namespace"], created["metadata"]["name"]
     for pod in pods:  # the scheduler, once per pod that references the claim
-        node.store.allocate_claim(ns, name, pod_uid=f"uid-{pod}", pod_name=pod)
+        try:
+            node.store.allocate_claim(ns, name, pod_uid=f"uid-{pod}", pod_name=pod)
+        except AllocationError as exc:
+            raise DemoError(
+                f"{exc} (the DRA demo needs a whole GPU and one with 1g.10gb MIG devices, "
+                f"such as {DRA_NODE})"
+            ) from None
     return ClaimRef(ns, str(created["metadata"]["uid"]), name)
 
 
