@@ -76,7 +76,10 @@ def test_a_share_is_entitled_to_its_consumed_memory_not_memory_over_replicas() -
     """The scheduler may give one claim 3 shares' worth of memory out of 4: entitlement
     follows `entitlement_mib` (consumed capacity), the SM fraction stays 1/replicas."""
     share = dev("node-1/gpu-0/s1", WHOLE, 4, entitlement_mib=30000)
-    assert entitlement_of(share, 142) == Entitlement("time-slicing", 30000 * MIB, 0.25)
+    # time-sliced: the SM share follows the share's memory (30000 of the L40S's 46068 MiB)
+    assert entitlement_of(share, 142) == Entitlement(
+        "time-slicing", 30000 * MIB, 30000 / WHOLE.memory_mib
+    )
 
 
 def test_an_mps_share_takes_its_memory_and_the_clients_thread_percentage() -> None:
@@ -151,7 +154,9 @@ def test_claims_are_attributed_per_pod_with_their_share() -> None:
     assert att.unknown_device_ids == ()
     by_pod = {u.pod: u for u in att.usages}
     assert by_pod["trainer"].resources == ("claim:ml/big",)
-    assert by_pod["trainer"].entitlement == Entitlement("time-slicing", 30000 * MIB, 0.25)
+    assert by_pod["trainer"].entitlement == Entitlement(
+        "time-slicing", 30000 * MIB, 30000 / WHOLE.memory_mib
+    )
     assert by_pod["trainer"].memory_used_bytes == 32000 * MIB
     assert by_pod["infer"].entitlement.memory_bytes == 8000 * MIB
     assert by_pod["nb"].entitlement.kind == "mig"

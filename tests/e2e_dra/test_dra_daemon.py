@@ -168,6 +168,8 @@ async def test_mig_devices_are_published_and_prepared_with_their_own_uuid(
             devices={"mig": "gpu-0-mig-2g10gb-14-2"},
         )
         assert "MPS on MIG device" in (await node.prepare(other))[other.uid].error
+        # the device plugin's migStrategy does not apply to DRA: no advice about it
+        assert "migStrategy" not in node.log()
 
 
 async def test_bad_claims_get_their_own_error_and_disturb_nothing(

@@ -162,6 +162,10 @@ class Agent:
         self.state = PlanState(plan, inventory)
         self._log_plan(plan, loaded.name)
         for w in plan.warnings:
+            # DRA mode publishes MIG devices whatever the device plugin's migStrategy says,
+            # so the plan's advice about that strategy would only mislead there
+            if self.hooks.front_end is not None and "migStrategy" in w:
+                continue
             log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)

@@ -310,7 +310,10 @@ def entitlement_of(dev: AdvertisedDevice, gpu_sms: int | None) -> Entitlement:
             return Entitlement(
                 "mps", dev.entitlement_mib * MIB, dev.mps.active_thread_percentage / 100.0
             )
-        return Entitlement("time-slicing", dev.entitlement_mib * MIB, 1.0 / replicas)
+        # Time-sliced, its SM share follows its memory: k of N default-sized shares is k/N
+        # (to the MiB the scheduler rounded to), a larger memory request a larger share.
+        fraction = min(1.0, dev.entitlement_mib / phys.memory_mib) if phys.memory_mib else None
+        return Entitlement("time-slicing", dev.entitlement_mib * MIB, fraction)
     if dev.mps is not None:
         return Entitlement(
             "mps",
