@@ -21,19 +21,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts, cdi_id, claim_spec
+from gpuslice.core.dra.cdispec import CdiDevice, cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan
-from gpuslice.core.dra.claims import (
-    ClaimError,
-    ClaimWork,
-    GroupWork,
-    claim_work,
-    daemon_spec,
-    group_daemon_spec,
-    share_daemon_key,
-    share_envs,
-)
+from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
+from gpuslice.core.dra.preparation import SetInterval, StartDaemon, preparation
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
     Checkpoint,
@@ -319,108 +311,30 @@ class DraDriver:
         )
 
     async def _apply(self, work: ClaimWork, applied: _Applied) -> None:
-        for group in work.groups:
-            if any(d.share is not None for d in group.devices):
-                await self._apply_shares(group, applied)
-            elif group.sharing.strategy == "MPS":
-                await self._apply_mps(work.ref.uid, group, applied)
+        """Carry out the claim's steps in order, keeping each one's record once done."""
+        prepared = preparation(work, self.settings.mps_root)
+        for step in prepared.steps:
+            if isinstance(step, StartDaemon):
+                await self._start_daemon(step.spec)
             else:
-                await self._apply_time_slicing(group, applied)
+                await self._set_interval(step)
+            applied.sharing.append(step.record)
+        applied.cdi.extend(prepared.cdi)
+        applied.uses.extend(prepared.uses)
 
-    async def _apply_shares(self, group: GroupWork, applied: _Applied) -> None:
-        for dw in group.devices:
-            share = dw.share
-            assert share is not None
-            mounts = None
-            if share.strategy == "mps":
-                key = share_daemon_key(dw.device.gpu.uuid)
-                spec = daemon_spec(
-                    key, self.settings.mps_root, [(dw.device.gpu.uuid, dw.device.gpu.index)]
-                )
-                await self._start_daemon(spec)
-                applied.sharing.append(
-                    AppliedSharing("mps-shares", (dw.device.gpu.uuid,), mps_key=key)
-                )
-                mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
-            total_mib = dw.device.capacity.get("memory", 0) // (1024 * 1024)
-            applied.cdi.append(
-                CdiDevice(
-                    dw.device.name,
-                    dw.device.uuid,
-                    dw.device.gpu.minor,
-                    mounts,
-                    share_envs(share, total_mib),
-                )
+    async def _set_interval(self, step: SetInterval) -> None:
+        if self._timeslice is None:
+            raise ClaimError(
+                f"{step.source}: this node cannot set time-slice intervals "
+                "(no nvidia-smi configured); remove timeSlicingConfig.interval"
             )
-            applied.uses.append(
-                DeviceUse(
-                    dw.device.name,
-                    dw.device.uuid,
-                    share.strategy,
-                    share.replicas,
-                    dw.share_id,
-                    share.memory_mib,
-                    share.thread_percentage if share.strategy == "mps" else None,
-                )
-            )
-
-    async def _apply_mps(self, claim_uid: str, group: GroupWork, applied: _Applied) -> None:
-        spec = group_daemon_spec(claim_uid, group, self.settings.mps_root)
-        assert spec is not None
-        await self._start_daemon(spec)
-        applied.sharing.append(
-            AppliedSharing(
-                "MPS",
-                spec.gpu_uuids,
-                mps_key=spec.resource,
-                thread_percentage=spec.active_thread_percentage,
-                limits_mib=spec.pinned_mem_limits_mib,
-            )
-        )
-        limits = dict(spec.pinned_mem_limits_mib)
-        mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
-        for dw in group.devices:
-            applied.cdi.append(
-                CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor, mounts)
-            )
-            applied.uses.append(
-                DeviceUse(
-                    dw.device.name,
-                    dw.device.uuid,
-                    "mps",
-                    group.sharing.shared_by or 1,
-                    entitlement_mib=limits.get(dw.device.gpu.index),
-                    thread_percentage=spec.active_thread_percentage,
-                )
-            )
-
-    async def _apply_time_slicing(self, group: GroupWork, applied: _Applied) -> None:
-        sharing = group.sharing
-        if sharing.interval is not None:
-            gpus = tuple(
-                dict.fromkeys(d.device.gpu.uuid for d in group.devices if d.device.mig is None)
-            )
-            if self._timeslice is None:
-                raise ClaimError(
-                    f"{sharing.source}: this node cannot set time-slice intervals "
-                    "(no nvidia-smi configured); remove timeSlicingConfig.interval"
-                )
-            for uuid in gpus:
-                try:
-                    await self._timeslice.set_timeslice(uuid, sharing.interval)
-                except MpsError as exc:
-                    raise ClaimError(
-                        f"{sharing.source}: GPU {uuid} does not take time-slice interval "
-                        f"{sharing.interval}: {exc}"
-                    ) from None
-                applied.sharing.append(
-                    AppliedSharing("TimeSlicing", (uuid,), interval=sharing.interval)
-                )
-        shared_by = sharing.shared_by or 1
-        strategy = "time-slicing" if sharing.strategy == "TimeSlicing" or shared_by > 1 else "none"
-        for dw in group.devices:
-            applied.cdi.append(CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor))
-            applied.uses.append(DeviceUse(dw.device.name, dw.device.uuid, strategy, shared_by))
+        try:
+            await self._timeslice.set_timeslice(step.gpu_uuid, step.interval)
+        except MpsError as exc:
+            raise ClaimError(
+                f"{step.source}: GPU {step.gpu_uuid} does not take time-slice interval "
+                f"{step.interval}: {exc}"
+            ) from None
 
     async def _start_daemon(self, spec: MpsDaemonSpec) -> None:
         if self._mps is None:

@@ -28,19 +28,16 @@ import yaml
 
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.cdispec import MPS_PIPE_IN_CONTAINER, CdiDevice, MpsMounts, claim_spec
+from gpuslice.core.dra.cdispec import MPS_PIPE_IN_CONTAINER, CdiDevice, claim_spec
 from gpuslice.core.dra.claimplan import claims_plan
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimWork,
     DeviceWork,
     claim_work,
-    daemon_spec,
-    group_daemon_spec,
-    share_daemon_key,
-    share_envs,
 )
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
     MIB,
@@ -379,75 +376,16 @@ def _ids(claim: Json) -> tuple[str, str, str]:
 def _uses_and_cdi(
     work: ClaimWork, uid: str, mps_root: str
 ) -> tuple[list[DeviceUse], list[CdiDevice], dict[str, tuple[int | None, int | None]]]:
-    """What the driver's Prepare records and writes for `work` (its `_apply`, without
-    starting daemons): device uses for the guard, CDI devices, and per device the MPS
-    (thread %, pinned MiB) its daemon or share gets."""
-    uses: list[DeviceUse] = []
-    cdi: list[CdiDevice] = []
-    mps: dict[str, tuple[int | None, int | None]] = {}
-    for group in work.groups:
-        if any(d.share is not None for d in group.devices):
-            for dw in group.devices:
-                share = dw.share
-                assert share is not None
-                mounts = None
-                if share.strategy == "mps":
-                    gpu = dw.device.gpu
-                    spec = daemon_spec(
-                        share_daemon_key(gpu.uuid), mps_root, [(gpu.uuid, gpu.index)]
-                    )
-                    mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
-                    mps[dw.device.name] = (share.thread_percentage, share.memory_mib)
-                total_mib = dw.device.capacity.get("memory", 0) // MIB
-                env = share_envs(share, total_mib)
-                cdi.append(
-                    CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor, mounts, env)
-                )
-                uses.append(
-                    DeviceUse(
-                        dw.device.name,
-                        dw.device.uuid,
-                        share.strategy,
-                        share.replicas,
-                        dw.share_id,
-                        share.memory_mib,
-                        share.thread_percentage if share.strategy == "mps" else None,
-                    )
-                )
-        elif group.sharing.strategy == "MPS":
-            spec_or_none = group_daemon_spec(uid, group, mps_root)
-            assert spec_or_none is not None
-            spec = spec_or_none
-            limits = dict(spec.pinned_mem_limits_mib)
-            mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
-            for dw in group.devices:
-                limit = limits.get(dw.device.gpu.index)
-                mps[dw.device.name] = (spec.active_thread_percentage, limit)
-                cdi.append(CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor, mounts))
-                uses.append(
-                    DeviceUse(
-                        dw.device.name,
-                        dw.device.uuid,
-                        "mps",
-                        group.sharing.shared_by or 1,
-                        entitlement_mib=limit,
-                        thread_percentage=spec.active_thread_percentage,
-                    )
-                )
-        else:
-            shared_by = group.sharing.shared_by or 1
-            timesliced = group.sharing.strategy == "TimeSlicing" or shared_by > 1
-            for dw in group.devices:
-                cdi.append(CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor))
-                uses.append(
-                    DeviceUse(
-                        dw.device.name,
-                        dw.device.uuid,
-                        "time-slicing" if timesliced else "none",
-                        shared_by,
-                    )
-                )
-    return uses, cdi, mps
+    """What the driver's Prepare records and writes for `work` (the same
+    `core.dra.preparation`, without running its steps): device uses for the guard, CDI
+    devices, and per MPS device (thread %, pinned MiB)."""
+    prepared = preparation(work, mps_root)
+    mps = {
+        u.device: (u.thread_percentage, u.entitlement_mib)
+        for u in prepared.uses
+        if u.strategy == "mps"
+    }
+    return list(prepared.uses), list(prepared.cdi), mps
 
 
 def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[SharingKind, str]:

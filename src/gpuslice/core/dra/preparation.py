@@ -1,0 +1,159 @@
+"""The steps that prepare one claim on this node, as data: which MPS daemons must answer,
+which time-slice intervals to set, what each step records for Unprepare, the CDI devices
+to write and what the claim's pods are entitled to.
+
+The driver carries the steps out (`agent.dra_driver`); `gpuslice describe --claims` shows
+them without running any (`emulator.dra_whatif`). One derivation serves both, so what the
+what-if view predicts is what Prepare does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts
+from gpuslice.core.dra.claims import (
+    ClaimWork,
+    DeviceWork,
+    GroupWork,
+    daemon_spec,
+    group_daemon_spec,
+    share_daemon_key,
+    share_envs,
+)
+from gpuslice.core.dra.prepared import AppliedSharing, DeviceUse
+from gpuslice.core.mps import MpsDaemonSpec
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StartDaemon:
+    """An MPS control daemon that must answer before Prepare does."""
+
+    spec: MpsDaemonSpec
+    record: AppliedSharing
+
+
+@dataclass(frozen=True, slots=True)
+class SetInterval:
+    """A time-slice interval for one whole GPU (`nvidia-smi compute-policy`)."""
+
+    gpu_uuid: str
+    interval: int
+    source: str
+    """The config entry that asked for it, for the claim's error message."""
+    record: AppliedSharing
+
+
+Step = StartDaemon | SetInterval
+
+
+@dataclass(frozen=True, slots=True)
+class Preparation:
+    steps: tuple[Step, ...]
+    """In order; each one's `record` is kept once it is done, so a failure undoes exactly
+    what was done."""
+    cdi: tuple[CdiDevice, ...]
+    uses: tuple[DeviceUse, ...]
+
+
+def preparation(work: ClaimWork, mps_root: str) -> Preparation:
+    """Everything Prepare does for `work`. ClaimError (from the MPS limits' keys) when a
+    config cannot be applied."""
+    steps: list[Step] = []
+    cdi: list[CdiDevice] = []
+    uses: list[DeviceUse] = []
+    for group in work.groups:
+        if any(d.share is not None for d in group.devices):
+            for dw in group.devices:
+                _share(dw, mps_root, steps, cdi, uses)
+        elif group.sharing.strategy == "MPS":
+            _mps(work.ref.uid, group, mps_root, steps, cdi, uses)
+        else:
+            _time_slicing(group, steps, cdi, uses)
+    return Preparation(tuple(steps), tuple(cdi), tuple(uses))
+
+
+def _device(dw: DeviceWork, mounts: MpsMounts | None = None, **env: str) -> CdiDevice:
+    return CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor, mounts, env or None)
+
+
+def _share(
+    dw: DeviceWork,
+    mps_root: str,
+    steps: list[Step],
+    cdi: list[CdiDevice],
+    uses: list[DeviceUse],
+) -> None:
+    share = dw.share
+    assert share is not None
+    gpu = dw.device.gpu
+    mounts = None
+    if share.strategy == "mps":
+        key = share_daemon_key(gpu.uuid)
+        spec = daemon_spec(key, mps_root, [(gpu.uuid, gpu.index)])
+        steps.append(StartDaemon(spec, AppliedSharing("mps-shares", (gpu.uuid,), mps_key=key)))
+        mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
+    cdi.append(_device(dw, mounts, **share_envs(share, dw.device.capacity.get("memory", 0) // MIB)))
+    uses.append(
+        DeviceUse(
+            dw.device.name,
+            dw.device.uuid,
+            share.strategy,
+            share.replicas,
+            dw.share_id,
+            share.memory_mib,
+            share.thread_percentage if share.strategy == "mps" else None,
+        )
+    )
+
+
+def _mps(
+    claim_uid: str,
+    group: GroupWork,
+    mps_root: str,
+    steps: list[Step],
+    cdi: list[CdiDevice],
+    uses: list[DeviceUse],
+) -> None:
+    spec = group_daemon_spec(claim_uid, group, mps_root)
+    assert spec is not None
+    record = AppliedSharing(
+        "MPS",
+        spec.gpu_uuids,
+        mps_key=spec.resource,
+        thread_percentage=spec.active_thread_percentage,
+        limits_mib=spec.pinned_mem_limits_mib,
+    )
+    steps.append(StartDaemon(spec, record))
+    limits = dict(spec.pinned_mem_limits_mib)
+    mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
+    for dw in group.devices:
+        cdi.append(_device(dw, mounts))
+        uses.append(
+            DeviceUse(
+                dw.device.name,
+                dw.device.uuid,
+                "mps",
+                group.sharing.shared_by or 1,
+                entitlement_mib=limits.get(dw.device.gpu.index),
+                thread_percentage=spec.active_thread_percentage,
+            )
+        )
+
+
+def _time_slicing(
+    group: GroupWork, steps: list[Step], cdi: list[CdiDevice], uses: list[DeviceUse]
+) -> None:
+    sharing = group.sharing
+    if sharing.interval is not None:
+        whole = dict.fromkeys(d.device.gpu.uuid for d in group.devices if d.device.mig is None)
+        for uuid in whole:
+            record = AppliedSharing("TimeSlicing", (uuid,), interval=sharing.interval)
+            steps.append(SetInterval(uuid, sharing.interval, sharing.source, record))
+    shared_by = sharing.shared_by or 1
+    strategy = "time-slicing" if sharing.strategy == "TimeSlicing" or shared_by > 1 else "none"
+    for dw in group.devices:
+        cdi.append(_device(dw))
+        uses.append(DeviceUse(dw.device.name, dw.device.uuid, strategy, shared_by))
