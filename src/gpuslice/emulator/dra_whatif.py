@@ -6,7 +6,7 @@ memory the memory guard lets each pod hold. Nothing here is estimated a second w
 node's slices come from the publisher's functions (`core.dra.publish`), each claim is
 allocated by the scheduler double (`dra_allocator.allocate`, the CEL and capacity rules),
 and what Prepare would do comes from the driver's core (`core.dra.claims.claim_work`,
-`share_envs`, `group_daemon_spec`, `cdispec.claim_spec`, `claimplan.claims_plan`,
+`core.dra.preparation`, `cdispec.claim_spec`, `claimplan.claims_plan`,
 `attribution.entitlement_of`). Claims are taken in file order and each allocation counts
 as in use for the next ones, as on a real node, so the fifth claim on a GPU shared four ways
 gets the scheduler's refusal.
