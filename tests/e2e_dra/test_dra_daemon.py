@@ -4,6 +4,7 @@ exclusive, time-sliced, MPS and MIG claims, unprepare, and restarts of both side
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,42 @@ async def test_a_v1beta1_kubelet_prepares_too(sock_dir: Path, api: FakeApiServer
         ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
         (device,) = (await node.prepare(ref))[ref.uid].devices
         assert device.device == "gpu-0"
+
+
+async def test_claims_mps_daemon_outlives_a_daemon_restart(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """The agent's upgrade must not cut the MPS clients of running pods: the daemon is left
+    running and the next agent takes it over; it stops when the claim is unprepared."""
+    params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    async with running_dra_node(sock_dir, api) as node:
+        ref = node.allocate(
+            claim_obj("mps", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+        )
+        first = (await node.prepare(ref))[ref.uid]
+        assert first.error == ""
+        edits = _device_edits(node.cdi_spec(ref.uid), "gpu-0")
+        pipe = Path(
+            next(m["hostPath"] for m in edits["mounts"] if "nvidia-mps" in m["containerPath"])
+        )
+        pid = _read_all_pid(pipe)
+        await node.restart_daemon()
+        await node.kubelet.wait_registered(DRIVER, 30.0)
+        assert _read_all_pid(pipe) == pid
+        assert _alive(pid)
+        assert (await node.prepare(ref))[ref.uid] == first
+        await node.wait(lambda: "taken over from the previous agent" in node.log(), "take-over")
+        assert await node.unprepare(ref) == {ref.uid: ""}
+        await node.wait(lambda: not _alive(pid), "the claim's daemon stopped")
+
+
+def _read_all_pid(pipe: Path) -> int:
+    return int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -91,6 +91,7 @@ def manager_for(
     timeout_s: float = 10.0,
     on_readiness: Callable[[str, bool], None] | None = None,
     compute_mode: NvidiaSmiComputeMode | None = None,
+    keep_running: bool = False,
 ) -> MpsDaemonManager:
     return MpsDaemonManager(
         specs,
@@ -98,6 +99,7 @@ def manager_for(
         compute_mode=compute_mode,
         timings=FAST,
         on_readiness=on_readiness,
+        keep_running=keep_running,
     )
 
 
@@ -296,3 +298,26 @@ async def test_cancelled_run_still_quits_its_daemons(sock_dir: Path) -> None:
     assert not process_alive(pid)
     assert not exists(spec.started_marker)
     assert not exists(spec.ready_marker)
+
+
+async def test_keep_running_leaves_daemons_to_the_next_agent_which_takes_them_over(
+    sock_dir: Path,
+) -> None:
+    """DRA mode: a claim's pods outlive an agent restart, so does its daemon."""
+    spec = spec_for(sock_dir)
+    first = manager_for([spec], keep_running=True)
+    async with running(first):
+        await wait_until(first, lambda: first.ready(spec.resource), 10)
+        pid = daemon_pid(spec)
+    assert pid is not None
+    assert process_alive(pid)  # left running for the next agent
+    assert await probe(spec).send("get_default_active_thread_percentage") == "10.0"
+    second = manager_for([spec], keep_running=True)
+    async with running(second):
+        await wait_until(second, lambda: second.ready(spec.resource), 10)
+        assert daemon_pid(spec) == pid  # taken over, not restarted
+        log = read(Path(spec.log_dir) / "control.log")
+        assert "Command: quit" not in log
+        await second.reconfigure([])  # its claims went: now it is stopped
+        assert not process_alive(pid)
+    assert "Command: quit" in read(Path(spec.log_dir) / "control.log")

@@ -155,6 +155,7 @@ def wire_dra(
         ControlProgram.factory(settings.mps_control),
         compute_mode=NvidiaSmiComputeMode() if settings.set_compute_mode else None,
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
+        keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
     driver = DraDriver(
         DriverSettings(

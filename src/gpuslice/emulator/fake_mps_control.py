@@ -105,8 +105,17 @@ def _serve(pipe: Path, log: Path) -> int:
         server.listen(16)
         (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
         logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Started\n")
+        server.settimeout(1.0)
         while not state.quitting:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                # Its pipe directory is gone (a test's or the demo's temp dir removed, with
+                # the daemon left running for a next agent that never came): nobody can
+                # reach it any more, so it ends instead of lingering.
+                if not sock_path.exists():
+                    break
+                continue
             with conn:
                 conn.settimeout(5.0)
                 try:

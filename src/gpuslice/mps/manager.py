@@ -58,7 +58,15 @@ class MpsDaemonManager:
         timings: MpsTimings | None = None,
         logger: logging.Logger | None = None,
         on_readiness: ReadinessListener | None = None,
+        keep_running: bool = False,
     ) -> None:
+        """`keep_running` (DRA mode): the daemons serve prepared claims whose pods keep
+        running while the agent restarts (an upgrade), so when the manager stops they are
+        left running, and at start a daemon that already answers in a spec's pipe directory
+        is taken over instead of restarted (the driver's record says which claims, with
+        which limits, it serves). A daemon whose spec is removed is still stopped."""
+        self._keep_running = keep_running
+        self._leaving = False
         self._specs = _unique(specs)
         self._factory = control_factory
         self._compute_mode = compute_mode
@@ -110,6 +118,7 @@ class MpsDaemonManager:
         """Supervise the daemons until `stop` is set, then quit them and clean up."""
         if self._group is not None:
             raise RuntimeError("MpsDaemonManager.run is already running")
+        self._leaving = False
         try:
             async with asyncio.TaskGroup() as group:
                 async with self._lock:
@@ -118,6 +127,7 @@ class MpsDaemonManager:
                         self._launch(spec)
                 await stop.wait()
                 async with self._lock:
+                    self._leaving = True
                     self._group = None
                     for daemon in self._daemons.values():
                         daemon.stop.set()
@@ -196,6 +206,8 @@ class MpsDaemonManager:
     async def _start(self, daemon: _Daemon) -> bool:
         """Start the daemon and apply its limits; False (reported) when any step failed."""
         spec = daemon.spec
+        if self._keep_running and await self._check(daemon.control) is None:
+            return await self._take_over(daemon)
         try:
             _make_dirs(spec)
             # A daemon left by an earlier run would keep stale limits and block `-d`.
@@ -218,6 +230,22 @@ class MpsDaemonManager:
             ", ".join(spec.gpu_uuids),
             "; ".join(spec.commands),
         )
+        self._mark(spec, True)
+        return True
+
+    async def _take_over(self, daemon: _Daemon) -> bool:
+        """A daemon left running by the previous agent answers: its clients keep it. The
+        defaults are sent again (they only shape clients that connect from now on)."""
+        spec = daemon.spec
+        try:
+            for command in spec.commands:
+                await daemon.control.send(command)
+            _touch(spec.started_marker)
+        except (MpsError, OSError) as exc:
+            self._report(f"MPS daemon for {spec.resource} answered but not to its limits: {exc}")
+            await _quietly(daemon.control.terminate())
+            return False
+        self._log.info("MPS daemon for %s taken over from the previous agent", spec.resource)
         self._mark(spec, True)
         return True
 
@@ -254,6 +282,11 @@ class MpsDaemonManager:
 
     async def _shutdown(self, daemon: _Daemon) -> None:
         spec = daemon.spec
+        if self._leaving and self._keep_running:
+            # the agent stops, the claims' pods do not: the next agent takes the daemon over
+            self._readiness.forget(spec.resource)
+            self._log.info("MPS daemon for %s left running for the next agent", spec.resource)
+            return
         self._mark(spec, False)
         await _quietly(daemon.control.terminate())
         if self._compute_mode is not None:
