@@ -8,9 +8,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dra_node import running_dra_node  # noqa: E402
+from dra_node import running_dra_node
 
-from gpuslice.testing.apiserver import FakeApiServer  # noqa: E402
+from gpuslice.testing.apiserver import FakeApiServer
 
 
 async def test_a_mig_layout_change_is_republished_live(sock_dir: Path, api: FakeApiServer) -> None:
