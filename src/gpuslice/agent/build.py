@@ -189,6 +189,8 @@ def wire_dra(
         publisher=publisher,
         mps=mps,
         server_settings=server_settings,
+        node_name=settings.node_name,  # the pool the slices name
+        xids=lambda: agent.last_xid,
     )
     agent.hooks.front_end = front
     return front

@@ -2,21 +2,48 @@
 
 It loads the prepared-claims record before anything can call Prepare, runs the claims' MPS
 daemons, keeps the ResourceSlices published and serves `dra.sock` plus the plugin-watcher
-registration. The agent around it is the same as in device-plugin mode (inventory, health,
-config reloads, labels, metrics), so a node switches modes with one flag.
+registration, with the devices' health streamed to the kubelet from the plan state (the
+same unhealthy set and last XIDs that taint the slices). The agent around it is the same
+as in device-plugin mode (inventory, health, config reloads, labels, metrics), so a node
+switches modes with one flag.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.core.dra.health import DeviceHealthReport, device_health
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
-from gpuslice.kubelet.state import PlanState
+from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.mps import MpsDaemonManager
+
+
+class PlanHealth:
+    """The DRA health stream's source: every published device's health from the plan state.
+
+    A new snapshot (health change, reload) wakes the stream; the last XID per GPU only
+    explains an unhealthy device, and the agent records it before publishing the snapshot
+    that marks the device. Computed afresh at each send: a few devices, every few seconds.
+    """
+
+    def __init__(
+        self, state: PlanState, *, pool: str, xids: Callable[[], Mapping[str, int | None]]
+    ) -> None:
+        self._state = state
+        self._pool = pool
+        self._xids = xids
+
+    def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
+        snap = self._state.current
+        reports = device_health(snap.inventory, snap.unhealthy, self._xids(), pool=self._pool)
+        return snap.version, reports
+
+    async def wait_newer(self, version: int) -> Snapshot:
+        return await self._state.wait_newer(version)
 
 
 class DraFrontEnd:
@@ -31,6 +58,8 @@ class DraFrontEnd:
         publisher: SlicePublisher,
         mps: MpsDaemonManager | None = None,
         server_settings: DraServerSettings | None = None,
+        node_name: str = "",
+        xids: Callable[[], Mapping[str, int | None]] = dict,
     ) -> None:
         self._state = state
         self.driver_name = driver_name
@@ -40,6 +69,9 @@ class DraFrontEnd:
         self.publisher = publisher
         self.mps = mps
         self._server_settings = server_settings
+        self.node_name = node_name
+        """The pool of this node's devices; "" serves no health stream."""
+        self._xids = xids
         self.server: DraPluginServer | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -53,6 +85,9 @@ class DraFrontEnd:
             self.registry_dir,
             self.driver,
             settings=self._server_settings,
+            health=PlanHealth(state, pool=self.node_name, xids=self._xids)
+            if self.node_name
+            else None,
         )
         async with asyncio.TaskGroup() as tg:
             if self.mps is not None:

@@ -9,7 +9,7 @@ catches it: the kubelet calls `/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/...`, n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -17,22 +17,29 @@ from google.protobuf.message import Message
 
 from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
 from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
 
 V1_SERVICE = v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
 V1BETA1_SERVICE = v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
 REGISTRATION_SERVICE = reg.DESCRIPTOR.services_by_name["Registration"].full_name
+HEALTH_SERVICE = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
+"""`v1alpha1.DRAResourceHealth`: the health proto's package is plain `v1alpha1`."""
 
 V1_ADVERTISED = "v1.DRAPlugin"
 """How a plugin advertises the v1 service in `PluginInfo.supported_versions`."""
 V1BETA1_ADVERTISED = "v1beta1.DRAPlugin"
 SUPPORTED_VERSIONS = (V1_ADVERTISED, V1BETA1_ADVERTISED)
 """What gpuslice serves, newest first: the kubelet takes the first it knows."""
+HEALTH_ADVERTISED = "v1alpha1.DRAResourceHealth"
+"""Advertised after the DRAPlugin versions when the driver streams device health: the
+kubelet picks its DRAPlugin version from the list and the health service separately."""
 PLUGIN_TYPE = "DRAPlugin"
 """`PluginInfo.type` of a DRA driver."""
 
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
+WATCH_RESOURCES = "NodeWatchResources"
 GET_INFO = "GetInfo"
 NOTIFY = "NotifyRegistrationStatus"
 
@@ -128,6 +135,27 @@ def dra_handlers(service: DraService) -> tuple[grpc.GenericRpcHandler, ...]:
                 ),
             },
         ),
+    )
+
+
+class HealthService(Protocol):
+    """The optional device health service on the DRA socket (server streaming)."""
+
+    def node_watch_resources(
+        self, request: health.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health.NodeWatchResourcesResponse]: ...
+
+
+def health_handler(service: HealthService) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE,
+        {
+            WATCH_RESOURCES: grpc.unary_stream_rpc_method_handler(
+                service.node_watch_resources,
+                request_deserializer=_deserializer(health.NodeWatchResourcesRequest),
+                response_serializer=_serialize,
+            ),
+        },
     )
 
 
@@ -232,3 +260,23 @@ class DraClientV1beta1:
             request, timeout=timeout_s
         )
         return response
+
+
+class DraHealthClient:
+    """The kubelet's side of `NodeWatchResources`."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._watch = channel.unary_stream(
+            method_path(HEALTH_SERVICE, WATCH_RESOURCES),
+            request_serializer=_serialize,
+            response_deserializer=health.NodeWatchResourcesResponse.FromString,
+        )
+
+    async def watch(self) -> AsyncIterator[health.NodeWatchResourcesResponse]:
+        """Every response of one stream, until the plugin ends it (or raises its error)."""
+        call = self._watch(health.NodeWatchResourcesRequest())
+        try:
+            async for response in call:
+                yield response
+        finally:
+            call.cancel()

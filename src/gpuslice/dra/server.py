@@ -7,6 +7,10 @@ of an earlier run are unlinked before listening; on stop only the files this ser
 (kubelet or node cleanup of the plugins_registry dir) is recreated, which makes the kubelet
 register us again: inotify on the registry dir wakes the check, a slow tick is the safety
 net (and the only watch on `dra.sock`, whose directory is ours).
+
+Given a health source, `dra.sock` also serves the device health stream
+(`v1alpha1.DRAResourceHealth`, `gpuslice.dra.health`), advertised after the DRAPlugin
+versions; stopping ends open health streams with OK before the sockets close.
 """
 
 from __future__ import annotations
@@ -23,8 +27,21 @@ import grpc
 from structlog.stdlib import BoundLogger
 
 from gpuslice.core.text import shown
+from gpuslice.dra.health import (
+    DEFAULT_HEALTH_REFRESH_S,
+    DEFAULT_HEALTH_TIMEOUT_S,
+    DraHealthServicer,
+    HealthSource,
+)
 from gpuslice.dra.registration import RegistrationServicer, RegistrationStatus
-from gpuslice.dra.rpc import SUPPORTED_VERSIONS, dra_handlers, registration_handler, unix_target
+from gpuslice.dra.rpc import (
+    HEALTH_ADVERTISED,
+    SUPPORTED_VERSIONS,
+    dra_handlers,
+    health_handler,
+    registration_handler,
+    unix_target,
+)
 from gpuslice.dra.servicer import DraServicer
 from gpuslice.kubelet.dirwatch import DirWatch
 from gpuslice.kubelet.sockets import SocketId, socket_identity
@@ -62,7 +79,12 @@ class DraServerSettings:
     """The DRA socket path as the kubelet sees it; "" = the absolute `<plugin_dir>/dra.sock`
     (right when the plugin dir is mounted at the same path, as the kubelet requires)."""
     versions: tuple[str, ...] = SUPPORTED_VERSIONS
-    """Advertised in GetInfo, newest first."""
+    """DRAPlugin services advertised in GetInfo, newest first (the health service, when
+    served, is added after them)."""
+    health_timeout_s: int = DEFAULT_HEALTH_TIMEOUT_S
+    """`health_check_timeout_seconds` told to the kubelet for every device."""
+    health_refresh_s: float = DEFAULT_HEALTH_REFRESH_S
+    """How often an unchanged health list is sent again (at most half the timeout)."""
     check_tick_s: float = 5.0
     """Safety-net interval for checking that our sockets still exist."""
     stop_grace_s: float = 1.0
@@ -85,6 +107,7 @@ class DraPluginServer:
         *,
         settings: DraServerSettings | None = None,
         logger: BoundLogger | None = None,
+        health: HealthSource | None = None,
     ) -> None:
         validate_driver_name(driver_name)
         self.driver_name = driver_name
@@ -96,6 +119,14 @@ class DraPluginServer:
         self._log = logger or get_logger("gpuslice.dra")
         self.status = RegistrationStatus()
         self._servicer = DraServicer(preparer, logger=self._log)
+        self.health: DraHealthServicer | None = None
+        if health is not None:
+            self.health = DraHealthServicer(
+                health,
+                logger=self._log,
+                timeout_s=self._settings.health_timeout_s,
+                refresh_s=self._settings.health_refresh_s,
+            )
         self._servers: dict[Path, tuple[grpc.aio.Server, SocketId | None]] = {}
         self._watch_task: asyncio.Task[None] | None = None
         for path in (self.dra_socket, self.registration_socket):
@@ -105,6 +136,15 @@ class DraPluginServer:
                     f"socket path {shown(str(path), 200)} is longer than "
                     f"{MAX_SOCKET_PATH_BYTES} bytes (the unix socket limit)"
                 )
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """What GetInfo advertises: the DRAPlugin versions, then the health service if
+        served. The kubelet takes the first DRAPlugin version it knows in this order."""
+        versions = self._settings.versions
+        if self.health is not None and HEALTH_ADVERTISED not in versions:
+            versions = (*versions, HEALTH_ADVERTISED)
+        return versions
 
     @property
     def endpoint(self) -> str:
@@ -117,6 +157,8 @@ class DraPluginServer:
                 "(mount the kubelet's plugins_registry there)"
             )
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if self.health is not None:
+            self.health.open()
         try:
             await self._serve_dra()
             await self._serve_registration()
@@ -131,6 +173,8 @@ class DraPluginServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.health is not None:
+            self.health.close()  # open health streams end with OK, not cut by the stop
         for path in (self.registration_socket, self.dra_socket):
             await self._close(path)
         self._log.info("dra-stopped", driver=self.driver_name)
@@ -154,9 +198,15 @@ class DraPluginServer:
     # -- sockets --------------------------------------------------------------------------
 
     async def _serve_dra(self) -> None:
-        await self._serve(self.dra_socket, dra_handlers(self._servicer))
+        handlers = dra_handlers(self._servicer)
+        if self.health is not None:
+            handlers = (*handlers, health_handler(self.health))
+        await self._serve(self.dra_socket, handlers)
         self._log.info(
-            "dra-serving", driver=self.driver_name, socket=str(self.dra_socket), api="v1,v1beta1"
+            "dra-serving",
+            driver=self.driver_name,
+            socket=str(self.dra_socket),
+            api=",".join(self.versions),
         )
 
     async def _serve_registration(self) -> None:
@@ -164,7 +214,7 @@ class DraPluginServer:
         servicer = RegistrationServicer(
             self.driver_name,
             self.endpoint,
-            self._settings.versions,
+            self.versions,
             status=self.status,
             logger=self._log,
         )

@@ -8,6 +8,12 @@ kubelet does), dials the DRA endpoint, and forgets a driver whose socket disappe
 `prepare` / `unprepare` call the chosen version's wire methods and check the answer as the
 kubelet does (a skipped claim or an unknown UID is an error, not a result).
 
+When the driver advertised `v1alpha1.DRAResourceHealth` (and this kubelet plays one with
+the ResourceHealthStatus gate, the default), it also opens the device health stream, keeps
+the latest health per `<pool>/<device>` (Unknown once a device was not refreshed within
+its timeout, 30 s when the driver gave none), clears the driver's entries when the stream
+ends and reopens it after a tick (the kubelet waits 5 s). `health(driver)` reads it.
+
 Deliberate simplifications: no claim cache and no checkpoint. `restart()` drops every
 registration and connection and rescans, like a kubelet restart; a real kubelet then
 re-sends NodePrepareResources for the running pods from its checkpoint, so tests that
@@ -19,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import stat
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.core.dra.health import health_message
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.text import shown, shown_all
 from gpuslice.dra.convert import (
@@ -35,25 +43,40 @@ from gpuslice.dra.convert import (
     unprepare_errors_from_proto,
 )
 from gpuslice.dra.rpc import (
+    HEALTH_ADVERTISED,
     PLUGIN_TYPE,
     V1_ADVERTISED,
     V1BETA1_ADVERTISED,
     DraClientV1,
     DraClientV1beta1,
+    DraHealthClient,
     RegistrationClient,
     unix_target,
 )
 from gpuslice.kubelet.dirwatch import DirWatch
 from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health_pb
 from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.logs import get_logger
 
-__all__ = ["DraKubeletEmulator", "DraKubeletError", "DraRegistration"]
+__all__ = ["DeviceHealth", "DraKubeletEmulator", "DraKubeletError", "DraRegistration"]
 
 KUBELET_VERSIONS = (V1_ADVERTISED, V1BETA1_ADVERTISED)
 """What a current kubelet (1.34+) can call, newest first."""
+KUBELET_HEALTH_SERVICES = (HEALTH_ADVERTISED,)
+"""Health services a kubelet with the ResourceHealthStatus gate streams from."""
+DEFAULT_HEALTH_TIMEOUT_S = 30
+"""The kubelet's `DefaultHealthTimeout`, for devices sent with no (or a non-positive) one."""
+
+DeviceHealth = tuple[str, str]
+"""(status, message): status is `Healthy`, `Unhealthy` or `Unknown`, as in pod status."""
+_STATUS = {
+    health_pb.HEALTHY: "Healthy",
+    health_pb.UNHEALTHY: "Unhealthy",
+    health_pb.UNKNOWN: "Unknown",
+}
 
 
 class DraKubeletError(Exception):
@@ -76,14 +99,34 @@ class _Connected:
     registration: DraRegistration
     identity: SocketId
     channel: grpc.aio.Channel
+    health_task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        task, self.health_task = self.health_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.channel.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _HealthEntry:
+    status: str
+    message: str
+    last_updated: float
+    """Unix seconds, as the driver sent it."""
+    timeout_s: float
 
 
 class DraKubeletEmulator:
     """Watches `registry_dir` like the kubelet's plugin watcher and calls DRA drivers.
 
     `versions` is what this kubelet supports (default: both, as 1.34+); pass
-    `("v1beta1.DRAPlugin",)` to play a 1.32/1.33 kubelet. `rejections` maps a registration
-    socket name to the error this kubelet sent back for it.
+    `("v1beta1.DRAPlugin",)` to play a 1.32/1.33 kubelet. `health_services` are the health
+    services it streams from (pass `()` for a kubelet without the ResourceHealthStatus
+    gate). `rejections` maps a registration socket name to the error this kubelet sent
+    back for it.
     """
 
     def __init__(
@@ -91,12 +134,21 @@ class DraKubeletEmulator:
         registry_dir: Path,
         *,
         versions: Sequence[str] = KUBELET_VERSIONS,
+        health_services: Sequence[str] = KUBELET_HEALTH_SERVICES,
         call_timeout_s: float = 45.0,
         tick_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
         logger: BoundLogger | None = None,
     ) -> None:
         self.registry_dir = registry_dir
         self.versions = tuple(versions)
+        self.health_services = tuple(health_services)
+        self._clock = clock
+        self._health: dict[str, dict[tuple[str, str], _HealthEntry]] = {}
+        self.health_streams: dict[str, int] = {}
+        """Health streams opened per driver (a reopened stream counts again)."""
+        self.health_updates: dict[str, int] = {}
+        """Health responses received per driver."""
         self.rejections: dict[str, str] = {}
         self._timeout = call_timeout_s
         self._tick = tick_s
@@ -120,8 +172,9 @@ class DraKubeletEmulator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for connected in self._drivers.values():
-            await connected.channel.close()
+            await connected.close()
         self._drivers.clear()
+        self._health.clear()
         self._handled.clear()
         self.rejections.clear()
 
@@ -162,6 +215,38 @@ class DraKubeletEmulator:
                 self._changed.wait_for(lambda: socket_name in self.rejections), timeout_s
             )
         return self.rejections[socket_name]
+
+    def health(self, driver: str) -> dict[tuple[str, str], DeviceHealth]:
+        """(pool, device) -> (status, message) as this kubelet holds it now: what it
+        would write into `allocatedResourcesStatus`; a device not refreshed within its
+        timeout is Unknown. Empty while no health stream of `driver` is open."""
+        now = self._clock()
+        out: dict[tuple[str, str], DeviceHealth] = {}
+        for key, entry in self._health.get(driver, {}).items():
+            if now - entry.last_updated > entry.timeout_s:
+                out[key] = ("Unknown", entry.message)
+            else:
+                out[key] = (entry.status, entry.message)
+        return out
+
+    async def wait_health(
+        self,
+        driver: str,
+        predicate: Callable[[Mapping[tuple[str, str], DeviceHealth]], bool],
+        timeout_s: float = 10.0,
+    ) -> dict[tuple[str, str], DeviceHealth]:
+        """Wait until `predicate(self.health(driver))` holds; that health."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not predicate(current := self.health(driver)):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"health of {driver} is still {current}")
+            async with self._changed:
+                # the Unknown timeout passes without any message: look again now and then
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+        return current
 
     async def prepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """NodePrepareResources for `claims`; per-claim errors are in the results."""
@@ -263,7 +348,8 @@ class DraKubeletEmulator:
         for driver, connected in list(self._drivers.items()):
             if connected.registration.registration_socket == socket:
                 del self._drivers[driver]
-                await connected.channel.close()
+                await connected.close()
+                self._health.pop(driver, None)
                 self._log.info("dra-kubelet-deregistered", driver=driver, socket=socket.name)
 
     async def _register(self, socket: Path, identity: SocketId) -> None:
@@ -312,13 +398,61 @@ class DraKubeletEmulator:
     ) -> None:
         old = self._drivers.pop(info.name, None)
         if old is not None:
-            await old.channel.close()
+            await old.close()
         registration = DraRegistration(info.name, socket, info.endpoint, version)
         channel = grpc.aio.insecure_channel(unix_target(info.endpoint))
-        self._drivers[info.name] = _Connected(registration, identity, channel)
+        connected = _Connected(registration, identity, channel)
+        self._drivers[info.name] = connected
+        health = self._health_service(info)
+        if health:
+            connected.health_task = asyncio.create_task(
+                self._watch_health(info.name, channel), name=f"dra-kubelet-health-{info.name}"
+            )
         self._log.info(
-            "dra-kubelet-registered", driver=info.name, endpoint=info.endpoint, version=version
+            "dra-kubelet-registered",
+            driver=info.name,
+            endpoint=info.endpoint,
+            version=version,
+            health=health or "-",
         )
+
+    def _health_service(self, info: reg.PluginInfo) -> str:
+        """The health service to stream from: one the plugin advertised and we support."""
+        for advertised in info.supported_versions:
+            if advertised in self.health_services:
+                return advertised
+        return ""
+
+    async def _watch_health(self, driver: str, channel: grpc.aio.Channel) -> None:
+        """The kubelet's health loop for one driver: stream, forget on end, reopen."""
+        while True:
+            try:
+                self.health_streams[driver] = self.health_streams.get(driver, 0) + 1
+                async for response in DraHealthClient(channel).watch():
+                    await self._health_received(driver, response)
+                self._log.info("dra-kubelet-health-ended", driver=driver)
+            except grpc.aio.AioRpcError as exc:
+                self._log.info("dra-kubelet-health-failed", driver=driver, error=exc.code().name)
+            self._health.pop(driver, None)
+            async with self._changed:
+                self._changed.notify_all()
+            await asyncio.sleep(self._tick)
+
+    async def _health_received(
+        self, driver: str, response: health_pb.NodeWatchResourcesResponse
+    ) -> None:
+        entries = self._health.setdefault(driver, {})
+        for device in response.devices:
+            timeout = device.health_check_timeout_seconds
+            entries[(device.device.pool_name, device.device.device_name)] = _HealthEntry(
+                status=_STATUS.get(device.health, "Unknown"),
+                message=health_message(device.message),
+                last_updated=float(device.last_updated_time),
+                timeout_s=float(timeout if timeout > 0 else DEFAULT_HEALTH_TIMEOUT_S),
+            )
+        self.health_updates[driver] = self.health_updates.get(driver, 0) + 1
+        async with self._changed:
+            self._changed.notify_all()
 
 
 def _check_answer(method: str, claims: Sequence[ClaimRef], answered: Iterable[str]) -> None:
