@@ -328,6 +328,8 @@ class Agent:
             inventory = self.state.current.inventory
             if event.kind in ("xid", "lost"):
                 self.last_xid[event.gpu_uuid] = event.xid if event.kind == "xid" else None
+            elif event.kind == "recovered":
+                self.last_xid.pop(event.gpu_uuid, None)
             before = self.health.unhealthy
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:
