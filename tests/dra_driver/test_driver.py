@@ -391,3 +391,72 @@ async def test_an_api_that_hangs_fails_its_claim_in_time_and_holds_no_other(
     assert got[fine.uid].error == ""
     error = (await slow)[stuck.uid].error
     assert "no answer from the API within 0.5 s" in error
+
+
+async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Claims' MPS daemons are left running when the agent stops; at the next start a
+    recorded claim's daemon is taken over, and one whose claim the record lost is quit."""
+    import asyncio
+
+    from gpuslice.mps.control import process_alive
+
+    rig = await make_rig()
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS"}}  # fmt: skip
+
+    def manager() -> MpsDaemonManager:
+        return MpsDaemonManager(
+            [],
+            ControlProgram.factory(FAKE_MPS, quit_grace_s=1.0),
+            timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+            keep_running=True,
+        )
+
+    def pid_of(ref: ClaimRef) -> int:
+        key = next(p for p in (rig.workdir / "mps").iterdir() if p.name.startswith(ref.uid))
+        return int((key / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(100):
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("condition never held")
+
+    first, stop = manager(), asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    rig.mps = first
+    driver = rig.driver()
+    await driver.load()
+    kept, lost = rig.claim("kept", mps), rig.claim("lost", mps)
+    assert all(r.error == "" for r in (await driver.prepare([kept, lost])).values())
+    kept_pid, lost_pid = pid_of(kept), pid_of(lost)
+    stop.set()
+    await task
+    assert process_alive(kept_pid)
+    assert process_alive(lost_pid)
+    # the record loses `lost` (as a corrupt file or a cut-short Prepare would)
+    path = rig.workdir / "checkpoint.json"
+    doc = json.loads(path.read_text("utf-8"))
+    del doc["data"]["claims"][lost.uid]
+    from gpuslice.core.dra.prepared import _checksum
+
+    doc["checksum"] = _checksum(doc["data"])
+    path.write_text(json.dumps(doc), "utf-8")
+
+    second, stop = manager(), asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    rig.mps = second
+    try:
+        restarted = rig.driver()
+        await restarted.load()
+        await until(lambda: not process_alive(lost_pid))
+        await until(lambda: second.ready(next(iter(second.readiness()), "")))
+        assert pid_of(kept) == kept_pid  # taken over, not restarted
+        assert await restarted.unprepare([kept]) == {kept.uid: ""}
+        await until(lambda: not process_alive(kept_pid))
+    finally:
+        stop.set()
+        await task

@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from gpuslice.core.dra.cdispec import CdiDevice, cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan
@@ -156,10 +157,27 @@ class DraDriver:
                     self._daemons[spec.resource] = spec
         if decoded.status != "ok" or raw is None:
             await self._write()
-        if self._mps is not None and self._daemons:
-            await self._mps.reconfigure(self._daemons.values())
+        if self._mps is not None:
+            await self._quit_strays()
+            if self._daemons:
+                await self._mps.reconfigure(self._daemons.values())
         self.loaded = True
         log.info("dra-checkpoint-loaded", claims=len(claims), status=decoded.status)
+
+    async def _quit_strays(self) -> None:
+        """Daemons are left running across agent restarts; one whose claim the record no
+        longer holds (a corrupt record, a Prepare cut short) would serve nobody forever."""
+        assert self._mps is not None
+        root = Path(self.settings.mps_root)
+        try:
+            keys = await asyncio.to_thread(
+                lambda: sorted(p.name for p in root.iterdir() if (p / "pipe").is_dir())
+            )
+        except FileNotFoundError:
+            return
+        for key in keys:
+            if key not in self._daemons:
+                await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
 
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:
         if not applied.mps_key:

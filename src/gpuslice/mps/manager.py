@@ -161,6 +161,19 @@ class MpsDaemonManager:
                     self._launch(spec)
             self._update_markers()
 
+    async def quit_stray(self, spec: MpsDaemonSpec) -> bool:
+        """Ask a daemon at `spec`'s pipe directory that this manager does not supervise to
+        quit (one left running for a claim the record no longer holds); True if one
+        answered. Only `quit`: a daemon this process did not start is never signalled."""
+        if spec.resource in self._daemons:
+            return False
+        control = self._factory(spec)
+        if await self._check(control) is not None:
+            return False
+        await _quietly(control.terminate())
+        self._log.info("stray MPS daemon in %s asked to quit", spec.pipe_dir)
+        return True
+
     def _launch(self, spec: MpsDaemonSpec) -> None:
         assert self._group is not None
         daemon = _Daemon(spec, self._factory(spec))
