@@ -460,3 +460,44 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
     finally:
         stop.set()
         await task
+
+
+async def test_an_admin_access_claim_reaches_a_held_device_and_is_no_tenant(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig("sim:1xh100-80gb")
+    driver = rig.driver()
+    await driver.load()
+    tenant = rig.claim("tenant")
+    monitor = rig.store.add_claim(
+        {
+            "metadata": {"name": "dcgm", "namespace": "monitoring"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "adminAccess": True}}]}},
+        }
+    )  # fmt: skip
+    rig.store.allocate_claim("monitoring", "dcgm", pod_uid="dcgm-pod")
+    admin = ClaimRef("monitoring", monitor["metadata"]["uid"], "dcgm")
+    allocated = rig.store.claim("monitoring", "dcgm")["status"]["allocation"]["devices"]
+    assert allocated["results"][0]["adminAccess"] is True
+    results = await driver.prepare([tenant, admin])
+    assert results[admin.uid].error == ""  # the overlap guard lets adminAccess through
+    assert results[tenant.uid].error == ""
+    # a second ordinary claim on the same device is still refused
+    rig.store.add_claim(
+        {"metadata": {"name": "other", "namespace": "team-a"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+             "deviceClassName": "gpu.nvidia.com"}}]}}}
+    )  # fmt: skip
+    status = {"allocation": rig.store.claim("team-a", "tenant")["status"]["allocation"]}
+    other = rig.store.set_claim_status("team-a", "other", status)
+    ref = ClaimRef("team-a", other["metadata"]["uid"], "other")
+    assert "already prepared for ResourceClaim team-a/tenant" in (
+        (await driver.prepare([ref]))[ref.uid].error
+    )
+    plan = driver.claims_plan()
+    assert plan is not None
+    assert [r.name for r in plan.resources] == [claim_resource("team-a", "tenant")]
+    restarted = rig.driver()
+    await restarted.load()
+    assert restarted.claims[admin.uid].uses[0].admin  # kept in the record

@@ -300,14 +300,15 @@ class DraDriver:
         )
 
     def _check_overlap(self, work: ClaimWork) -> None:
-        """Two claims never hold the same device, unless both hold shares of it."""
+        """Two claims never hold the same device, unless both hold shares of it or one
+        holds it through adminAccess."""
         for dw in work.devices:
             for other in self._claims.values():
                 if other.uid == work.ref.uid:
                     continue
                 for use in other.uses:
-                    if use.device != dw.device.name:
-                        continue
+                    if use.device != dw.device.name or dw.admin or use.admin:
+                        continue  # adminAccess reaches devices others hold, by design
                     if dw.share_id is not None and use.share_id is not None:
                         continue
                     raise ClaimError(

@@ -73,7 +73,8 @@ def claims_plan(claims: Iterable[PreparedClaim], inventory: Inventory, pool: str
         devices = tuple(
             _advertised(use, pool, physicals[use.physical_uuid])
             for use in claim.uses
-            if use.physical_uuid in physicals
+            # an adminAccess holder (monitoring, debugging) is no tenant of the device
+            if use.physical_uuid in physicals and not use.admin
         )
         if not devices:
             continue

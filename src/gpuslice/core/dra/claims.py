@@ -59,6 +59,9 @@ class DeviceWork:
     sharing: Sharing
     share_id: str | None = None
     share: ShareUse | None = None
+    admin: bool = False
+    """`adminAccess`: a monitoring or debugging claim that may reach a device another
+    claim holds (Kubernetes allows it only in namespaces labelled for admin access)."""
 
     @property
     def request_name(self) -> str:
@@ -153,7 +156,8 @@ def claim_work(
                 f"{where}: {chosen.source}: MPS on MIG device {device.name} is not supported "
                 "by gpuslice; use a whole GPU, or time-slicing on the MIG device"
             )
-        work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share))
+        admin = result.get("adminAccess") is True
+        work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share, admin))
     return ClaimWork(ref, tuple(work), _groups(work))
 
 

@@ -105,6 +105,7 @@ def _share(
             dw.share_id,
             share.memory_mib,
             share.thread_percentage if share.strategy == "mps" else None,
+            admin=dw.admin,
         )
     )
 
@@ -139,6 +140,7 @@ def _mps(
                 group.sharing.shared_by or 1,
                 entitlement_mib=limits.get(dw.device.gpu.index),
                 thread_percentage=spec.active_thread_percentage,
+                admin=dw.admin,
             )
         )
 
@@ -156,4 +158,4 @@ def _time_slicing(
     strategy = "time-slicing" if sharing.strategy == "TimeSlicing" or shared_by > 1 else "none"
     for dw in group.devices:
         cdi.append(_device(dw))
-        uses.append(DeviceUse(dw.device.name, dw.device.uuid, strategy, shared_by))
+        uses.append(DeviceUse(dw.device.name, dw.device.uuid, strategy, shared_by, admin=dw.admin))

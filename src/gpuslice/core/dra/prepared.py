@@ -60,6 +60,8 @@ class DeviceUse:
     entitlement_mib: int | None = None
     """A share's consumed memory, or an MPS pinned limit; None: memory / shared_by."""
     thread_percentage: int | None = None
+    admin: bool = False
+    """Held through `adminAccess`: not exclusive, and not a tenant for the guard."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,8 @@ def _use_json(u: DeviceUse) -> dict[str, Any]:
         "strategy": u.strategy,
         "sharedBy": u.shared_by,
     }
+    if u.admin:
+        out["admin"] = True
     for key, value in (
         ("shareID", u.share_id),
         ("entitlementMiB", u.entitlement_mib),
@@ -165,6 +169,7 @@ def _use(u: Mapping[str, Any]) -> DeviceUse:
         share_id=None if u.get("shareID") is None else str(u["shareID"]),
         entitlement_mib=optional_int("entitlementMiB"),
         thread_percentage=optional_int("threadPercentage"),
+        admin=u.get("admin") is True,
     )
 
 
