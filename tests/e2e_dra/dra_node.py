@@ -199,13 +199,18 @@ async def running_dra_node(
     args: Sequence[str] = (),
     nvidia_smi_fail: str = "",
     kubelet_versions: Sequence[str] | None = None,
+    plugin_files: dict[str, str] | None = None,
 ) -> AsyncIterator[DraNode]:
+    """`plugin_files`: files already in the plugin directory (another driver's state)."""
     api.add_node(NODE)
     for cls in (GPU_CLASS, MIG_CLASS):
         api.add_device_class(cls)
     registry = workdir / "reg"
     registry.mkdir()
     plugin_dir = workdir / "plug"
+    for name, text in (plugin_files or {}).items():
+        plugin_dir.mkdir(exist_ok=True)
+        (plugin_dir / name).write_text(text, encoding="utf-8")
     cdi_root = workdir / "cdi"
     config_path = workdir / "config.yaml"
     config_path.write_text(config, encoding="utf-8")

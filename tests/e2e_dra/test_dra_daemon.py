@@ -329,3 +329,16 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_nvidias_checkpoint_in_the_plugin_dir_is_left_alone(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """A node moving from NVIDIA's DRA driver (same driver name, same plugin directory)."""
+    nvidia = '{"checksum": 1, "v1": {"preparedClaims": {}}}'
+    async with running_dra_node(sock_dir, api, plugin_files={"checkpoint.json": nvidia}) as node:
+        ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        assert (node.plugin_dir / "checkpoint.json").read_text() == nvidia
+        assert (node.plugin_dir / "gpuslice-checkpoint.json").is_file()
+        assert "dra-checkpoint-corrupt" not in node.log()

@@ -36,7 +36,7 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.dra.server import DraServerSettings
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CheckpointFile, boot_id
+from gpuslice.host.checkpoint_file import CHECKPOINT_NAME, CheckpointFile, boot_id
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.k8s import (
     NodeEvents,
@@ -164,7 +164,7 @@ def wire_dra(
             mps_root=str(plugin_dir / "mps"),
         ),
         objects=objects,
-        checkpoint=CheckpointFile(plugin_dir / "checkpoint.json"),
+        checkpoint=CheckpointFile(plugin_dir / CHECKPOINT_NAME),
         cdi=CdiSpecStore(dra.cdi_root, CDI_KIND),
         snapshot=snapshot,
         boot_id=boot_id(),

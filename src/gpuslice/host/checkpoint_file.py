@@ -16,6 +16,10 @@ from pathlib import Path
 from gpuslice.host.atomic import atomic_write
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+CHECKPOINT_NAME = "gpuslice-checkpoint.json"
+"""Not NVIDIA's `checkpoint.json`: with NVIDIA's driver name the plugin directory is the one
+NVIDIA's driver used, and a node moving from it to gpuslice must not have its file read as
+a corrupt one of ours (or ours read by it, after a move back)."""
 
 
 def boot_id(path: Path = BOOT_ID) -> str:
