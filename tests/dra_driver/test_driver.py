@@ -501,3 +501,40 @@ async def test_an_admin_access_claim_reaches_a_held_device_and_is_no_tenant(
     restarted = rig.driver()
     await restarted.load()
     assert restarted.claims[admin.uid].uses[0].admin  # kept in the record
+
+
+async def test_an_mps_daemon_that_never_answers_fails_the_claim_and_is_not_kept(
+    sock_dir: Path, make_rig: Callable[..., Awaitable[Rig]]
+) -> None:
+    import asyncio
+
+    rig = await make_rig()
+    manager = MpsDaemonManager(
+        [],
+        ControlProgram.factory(("false",), timeout_s=1.0),
+        timings=MpsTimings(start_timeout_s=0.3, retry_interval_s=0.2, start_poll_s=0.05),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        driver = DraDriver(
+            DriverSettings(DRIVER, NODE, mps_root=str(sock_dir / "mps"), mps_ready_timeout_s=0.5),
+            objects=rig.store,
+            checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
+            cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
+            snapshot=lambda: rig.state.current,
+            boot_id="b",
+            mps=manager,
+        )
+        await driver.load()
+        mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+               "sharing": {"strategy": "MPS"}}  # fmt: skip
+        ref = rig.claim("m", mps)
+        error = (await driver.prepare([ref]))[ref.uid].error
+        assert "did not answer within 0.5 s" in error
+        assert manager.specs == ()  # not left restarting for a claim that failed
+        assert driver.claims == {}
+        assert rig.cdi_files() == set()
+    finally:
+        stop.set()
+        await task

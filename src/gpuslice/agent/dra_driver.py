@@ -270,11 +270,15 @@ class DraDriver:
                 guard_mode=guard,
             )
             await self._write()
-        except (ClaimError, MpsError, OSError, ValueError) as exc:
+        except Exception as exc:  # whatever failed, the claim leaves nothing behind
             await self._undo(ref.uid, applied.sharing)
             self._claims.pop(ref.uid, None)
             await self._write_quietly()
-            return _failed(ref, f"{where}: {exc}" if isinstance(exc, OSError) else str(exc))
+            if not isinstance(exc, ClaimError | MpsError | OSError | ValueError):
+                log.exception("dra-prepare-crashed", claim=f"{ref.namespace}/{ref.name}")
+            if isinstance(exc, ClaimError | MpsError):
+                return _failed(ref, str(exc))
+            return _failed(ref, f"{where}: {type(exc).__name__}: {exc}")
         log.info(
             "dra-prepared",
             claim=f"{ref.namespace}/{ref.name}",
@@ -334,10 +338,12 @@ class DraDriver:
         prepared = preparation(work, self.settings.mps_root)
         for step in prepared.steps:
             if isinstance(step, StartDaemon):
+                # recorded first: a daemon that never answers is still one to stop
+                applied.sharing.append(step.record)
                 await self._start_daemon(step.spec)
             else:
-                await self._set_interval(step)
-            applied.sharing.append(step.record)
+                await self._set_interval(step)  # recorded once set: nothing to reset else
+                applied.sharing.append(step.record)
         applied.cdi.extend(prepared.cdi)
         applied.uses.extend(prepared.uses)
 
