@@ -22,6 +22,7 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claimplan import claim_resource
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.prepared import _checksum
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_store import DraStore
@@ -98,6 +99,14 @@ class Rig:
         self.store.allocate_claim("team-a", name, pod_uid=f"uid-{name}")
         return ClaimRef("team-a", created["metadata"]["uid"], name)
 
+    def edit_checkpoint(self, edit: Callable[[dict[str, Any]], None]) -> None:
+        """Change the stored record's data as another writer would, checksum kept valid."""
+        path = self.workdir / "checkpoint.json"
+        doc = json.loads(path.read_text("utf-8"))
+        edit(doc["data"])
+        doc["checksum"] = _checksum(doc["data"])
+        path.write_text(json.dumps(doc), "utf-8")
+
     def cdi_files(self) -> set[str]:
         root = self.workdir / "cdi"
         return {p.name for p in root.iterdir()} if root.exists() else set()
@@ -171,14 +180,12 @@ async def test_a_checkpoint_from_a_newer_version_with_more_fields_reads(
     await driver.load()
     ref = rig.claim("c1")
     first = (await driver.prepare([ref]))[ref.uid]
-    path = rig.workdir / "checkpoint.json"
-    doc = json.loads(path.read_text("utf-8"))
-    doc["data"]["claims"][ref.uid]["futureField"] = {"x": 1}
-    doc["data"]["somethingNew"] = [1, 2]
-    from gpuslice.core.dra.prepared import _checksum
 
-    doc["checksum"] = _checksum(doc["data"])
-    path.write_text(json.dumps(doc), "utf-8")
+    def newer(data: dict[str, Any]) -> None:
+        data["claims"][ref.uid]["futureField"] = {"x": 1}
+        data["somethingNew"] = [1, 2]
+
+    rig.edit_checkpoint(newer)
     upgraded_back = rig.driver()
     await upgraded_back.load()
     assert rig.warnings == []
@@ -194,17 +201,8 @@ async def test_a_prepare_cut_short_leaves_nothing_behind(
     ref = rig.claim("c1")
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     # the agent died between PrepareStarted and PrepareCompleted of a second claim
-    path = rig.workdir / "checkpoint.json"
-    doc = json.loads(path.read_text("utf-8"))
-    doc["data"]["claims"]["half"] = {
-        "namespace": "team-a",
-        "name": "half",
-        "state": "PrepareStarted",
-    }
-    from gpuslice.core.dra.prepared import _checksum
-
-    doc["checksum"] = _checksum(doc["data"])
-    path.write_text(json.dumps(doc), "utf-8")
+    half = {"namespace": "team-a", "name": "half", "state": "PrepareStarted"}
+    rig.edit_checkpoint(lambda data: data["claims"].__setitem__("half", half))
     (rig.workdir / "cdi" / "k8s.gpuslice.io-claim_half.yaml").write_text("{}", "utf-8")
     again = rig.driver()
     await again.load()
@@ -438,13 +436,7 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
     assert process_alive(kept_pid)
     assert process_alive(lost_pid)
     # the record loses `lost` (as a corrupt file or a cut-short Prepare would)
-    path = rig.workdir / "checkpoint.json"
-    doc = json.loads(path.read_text("utf-8"))
-    del doc["data"]["claims"][lost.uid]
-    from gpuslice.core.dra.prepared import _checksum
-
-    doc["checksum"] = _checksum(doc["data"])
-    path.write_text(json.dumps(doc), "utf-8")
+    rig.edit_checkpoint(lambda data: data["claims"].pop(lost.uid))
 
     second, stop = manager(), asyncio.Event()
     task = asyncio.create_task(second.run(stop))
