@@ -245,3 +245,19 @@ def test_plan_carries_allocate_settings_and_strategy() -> None:
 
 def test_a_node_without_gpus_advertises_nothing() -> None:
     assert build_plan(node(), seed("000-default-time-slicing-4.yaml")).resources == ()
+
+
+def test_warnings_about_mig_strategy_are_told_apart_for_dra_mode() -> None:
+    """DRA mode publishes MIG devices whatever migStrategy says, so the agent drops only the
+    advice about the strategy; the plan keeps every warning for describe and the logs."""
+    from gpuslice.backends import open_backend
+
+    backend = open_backend("sim:1xa100-40gb/mig=1g.5gb*7,1xa100-40gb", environ={})
+    try:
+        inv = backend.inventory()
+    finally:
+        backend.close()
+    plan = build_plan(inv, parse_config(""))
+    (advice,) = plan.mig_strategy_warnings
+    assert "migStrategy is 'none'" in advice
+    assert advice in plan.warnings

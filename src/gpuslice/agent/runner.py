@@ -164,7 +164,7 @@ class Agent:
         for w in plan.warnings:
             # DRA mode publishes MIG devices whatever the device plugin's migStrategy says,
             # so the plan's advice about that strategy would only mislead there
-            if self.hooks.front_end is not None and "migStrategy" in w:
+            if self.hooks.front_end is not None and w in plan.mig_strategy_warnings:
                 continue
             log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:

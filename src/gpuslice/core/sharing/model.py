@@ -192,6 +192,9 @@ class Plan:
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
     mig_strategy: MigStrategy = "none"
     warnings: tuple[str, ...] = ()
+    mig_strategy_warnings: tuple[str, ...] = ()
+    """Those of `warnings` about how `migStrategy` advertises MIG GPUs: advice for the
+    device plugin only (DRA mode publishes MIG devices as they are)."""
     mig_layout_problem: str | None = None
     """Why `single` cannot serve this node's MIG layout (nothing is advertised for it then,
     and the labels say `-MIG-INVALID`), or None."""

@@ -122,7 +122,10 @@ def _name_for(
     )
 
 
-def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_Unit]:
+def _units(
+    inventory: Inventory, config: Config, warnings: list[str], strategy_warnings: list[str]
+) -> list[_Unit]:
+    """`strategy_warnings` gets the warnings about `migStrategy` itself (also in `warnings`)."""
     strategy = config.flags.mig_strategy
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
     gpu_patterns = [(p.pattern, ResourceName(p.name)) for p in config.resources.gpus] or [
@@ -132,16 +135,20 @@ def _units(inventory: Inventory, config: Config, warnings: list[str]) -> list[_U
         use_mig = dict.fromkeys((g.index for g in gpus), False)
         for g in gpus:
             if g.mig_enabled:
-                warnings.append(
+                strategy_warnings.append(
                     f"GPU {g.index} has MIG enabled but migStrategy is 'none': it is "
                     "advertised as a whole GPU, which containers cannot use while MIG is on"
                 )
+                warnings.append(strategy_warnings[-1])
     elif strategy == "single":
         problem = single_layout_problem(gpus)
         if problem is not None:
             # NVIDIA's plugin exits here and crash-loops until someone repartitions; gpuslice
             # stays up, advertises nothing for the layout, and the labels say MIG-INVALID.
-            warnings.append(f"invalid MIG configuration for migStrategy 'single': {problem}")
+            strategy_warnings.append(
+                f"invalid MIG configuration for migStrategy 'single': {problem}"
+            )
+            warnings.append(strategy_warnings[-1])
             return []
         mig_node = any(g.mig_enabled for g in gpus)
         use_mig = dict.fromkeys((g.index for g in gpus), mig_node)
@@ -293,7 +300,8 @@ def _advertise(
 def build_plan(inventory: Inventory, config: Config) -> Plan:
     """What this node advertises with this config. Raises PlanError if it cannot apply."""
     warnings: list[str] = []
-    units = _units(inventory, config, warnings)
+    strategy_warnings: list[str] = []
+    units = _units(inventory, config, warnings, strategy_warnings)
     by_base: dict[ResourceName, list[_Unit]] = {}
     for unit in units:
         by_base.setdefault(unit.base, []).append(unit)
@@ -360,5 +368,6 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         allocate=allocate_settings(config),
         mig_strategy=config.flags.mig_strategy,
         warnings=tuple(warnings),
+        mig_strategy_warnings=tuple(strategy_warnings),
         mig_layout_problem=layout_problem,
     )
