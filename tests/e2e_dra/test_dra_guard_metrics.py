@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,28 +16,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "e2e"))
 
 from dra_node import DRIVER, NODE, claim_obj, opaque, request, running_dra_node
+from test_memory_guard import CONFIG, WAIT_S, sleeper
 from test_metrics import free_port, samples, wait_scrape
 
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.podresources.claims import ClaimBooks, ClaimDevice
 from gpuslice.testing.apiserver import FakeApiServer
 
-WAIT_S = 15.0
-CONFIG = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
+# The device plugin's guard test's config and processes: here the L40S is offered as shares.
 # 46068 MiB in 4 shares: 11517 MiB each; the guard keeps 10 % (4606 MiB) in reserve.
 PODS = {"leaker": 1, "steady": 2, "exempt": 3}
 GUARD_OFF = {"apiVersion": "resource.gpuslice.io/v1alpha1", "kind": "GuardConfig", "mode": "off"}
-
-
-def sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 
 
 async def test_share_claims_are_measured_and_the_overrunning_one_is_stopped(
