@@ -13,10 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from gpuslice.core.dra.sharing import INTERVALS
 from gpuslice.mps.process import MpsError, run_program
-
-INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
-"""NVIDIA's names for `--set-timeslice` values."""
 
 
 class TimesliceSetter(Protocol):
