@@ -17,16 +17,20 @@ is dropped with every CDI spec it left, since nothing it describes exists any mo
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuslice.core.dra.cdispec import CdiDevice, cdi_id, claim_spec
+from gpuslice.agent.keyed_locks import KeyedLocks
+from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
-from gpuslice.core.dra.preparation import SetInterval, StartDaemon, preparation
+from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
+from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon, preparation
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
     Checkpoint,
@@ -43,9 +47,13 @@ from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
+from gpuslice.mps.control import PID_FILE
 from gpuslice.ports import DraObjectNotFound, DraObjects
 
 log = get_logger("gpuslice.dra.driver")
+
+KUBELET_CALL_TIMEOUT_S = 45.0
+"""The kubelet's deadline for one NodePrepareResources call (`defaultClientCallTimeout`)."""
 
 Warn = Callable[[str, str], Awaitable[None]]
 """Posts a Warning Event on the Node: (reason, message)."""
@@ -64,15 +72,36 @@ class DriverSettings:
     api_timeout_s: float = 15.0
     """How long Prepare waits for the API to return a claim: an API server that hangs fails
     the claims concerned well within the kubelet's 45 s, and never holds the others."""
+    timeslice_timeout_s: float = 10.0
+    """How long setting (or resetting) one GPU's time-slice interval may take."""
+    prepare_timeout_s: float = 30.0
+    """One claim's whole Prepare, from the API read to the record. A claim whose steps
+    together take longer is undone and gets its own error; the 15 s left of the kubelet's
+    45 are for that undo, so the kubelet hears the claim's error, not its own deadline."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "mps_ready_timeout_s",
+            "api_timeout_s",
+            "timeslice_timeout_s",
+            "prepare_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not 0 < value < KUBELET_CALL_TIMEOUT_S:
+                raise ValueError(
+                    f"DriverSettings.{name} {value!r} must be above 0 and below the "
+                    f"kubelet's {KUBELET_CALL_TIMEOUT_S:g} s call deadline"
+                )
 
 
 @dataclass(slots=True)
-class _Applied:
-    """What one Prepare changed so far, so a failure can undo it."""
+class _InFlight:
+    """A claim being prepared: the devices it reserved before its first slow step (the
+    overlap guard counts them), and what it changed so far, so a failure can undo it."""
 
+    ref: ClaimRef
+    uses: tuple[DeviceUse, ...]
     sharing: list[AppliedSharing]
-    cdi: list[CdiDevice]
-    uses: list[DeviceUse]
 
 
 class DraDriver:
@@ -100,7 +129,13 @@ class DraDriver:
         self._warn = warn
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
-        self._lock = asyncio.Lock()
+        self._in_flight: dict[str, _InFlight] = {}
+        self._claim_locks = KeyedLocks()
+        """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
+        self._gpu_locks = KeyedLocks()
+        """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
+        self._record_lock = asyncio.Lock()
+        """Checkpoint writes, one at a time."""
         self.loaded = False
 
     # -- what others read ------------------------------------------------------------------
@@ -201,23 +236,111 @@ class DraDriver:
     # -- ports.ClaimPreparer ---------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        # Claims are read before taking the lock, all at once: a slow API server delays
-        # only the batch that waits on it, not Prepare and Unprepare of other pods.
-        pending = [r for r in claims if not self._completed(r.uid)]
-        fetched = await asyncio.gather(*(self._read_claim(r) for r in pending))
-        objects = {r.uid: got for r, got in zip(pending, fetched, strict=True)}
-        async with self._lock:
-            return {ref.uid: await self._prepare_one(ref, objects.get(ref.uid)) for ref in claims}
+        # Each claim on its own task: a claim that waits on the API or on an MPS start holds
+        # only itself (and the GPUs it works on), never the others of the batch or of other
+        # pods. If the call is cancelled, gather waits for every claim's undo to finish.
+        results = await asyncio.gather(*(self._prepare_claim(ref) for ref in claims))
+        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        async with self._lock:
-            return {ref.uid: await self._unprepare_one(ref) for ref in claims}
+        results = await asyncio.gather(*(self._unprepare_claim(ref) for ref in claims))
+        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
     # -- prepare ---------------------------------------------------------------------------
 
-    def _completed(self, uid: str) -> bool:
+    def _completed(self, uid: str) -> PreparedClaim | None:
         done = self._claims.get(uid)
-        return done is not None and done.state == "PrepareCompleted"
+        return done if done is not None and done.state == "PrepareCompleted" else None
+
+    async def _prepare_claim(self, ref: ClaimRef) -> PrepareResult:
+        """One claim, within its time budget; whatever goes wrong is this claim's error."""
+        try:
+            check_claim_ref(ref)  # before anything is read or created for it
+        except BadName as exc:
+            return _failed(ref, f"refused: {exc}")
+        budget = self.settings.prepare_timeout_s
+        try:
+            async with asyncio.timeout(budget):
+                return await self._prepare_in_time(ref)
+        except TimeoutError:
+            return _failed(
+                ref,
+                f"ResourceClaim {ref.namespace}/{ref.name}: not prepared within {budget:g} s; "
+                "what was started for it is undone",
+            )
+        except Exception as exc:  # a bug: this claim's error, never the batch's
+            log.exception("dra-prepare-crashed", claim=f"{ref.namespace}/{ref.name}")
+            return _failed(ref, f"ResourceClaim {ref.namespace}/{ref.name}: {_described(exc)}")
+
+    async def _prepare_in_time(self, ref: ClaimRef) -> PrepareResult:
+        done = self._completed(ref.uid)
+        if done is not None:
+            return PrepareResult(done.devices)  # the kubelet asks again after its restart
+        # Read outside the claim's lock: a slow API server delays only this claim.
+        claim = await self._read_claim(ref)
+        async with self._claim_locks.holding([ref.uid]):
+            done = self._completed(ref.uid)
+            if done is not None:  # a Prepare of the same claim finished while this one read
+                return PrepareResult(done.devices)
+            if isinstance(claim, str):
+                return _failed(ref, claim)
+            try:
+                work = self._work(claim, ref)
+                prepared = preparation(work, self.settings.mps_root)
+                self._reserve(work, prepared.uses)
+            except ClaimError as exc:
+                return _failed(ref, str(exc))
+            try:
+                return await self._carry_out(work, prepared)
+            finally:
+                del self._in_flight[ref.uid]
+
+    async def _carry_out(self, work: ClaimWork, prepared: Preparation) -> PrepareResult:
+        """Record `PrepareStarted`, apply, write the CDI spec, record `PrepareCompleted`; on
+        any failure or cancellation, undo what was applied and drop the record entirely."""
+        ref = work.ref
+        applied = self._in_flight[ref.uid].sharing
+        started = PreparedClaim(ref.uid, ref.namespace, ref.name, "PrepareStarted")
+        try:
+            self._claims[ref.uid] = started
+            await self._write()
+            await self._apply(prepared, applied)
+            devices = self._prepared_devices(work)
+            spec = claim_spec(ref.uid, prepared.cdi, dev_root=self.settings.dev_root)
+            await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
+            guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
+            self._claims[ref.uid] = replace(
+                started,
+                state="PrepareCompleted",
+                devices=devices,
+                applied=tuple(applied),
+                uses=prepared.uses,
+                guard_mode=guard,
+            )
+            await self._write()
+        except BaseException as exc:  # CancelledError too: the kubelet's deadline, a shutdown
+            await to_the_end(self._abandon(ref, list(applied)))
+            if not isinstance(exc, Exception):
+                log.warning("dra-prepare-cancelled", claim=f"{ref.namespace}/{ref.name}")
+                raise
+            if not isinstance(exc, ClaimError | MpsError | OSError | ValueError):
+                log.exception("dra-prepare-crashed", claim=f"{ref.namespace}/{ref.name}")
+            if isinstance(exc, ClaimError | MpsError):
+                return _failed(ref, str(exc))
+            return _failed(ref, f"ResourceClaim {ref.namespace}/{ref.name}: {_described(exc)}")
+        log.info(
+            "dra-prepared",
+            claim=f"{ref.namespace}/{ref.name}",
+            uid=ref.uid,
+            devices=",".join(d.device for d in devices),
+        )
+        return PrepareResult(devices)
+
+    async def _abandon(self, ref: ClaimRef, applied: Sequence[AppliedSharing]) -> None:
+        await self._undo(ref.uid, applied)
+        self._claims.pop(ref.uid, None)
+        await self._write_quietly()
+        log.info("dra-prepare-undone", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
     async def _read_claim(self, ref: ClaimRef) -> Mapping[str, object] | str:
         """The claim from the API, or why it could not be read."""
@@ -235,58 +358,6 @@ class DraDriver:
         except Exception as exc:
             return f"reading {where}: {exc}"
 
-    async def _prepare_one(
-        self, ref: ClaimRef, claim: Mapping[str, object] | str | None
-    ) -> PrepareResult:
-        done = self._claims.get(ref.uid)
-        if done is not None and done.state == "PrepareCompleted":
-            return PrepareResult(done.devices)  # the kubelet asks again after its restart
-        where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        if claim is None:  # completed when the batch came in, unprepared meanwhile
-            claim = await self._read_claim(ref)
-        if isinstance(claim, str):
-            return _failed(ref, claim)
-        try:
-            work = self._work(claim, ref)
-            self._check_overlap(work)
-        except ClaimError as exc:
-            return _failed(ref, str(exc))
-        started = PreparedClaim(ref.uid, ref.namespace, ref.name, "PrepareStarted")
-        applied = _Applied([], [], [])
-        try:
-            self._claims[ref.uid] = started
-            await self._write()
-            await self._apply(work, applied)
-            devices = self._prepared_devices(work)
-            spec = claim_spec(ref.uid, applied.cdi, dev_root=self.settings.dev_root)
-            await asyncio.to_thread(self._cdi.write, ref.uid, spec)
-            guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
-            self._claims[ref.uid] = replace(
-                started,
-                state="PrepareCompleted",
-                devices=devices,
-                applied=tuple(applied.sharing),
-                uses=tuple(applied.uses),
-                guard_mode=guard,
-            )
-            await self._write()
-        except Exception as exc:  # whatever failed, the claim leaves nothing behind
-            await self._undo(ref.uid, applied.sharing)
-            self._claims.pop(ref.uid, None)
-            await self._write_quietly()
-            if not isinstance(exc, ClaimError | MpsError | OSError | ValueError):
-                log.exception("dra-prepare-crashed", claim=f"{ref.namespace}/{ref.name}")
-            if isinstance(exc, ClaimError | MpsError):
-                return _failed(ref, str(exc))
-            return _failed(ref, f"{where}: {type(exc).__name__}: {exc}")
-        log.info(
-            "dra-prepared",
-            claim=f"{ref.namespace}/{ref.name}",
-            uid=ref.uid,
-            devices=",".join(d.device for d in devices),
-        )
-        return PrepareResult(devices)
-
     def _work(self, claim: Mapping[str, object], ref: ClaimRef) -> ClaimWork:
         snap = self._snapshot()
         if snap is None:
@@ -303,14 +374,27 @@ class DraDriver:
             offers=offers,
         )
 
+    def _reserve(self, work: ClaimWork, uses: tuple[DeviceUse, ...]) -> None:
+        """Check the overlap guard and reserve the claim's devices in one step (no await in
+        between), so two concurrent Prepares cannot both take one device."""
+        self._check_overlap(work)
+        self._in_flight[work.ref.uid] = _InFlight(work.ref, uses, [])
+
+    def _holders(self) -> list[tuple[ClaimRef, tuple[DeviceUse, ...]]]:
+        """Every prepared claim and every claim being prepared, with the devices it holds."""
+        held = [(ClaimRef(c.namespace, c.uid, c.name), c.uses) for c in self._claims.values()]
+        held.extend((flight.ref, flight.uses) for flight in self._in_flight.values())
+        return held
+
     def _check_overlap(self, work: ClaimWork) -> None:
         """Two claims never hold the same device, unless both hold shares of it or one
         holds it through adminAccess."""
+        holders = self._holders()
         for dw in work.devices:
-            for other in self._claims.values():
+            for other, uses in holders:
                 if other.uid == work.ref.uid:
                     continue
-                for use in other.uses:
+                for use in uses:
                     if use.device != dw.device.name or dw.admin or use.admin:
                         continue  # adminAccess reaches devices others hold, by design
                     if dw.share_id is not None and use.share_id is not None:
@@ -333,32 +417,41 @@ class DraDriver:
             for dw in work.devices
         )
 
-    async def _apply(self, work: ClaimWork, applied: _Applied) -> None:
-        """Carry out the claim's steps in order, keeping each one's record once done."""
-        prepared = preparation(work, self.settings.mps_root)
+    async def _apply(self, prepared: Preparation, applied: list[AppliedSharing]) -> None:
+        """Carry out the claim's steps in order, each under the locks of the GPUs it
+        touches, keeping each one's record once it may have taken effect."""
         for step in prepared.steps:
             if isinstance(step, StartDaemon):
-                # recorded first: a daemon that never answers is still one to stop
-                applied.sharing.append(step.record)
-                await self._start_daemon(step.spec)
+                async with self._gpu_locks.holding(step.spec.gpu_uuids):
+                    # recorded first: a daemon that never answers is still one to stop
+                    applied.append(step.record)
+                    await self._start_daemon(step.spec)
             else:
-                await self._set_interval(step)  # recorded once set: nothing to reset else
-                applied.sharing.append(step.record)
-        applied.cdi.extend(prepared.cdi)
-        applied.uses.extend(prepared.uses)
+                async with self._gpu_locks.holding([step.gpu_uuid]):
+                    await self._set_interval(step, applied)
 
-    async def _set_interval(self, step: SetInterval) -> None:
+    async def _set_interval(self, step: SetInterval, applied: list[AppliedSharing]) -> None:
         if self._timeslice is None:
             raise ClaimError(
                 f"{step.source}: this node cannot set time-slice intervals "
                 "(no nvidia-smi configured); remove timeSlicingConfig.interval"
             )
+        timeout = self.settings.timeslice_timeout_s
+        applied.append(step.record)  # a set cut short may have taken effect: reset it then
         try:
-            await self._timeslice.set_timeslice(step.gpu_uuid, step.interval)
+            await asyncio.wait_for(
+                self._timeslice.set_timeslice(step.gpu_uuid, step.interval), timeout
+            )
         except MpsError as exc:
+            applied.pop()  # nvidia-smi refused: nothing to reset
             raise ClaimError(
                 f"{step.source}: GPU {step.gpu_uuid} does not take time-slice interval "
                 f"{step.interval}: {exc}"
+            ) from None
+        except TimeoutError:
+            raise ClaimError(
+                f"{step.source}: setting time-slice interval {step.interval} on GPU "
+                f"{step.gpu_uuid} did not finish within {timeout:g} s"
             ) from None
 
     async def _start_daemon(self, spec: MpsDaemonSpec) -> None:
@@ -366,7 +459,7 @@ class DraDriver:
             raise ClaimError("MPS is not available on this node (no MPS control program)")
         if self._daemons.get(spec.resource) != spec:
             self._daemons[spec.resource] = spec
-            await self._mps.reconfigure(self._daemons.values())
+            await to_the_end(self._mps.reconfigure(tuple(self._daemons.values())))
         await self._wait_ready(spec.resource)
 
     async def _wait_ready(self, key: str) -> None:
@@ -389,6 +482,16 @@ class DraDriver:
 
     # -- unprepare -------------------------------------------------------------------------
 
+    async def _unprepare_claim(self, ref: ClaimRef) -> str:
+        try:
+            check_claim_ref(ref)
+        except BadName as exc:
+            log.warning("dra-unprepare-refused", error=str(exc))
+            return f"refused: {exc}"
+        async with self._claim_locks.holding([ref.uid]):
+            # once begun, an Unprepare finishes: a cancelled one must not stop half a claim
+            return await to_the_end(self._unprepare_one(ref))
+
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         claim = self._claims.get(ref.uid)
         if claim is None:
@@ -405,32 +508,81 @@ class DraDriver:
 
     async def _undo(self, claim_uid: str, applied: Sequence[AppliedSharing]) -> None:
         """Undo what the record says, best effort: a step that fails is logged, never
-        blocks the rest (the claim is gone for the kubelet either way)."""
-        others = [c for uid, c in self._claims.items() if uid != claim_uid]
-        still_used = {a.mps_key for c in others for a in c.applied if a.mps_key}
-        stopped = False
-        for a in applied:
-            if a.mps_key and a.mps_key not in still_used and a.mps_key in self._daemons:
-                del self._daemons[a.mps_key]
-                stopped = True
-            if a.interval is not None and a.interval != 0 and self._timeslice is not None:
-                for uuid in a.gpu_uuids:
-                    try:
-                        await self._timeslice.set_timeslice(uuid, 0)
-                    except MpsError as exc:
-                        log.warning("dra-timeslice-reset-failed", gpu=uuid, error=str(exc))
-        if stopped and self._mps is not None:
-            await self._mps.reconfigure(self._daemons.values())
+        blocks the rest (the claim is gone for the kubelet either way). Runs under the
+        locks of every GPU it touches, so a claim starting a daemon on one of them either
+        finished (and keeps the daemon) or starts after the stop."""
+        gpus = [u for a in applied for u in a.gpu_uuids]
+        async with self._gpu_locks.holding(gpus):
+            still_used = self._daemons_used_by_others(claim_uid)
+            stopped: list[str] = []
+            for a in applied:
+                if a.mps_key and a.mps_key not in still_used and a.mps_key in self._daemons:
+                    del self._daemons[a.mps_key]
+                    stopped.append(a.mps_key)
+                if a.interval is not None and a.interval != 0 and self._timeslice is not None:
+                    for uuid in a.gpu_uuids:
+                        await self._reset_interval(uuid)
+            if stopped and self._mps is not None:
+                await self._mps.reconfigure(tuple(self._daemons.values()))
+            for key in stopped:
+                await asyncio.to_thread(self._remove_daemon_dir, key)
         try:
             await asyncio.to_thread(self._cdi.remove, claim_uid)
         except (OSError, ValueError) as exc:
             log.warning("dra-cdi-remove-failed", claim_uid=claim_uid, error=str(exc))
 
+    def _daemons_used_by_others(self, claim_uid: str) -> set[str]:
+        used = {
+            a.mps_key
+            for uid, c in self._claims.items()
+            if uid != claim_uid
+            for a in c.applied
+            if a.mps_key
+        }
+        used.update(
+            a.mps_key
+            for uid, flight in self._in_flight.items()
+            if uid != claim_uid
+            for a in flight.sharing
+            if a.mps_key
+        )
+        return used
+
+    async def _reset_interval(self, gpu_uuid: str) -> None:
+        assert self._timeslice is not None
+        try:
+            await asyncio.wait_for(
+                self._timeslice.set_timeslice(gpu_uuid, 0), self.settings.timeslice_timeout_s
+            )
+        except (MpsError, TimeoutError) as exc:
+            log.warning("dra-timeslice-reset-failed", gpu=gpu_uuid, error=_described(exc))
+
+    def _remove_daemon_dir(self, key: str) -> None:
+        """`<mps root>/<key>`: the stopped daemon's pipe, log and shm directories. Left in
+        place (and said so) while its pid file says a daemon may still be running there."""
+        try:
+            base = Path(self.settings.mps_root) / check_path_component(key, "MPS daemon key")
+        except BadName as exc:
+            log.warning("dra-mps-dir-kept", error=str(exc))
+            return
+        if (base / "pipe" / PID_FILE).exists():
+            log.warning("dra-mps-dir-kept", dir=str(base), reason="its daemon may still run")
+            return
+        shutil.rmtree(base, ignore_errors=True)
+
     # -- record ----------------------------------------------------------------------------
 
     async def _write(self) -> None:
-        data = encode(Checkpoint(self._boot_id, dict(self._claims)))
-        await asyncio.to_thread(self._checkpoint.write, data)
+        """Write the record as it is now. Writes are serialized and each encodes the record
+        when its turn comes, so the file ends as the newest state whatever the order of
+        concurrent claims; a write once begun is finished even if its caller is cancelled
+        (two writers of one file at once could leave either one's bytes last)."""
+        await to_the_end(self._write_in_turn())
+
+    async def _write_in_turn(self) -> None:
+        async with self._record_lock:
+            data = encode(Checkpoint(self._boot_id, dict(self._claims)))
+            await asyncio.to_thread(self._checkpoint.write, data)
 
     async def _write_quietly(self) -> None:
         try:
@@ -445,6 +597,10 @@ class DraDriver:
             await self._warn(reason, message)
         except Exception as exc:  # an unreachable API must not stop the driver
             log.warning("dra-event-failed", reason=reason, error=str(exc))
+
+
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _failed(ref: ClaimRef, error: str) -> PrepareResult:

@@ -6,6 +6,12 @@ and `control.log` in `CUDA_MPS_LOG_DIRECTORY`; without `-d` it sends the command
 stdin to that daemon and prints the answers, failing when no daemon answers. Tests crash
 the daemon with SIGKILL (pid from the pid file) or freeze it with SIGSTOP.
 
+A slow start (a real daemon on a busy GPU can take seconds before it answers) is played
+with `GPUSLICE_FAKE_MPS_HOLD_DIR`: while that directory holds a file named after the
+daemon's directory (the parent of its pipe directory: a claim daemon's key), the daemon
+has started (its pid file is written, so `-d` returns as the real one's does) but opens no
+control socket. Removing the file lets it go on; so does removing its pipe directory.
+
 Run it as `python -m gpuslice.emulator.fake_mps_control [-d]`. It ships in the package (not
 in `gpuslice.testing`) because `gpuslice demo --dra` runs claims with MPS on it.
 """
@@ -92,6 +98,15 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+HOLD_ENV = "GPUSLICE_FAKE_MPS_HOLD_DIR"
+
+
+def _held(pipe: Path) -> bool:
+    """Whether this daemon is held at its start (see the module docstring)."""
+    hold_dir = os.environ.get(HOLD_ENV)
+    return bool(hold_dir) and (Path(hold_dir) / pipe.parent.name).exists()
+
+
 def _serve(pipe: Path, log: Path) -> int:
     """The daemon: answer one command per connection until `quit`."""
     sock_path = pipe / SOCKET_NAME
@@ -101,6 +116,12 @@ def _serve(pipe: Path, log: Path) -> int:
         socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server,
         (log / "control.log").open("a", buffering=1) as logf,
     ):
+        if _held(pipe):
+            (pipe / PID_FILE).write_text(f"{os.getpid()}\n")  # started, not answering
+            while _held(pipe) and pipe.is_dir():
+                time.sleep(0.05)
+            if not pipe.is_dir():
+                return 0
         server.bind(str(sock_path))
         server.listen(16)
         (pipe / PID_FILE).write_text(f"{os.getpid()}\n")

@@ -78,6 +78,8 @@ class MpsDaemonManager:
         if on_readiness is not None:
             self._readiness.add_listener(on_readiness)
         self._daemons: dict[str, _Daemon] = {}
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        """Supervisors told to stop whose daemons may still be quitting, by resource."""
         self._group: asyncio.TaskGroup | None = None
         self._lock = asyncio.Lock()
         self._markers: set[Path] = set()
@@ -134,6 +136,7 @@ class MpsDaemonManager:
         finally:
             self._group = None
             self._daemons.clear()
+            self._stopping.clear()
             self._update_markers()
 
     async def reconfigure(self, specs: Iterable[MpsDaemonSpec]) -> None:
@@ -152,14 +155,27 @@ class MpsDaemonManager:
             outdated = [d for r, d in self._daemons.items() if by_name.get(r) != d.spec]
             for daemon in outdated:
                 daemon.stop.set()
-            for daemon in outdated:
-                if daemon.task is not None:
-                    await daemon.task
                 del self._daemons[daemon.spec.resource]
+                if daemon.task is not None:
+                    self._stopping[daemon.spec.resource] = daemon.task
             for spec in wanted:
                 if spec.resource not in self._daemons:
+                    # a restart reuses the pipe directory: the old daemon must be gone first
+                    await self._stopped(spec.resource)
                     self._launch(spec)
             self._update_markers()
+        # Removed daemons are awaited outside the lock: stopping one that hangs (up to the
+        # quit grace period) does not hold up starting the daemons of other resources.
+        for daemon in outdated:
+            await self._stopped(daemon.spec.resource)
+
+    async def _stopped(self, resource: str) -> None:
+        task = self._stopping.get(resource)
+        if task is None:
+            return
+        await asyncio.shield(task)  # a cancelled caller leaves the supervisor to finish
+        if self._stopping.get(resource) is task:
+            del self._stopping[resource]
 
     async def quit_stray(self, spec: MpsDaemonSpec) -> bool:
         """Ask a daemon at `spec`'s pipe directory that this manager does not supervise to
@@ -231,10 +247,11 @@ class MpsDaemonManager:
                 await daemon.control.send(command)
             _touch(spec.started_marker)
         except (MpsError, OSError) as exc:
-            self._report(
-                f"MPS daemon for {spec.resource} failed to start: {exc}; "
-                f"retrying in {self._timings.retry_interval_s:g} s"
-            )
+            if not daemon.stop.is_set():  # given up on purpose: nothing to report
+                self._report(
+                    f"MPS daemon for {spec.resource} failed to start: {exc}; "
+                    f"retrying in {self._timings.retry_interval_s:g} s"
+                )
             await _quietly(daemon.control.terminate())
             return False
         self._log.info(
@@ -271,7 +288,10 @@ class MpsDaemonManager:
                 return
             if loop.time() >= deadline:
                 raise MpsError(f"no answer within {self._timings.start_timeout_s:g} s: {problem}")
-            await asyncio.sleep(self._timings.start_poll_s)
+            # a daemon removed while it starts (its claim's Prepare was cancelled) is given
+            # up at once, not after the whole start timeout
+            if await _pause(daemon.stop, self._timings.start_poll_s):
+                raise MpsError(f"stopped before it answered: {problem}")
 
     async def _watch(self, daemon: _Daemon) -> str | None:
         """Health-check until stopped (None) or the daemon fails (what went wrong)."""
