@@ -103,7 +103,7 @@ HOLD_ENV = "GPUSLICE_FAKE_MPS_HOLD_DIR"
 
 def _held(pipe: Path) -> bool:
     """Whether this daemon is held at its start (see the module docstring)."""
-    hold_dir = os.environ.get(HOLD_ENV)
+    hold_dir = os.environ.get(HOLD_ENV, "")
     return bool(hold_dir) and (Path(hold_dir) / pipe.parent.name).exists()
 
 
