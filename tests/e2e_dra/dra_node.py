@@ -200,8 +200,10 @@ async def running_dra_node(
     nvidia_smi_fail: str = "",
     kubelet_versions: Sequence[str] | None = None,
     plugin_files: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[DraNode]:
-    """`plugin_files`: files already in the plugin directory (another driver's state)."""
+    """`plugin_files`: files already in the plugin directory (another driver's state);
+    `env`: more environment for the daemon (and the programs it runs)."""
     api.add_node(NODE)
     for cls in (GPU_CLASS, MIG_CLASS):
         api.add_device_class(cls)
@@ -240,7 +242,7 @@ async def running_dra_node(
             *args,
         ],
         log_path=workdir / "daemon.log",
-        env={"GPUSLICE_SIM_CONTROL_DIR": str(control_dir)},
+        env={"GPUSLICE_SIM_CONTROL_DIR": str(control_dir), **(env or {})},
     )  # fmt: skip
     await daemon.start()
     state = DraNode(

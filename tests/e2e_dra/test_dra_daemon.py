@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -216,14 +217,15 @@ async def test_bad_claims_get_their_own_error_and_disturb_nothing(
             (await node.prepare(twice))[twice.uid].error
         )
         # a claim replaced under the same name, and one not allocated at all
-        stale = good.__class__(good.namespace, "not-the-uid", good.name)
-        assert "deleted and created again" in (await node.prepare(stale))["not-the-uid"].error
+        other_uid, missing_uid = str(uuid.uuid4()), str(uuid.uuid4())
+        stale = good.__class__(good.namespace, other_uid, good.name)
+        assert "deleted and created again" in (await node.prepare(stale))[other_uid].error
         api.add_claim(claim_obj("pending", [request("gpu")]))
         pending = api.claim("default", "pending")["metadata"]["uid"]
         ref = good.__class__("default", pending, "pending")
         assert "not allocated" in (await node.prepare(ref))[pending].error
-        missing = good.__class__("default", "uid-x", "no-such-claim")
-        assert "not found" in (await node.prepare(missing))["uid-x"].error
+        missing = good.__class__("default", missing_uid, "no-such-claim")
+        assert "not found" in (await node.prepare(missing))[missing_uid].error
         assert node.daemon.running
         assert (await node.prepare(good))[good.uid].error == ""
 
