@@ -16,6 +16,8 @@ relative to a baseline taken in the same run on the same daemon:
 - sigterm: SIGTERM with 20 Allocates in flight; outcomes, exit code, sockets left.
 - corpus: every hostile config of `gpuslice.testing.hostile_configs` through live reload;
   rejected count, devices still advertised, rejection time / a valid reload's time.
+- claims (`faults_claims.py`, a DRA daemon of its own): a hung MPS start, a cancelled
+  Prepare and path-hostile claim names; see that module.
 
     PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick]
 """
@@ -47,6 +49,9 @@ from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.hostile_configs import HOSTILE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faults_claims import scenario_claims
 
 NODE = "sim:8xh100-80gb"
 RES = "nvidia.com/gpu"
@@ -349,6 +354,7 @@ async def main() -> None:
         await scenario_sigkill(n, 5 if not q else 1)
     async with node() as n:
         await scenario_sigterm(n, 20)
+    await scenario_claims(q)
 
 
 if __name__ == "__main__":
