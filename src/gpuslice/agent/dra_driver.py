@@ -9,6 +9,14 @@ claim's CDI spec and records `PrepareCompleted` with what it returned. A repeate
 returns the recorded answer without touching the node again; Unprepare undoes exactly what
 the record says, and succeeds for a claim it never prepared.
 
+Claims are independent: each is prepared on its own task, serialized only with work on the
+same claim and, step by step, with work on the same GPU; devices are reserved before the
+first slow step, so the overlap guard holds for claims still in flight. Every step has a
+deadline, and so has each claim, all shorter than the kubelet's 45 s. A Prepare that fails
+or is cancelled (the kubelet's deadline) is undone to its end before the cancellation goes
+on, and its record is dropped: the checkpoint never holds a half-done claim as prepared.
+Claim names are checked (`core.dra.names`) before anything is read or created for them.
+
 The record survives restarts (`core.dra.prepared`): a file that does not decode is moved
 aside and reported instead of crash-looping the agent, and a record from before a reboot
 is dropped with every CDI spec it left, since nothing it describes exists any more.
