@@ -67,6 +67,7 @@ from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import LIST_AND_WATCH, DevicePluginClient, unix_target
 from gpuslice.kubelet.state import PlanState
+from gpuslice.logs import get_logger
 
 RESOURCE = "nvidia.com/gpu"
 SMALL = ("sim:2xa100-40gb", 4)
@@ -157,10 +158,13 @@ def _control_handler(state: PlanState, sick: str, streams: DiscardingCounter) ->
 async def serving(root: Path) -> AsyncIterator[Endpoints]:
     """The baseline server, a control server and one DevicePluginManager per plan."""
     streams = DiscardingCounter()
-    log = logging.getLogger("gpuslice.bench.server")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    log.addHandler(streams)
+    records = logging.getLogger("gpuslice.bench.server")
+    records.setLevel(logging.INFO)
+    records.propagate = False
+    records.addHandler(streams)
+    # the managers log through the structured logger (as in the daemon); its records land
+    # on the stdlib logger of the same name, so the handler above still sees every line
+    log = get_logger("gpuslice.bench.server")
     small_plan, small_inv = time_slicing_plan(*SMALL)
     large_plan, large_inv = time_slicing_plan(*LARGE)
     states = {"small": PlanState(small_plan, small_inv), "large": PlanState(large_plan, large_inv)}

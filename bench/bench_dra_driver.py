@@ -339,6 +339,18 @@ async def measure(root: Path, uids: Mapping[str, str], api: ApiDouble, rounds: i
         f"one API GET alone (ref. - baseline) = {(get50 - b50) * 1e3:.3f} ms"
     )
 
+    def x50(name: str) -> str:
+        return f"{percentile(samples[name], 0.5) / b50:.2f}x"
+
+    print(
+        "Closing note: through the real driver, a fresh Prepare costs "
+        f"{x50('Prepare, fresh claim (API)')} an empty unary call at p50 with the claim read "
+        f"from the API ({x50('empty unary + 1 API GET (ref.)')} for the call and one GET "
+        f"alone) and {x50('Prepare, fresh claim (in-memory store)')} from memory; a repeated "
+        f"Prepare {x50('Prepare, repeated (in-memory store)')}, an Unprepare "
+        f"{x50('Unprepare (in-memory store)')}."
+    )
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)

@@ -192,6 +192,16 @@ async def measure(api: ApiDouble, rounds: int) -> None:
     for name, reqs in counts.items():
         print(f"  {name}: {', '.join(reqs)}")
 
+    def x50(name: str) -> str:
+        return f"{percentile(samples[name], 0.5) / b50:.2f}x ({len(counts.get(name, []))} HTTP)"
+
+    print(
+        f"Closing note: against one GET of the Node at p50, the first publish costs "
+        f"{x50('first publish (create)')}, a no-change resync {x50('no-change resync')}, a "
+        f"health change {x50('health change (republish)')}; the pure part "
+        f"{percentile(samples['pure: wanted devices + plan'], 0.5) / b50:.2f}x."
+    )
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)

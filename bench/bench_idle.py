@@ -22,7 +22,10 @@ whose event wait sleeps its whole timeout. It measures gpuslice's own wake-ups o
 path (health wait slices, metrics and guard polls), not the driver's cost of each call.
 
     .venv/bin/python bench/bench_idle.py [--window 20] [--settle 5] [--sim-control]
-        [--nvml-stand-in]
+        [--nvml-stand-in] [--quick]
+
+`--quick` (a 3 s window after 1 s): the smoke run CI does. One clock tick is then 0.3 % of
+a core, the whole target, so its CPU figure says the script works, nothing more.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ CONFIG = (
 )
 TARGET_CPU_PCT = 0.3
 TARGET_RSS_MIB = 80.0
+QUICK_WINDOW_S, QUICK_SETTLE_S = 3.0, 1.0
 SIM_NODE = "sim:8xh100-80gb"
 STAND_IN = Path(__file__).resolve().parent / "nvml_stand_in"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -157,6 +161,8 @@ async def run(window_s: float, settle_s: float, sim_control: bool, nvml_stand_in
                 if codes.get(name) != 0:
                     print(f"--- {name} exited {codes.get(name)}:", file=sys.stderr)
                     print(daemon.log(), file=sys.stderr)
+            if any(code != 0 for code in codes.values()):
+                raise SystemExit("a daemon did not exit cleanly: its figures are not an idle one's")
     elapsed = t1 - t0
     b_cpu = (b1 - b0) / TICK / elapsed * 100
     resolution = 1 / TICK / elapsed * 100
@@ -166,6 +172,7 @@ async def run(window_s: float, settle_s: float, sim_control: bool, nvml_stand_in
     print(f"{'':<38} {'CPU % core':>10} {'RSS MiB':>9} {'wakes/s':>8}")
     b_wakes = (bw1 - bw0) / elapsed
     print(f"{'baseline: idle asyncio process':<38} {b_cpu:10.3f} {b_rss:9.1f} {b_wakes:8.1f}")
+    closing = []
     for name in pids:
         d_cpu = (after[name] - before[name]) / TICK / elapsed * 100
         d_rss = rss[name]
@@ -178,6 +185,13 @@ async def run(window_s: float, settle_s: float, sim_control: bool, nvml_stand_in
             f"{d_cpu / TARGET_CPU_PCT:.2f}x of {TARGET_CPU_PCT} %, "
             f"RSS {d_rss / TARGET_RSS_MIB:.2f}x of {TARGET_RSS_MIB:g} MiB"
         )
+        closing.append(
+            f"{name.split(' ')[0]} daemon CPU {d_cpu / TARGET_CPU_PCT:.2f}x the "
+            f"{TARGET_CPU_PCT} % target, RSS {d_rss / b_rss:.2f}x the idle asyncio process "
+            f"({d_rss / TARGET_RSS_MIB:.2f}x the {TARGET_RSS_MIB:g} MiB target), "
+            f"{d_wakes:.1f} wake-ups/s"
+        )
+    print(f"Closing note: idle over {elapsed:.1f} s, " + "; ".join(closing) + ".")
 
 
 def main() -> None:
@@ -190,7 +204,12 @@ def main() -> None:
         action="store_true",
         help="also measure a daemon on --node nvml over bench/nvml_stand_in/pynvml.py",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="--window 3 --settle 1: a smoke run, not a figure"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.window, args.settle = QUICK_WINDOW_S, QUICK_SETTLE_S
     if args.window <= 0 or args.settle < 0:
         parser.error("--window must be > 0 and --settle >= 0")
     asyncio.run(run(args.window, args.settle, args.sim_control, args.nvml_stand_in))

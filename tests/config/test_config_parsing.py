@@ -364,3 +364,19 @@ def test_a_stream_keeps_every_document_in_order() -> None:
     docs = load_documents("kind: Namespace\n---\nkind: ConfigMap\ndata: {a: b}\n---\n")
     # a trailing `---` starts an empty document, as in PyYAML's safe_load_all
     assert docs == [{"kind": "Namespace"}, {"kind": "ConfigMap", "data": {"a": "b"}}, None]
+
+
+def test_manifests_keep_date_like_scalars_as_strings_configs_refuse_impossible_dates() -> None:
+    """Kubernetes reads `2001-02-30` (and `2001-02-28`) in a manifest as a string; a config
+    has no date fields, so there an impossible date is a rejection with its position."""
+    from gpuslice.core.config.parsing import load_documents
+
+    text = "a: 2001-02-30\nb: 2001-02-28 10:00:00\nc: 1\n---\n- 2001-02-30\n"
+    assert load_documents(text, timestamps=False) == [
+        {"a": "2001-02-30", "b": "2001-02-28 10:00:00", "c": 1},
+        ["2001-02-30"],
+    ]
+    with pytest.raises(ConfigError, match=r"line 1, column 4: cannot read '2001-02-30'"):
+        load_documents(text)
+    with pytest.raises(ConfigError, match="nested more than"):
+        load_documents("- " * 100_000 + "x\n", timestamps=False)

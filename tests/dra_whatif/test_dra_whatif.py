@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -332,7 +333,7 @@ spec:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("a: [\n", "not YAML (line 2)"),
+        ("a: [\n", "YAML syntax error at line 2"),
         ("- 1\n", "not an object"),
         ("kind: Pod\nmetadata: {name: p}\n", "kind 'Pod' is not a ResourceClaim"),
         ("kind: ResourceClaim\nspec: {}\n", "metadata.name is missing"),
@@ -367,3 +368,27 @@ def test_device_classes_replace_the_default_ones(sock_dir: Path) -> None:
     (c,) = what_if(inventory, plan, [claim("x")], classes).claims
     assert not c.fits
     assert "no device matches device class 'gpu.nvidia.com'" in c.error
+
+
+def test_claims_from_kubectl_get_o_json_are_read() -> None:
+    text = json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": "a", "namespace": "ml"},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                            ]
+                        }
+                    },
+                }
+            ],
+        }
+    )
+    (loaded,) = load_claims(text)
+    assert loaded["metadata"] == {"name": "a", "namespace": "ml"}

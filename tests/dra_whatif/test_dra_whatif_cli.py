@@ -147,7 +147,7 @@ def test_the_readme_example_fits_and_prints_a_table() -> None:
     [
         ("kind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requests: [{name: g}]}}\n",
          "needs exactly or a firstAvailable list"),
-        ("kind: ResourceClaim\nmetadata: {name: [\n", "not YAML"),
+        ("kind: ResourceClaim\nmetadata: {name: [\n", "YAML syntax error at line 3"),
         ("kind: DeviceClass\nmetadata: {name: x}\n", "is not a ResourceClaim"),
     ],
 )  # fmt: skip

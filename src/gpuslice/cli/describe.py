@@ -22,12 +22,18 @@ from gpuslice.cli.main import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
+from gpuslice.host.configfiles import MAX_BYTES
+from gpuslice.host.textfile import read_text
 
 if TYPE_CHECKING:
     from gpuslice.emulator.dra_whatif import ClaimOutcome, SliceDevice, WhatIf
 
 EXIT_NOT_ALL_FIT = 1
 """`describe --claims`: at least one claim would not be allocated or prepared."""
+
+MAX_CLAIMS_BYTES = MAX_BYTES
+"""Largest claims or DeviceClass file read: a config file's cap (1 MiB), thousands of
+claims, more than one node could hold."""
 
 
 def _render_table(view: NodeView, report: DescribeReport, console: Console) -> None:
@@ -102,7 +108,7 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
 @click.option(
     "--claims",
     "claims_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
     help="ResourceClaims (YAML, several documents or a kind: List): what each would get "
     "from this node in DRA mode, in file order.",
@@ -110,7 +116,7 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
 @click.option(
     "--device-classes",
     "classes_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
     help="DeviceClasses to use with --claims instead of NVIDIA's gpu.nvidia.com and "
     "mig.nvidia.com.",
@@ -176,12 +182,11 @@ def _describe_claims(
 
 
 def _read(path: Path) -> str:
-    from gpuslice.emulator.dra_whatif import ClaimsFileError
-
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClaimsFileError(f"{path}: cannot be read: {exc}") from None
+    """Read as config files are: a FIFO, a directory, a loop or a 300 MB file is one
+    `error:` line naming the file (`UnreadableFile`), not a hang, a traceback or a read
+    that fills memory. The path is not checked by click first: its "does not exist" would
+    hide why a symlink loop or a dangling link cannot be read."""
+    return read_text(path, MAX_CLAIMS_BYTES)[0]
 
 
 def slices_table(devices: Sequence[SliceDevice], title: str) -> Table:

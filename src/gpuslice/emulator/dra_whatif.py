@@ -24,9 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
-
 from gpuslice.core.attribution import entitlement_of
+from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import MPS_PIPE_IN_CONTAINER, CdiDevice, claim_spec
 from gpuslice.core.dra.claimplan import claims_plan
@@ -49,7 +48,7 @@ from gpuslice.core.dra.publish import (
     slice_specs,
 )
 from gpuslice.core.dra.sharing import INTERVALS, quantity_mib
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.sharing.model import Plan
 from gpuslice.emulator.dra_allocator import AllocationError, allocate
 
@@ -94,14 +93,14 @@ class ClaimsFileError(GpusliceError):
 
 
 def _documents(text: str, source: str) -> list[tuple[str, Json]]:
-    """(where, object) for every object of a multi-document YAML, `kind: List` unpacked."""
+    """(where, object) for every object of a multi-document YAML (or `kubectl -o json`),
+    `kind: List` unpacked. Loaded by the config loader, under its bounds on nesting, alias
+    expansion and integer size, with date-like scalars left as the strings Kubernetes
+    sees."""
     try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ClaimsFileError(f"{source}: not YAML{at}: {problem}") from None
+        docs = load_documents(text, source, timestamps=False)
+    except ConfigError as exc:
+        raise ClaimsFileError(f"{source}: " + "; ".join(map(str, exc.problems))) from None
     out: list[tuple[str, Json]] = []
     for i, doc in enumerate(docs):
         where = f"{source}: document {i + 1}"

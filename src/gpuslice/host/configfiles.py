@@ -6,21 +6,19 @@ manifest (`kind: ConfigMap`, `data:`) or as Helm values (`config.default` + `con
 All of them end up as `NamedConfigs`: name -> raw text, plus the default name if the source
 says one. Parsing and validating the text is the core's job; this module only reads.
 
-Reading cannot hurt the daemon: a path is opened non-blocking and read only if `fstat`
-says it is a regular file (a FIFO or a symlink to `/dev/zero` would block or never end),
-at most MAX_BYTES are read (a ConfigMap's own cap), and bytes that are not UTF-8 are a
-rejection. Every failure, a missing, dangling or looping path included, is a ConfigError.
+Reading cannot hurt the daemon: every file goes through `host.textfile.read_text` (regular
+files only, opened non-blocking, at most MAX_BYTES, a ConfigMap's own cap, UTF-8 only).
+Every failure, a missing, dangling or looping path included, is a ConfigError.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.errors import ConfigError, FieldProblem
+from gpuslice.host.textfile import UnreadableFile, read_text
 
 MAX_BYTES = 1024 * 1024
 """Largest config file (or directory of them, in total) read: 1 MiB, a ConfigMap's limit."""
@@ -43,58 +41,12 @@ def _refuse(path: Path, message: str) -> ConfigError:
     return ConfigError([FieldProblem("", message)], source=str(path))
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_bounded(path: Path, limit: int = MAX_BYTES) -> tuple[str, tuple[str, int, int]]:
-    """The UTF-8 text of a regular file of at most `limit` bytes, with its fingerprint
-    taken from the open file. Never blocks: the open is non-blocking and the file type is
-    checked on the descriptor (no race with a swap between a check and the open)."""
+    """`textfile.read_text` with its refusals as the ConfigError the reload loop reports."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise _refuse(path, f"cannot read it: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _refuse(path, f"it is {_kind(st.st_mode)}, not a regular file")
-        if st.st_size > limit:
-            raise _refuse(path, f"it is {st.st_size} bytes; at most {limit} are read")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit:
-            chunk = os.read(fd, min(65536, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:  # grew after the fstat
-            raise _refuse(path, f"it is more than {limit} bytes; at most {limit} are read")
-        after = os.fstat(fd)
-    except OSError as exc:
-        raise _refuse(path, f"cannot read it: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise _refuse(path, f"it is not UTF-8{hint}: invalid byte at offset {exc.start}") from None
-    # the fingerprint of what was read: a file written to while it was read gets one that
-    # matches no stat of it (size -1), so the reload loop does not take it as settled
-    size = after.st_size if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, total) else -1
-    return text, (str(path), after.st_mtime_ns, size)
+        return read_text(path, limit)
+    except UnreadableFile as exc:
+        raise _refuse(path, exc.reason) from None
 
 
 def _fingerprint(paths: list[Path]) -> tuple[tuple[str, int, int], ...]:

@@ -92,6 +92,18 @@ class _StrictLoader(yaml.SafeLoader):
             ) from None
 
 
+class _PlainDatesLoader(_StrictLoader):
+    """The strict loader with no implicit timestamps: `2001-02-30` and `2024-05-01` stay
+    the strings they are to Kubernetes (its YAML reader hands timestamp-like scalars to
+    JSON as strings), so a manifest's annotation cannot fail on, or turn into, a date."""
+
+
+_PlainDatesLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _StrictLoader.yaml_implicit_resolvers.items()
+}
+
+
 _INT_TAG = "tag:yaml.org,2002:int"
 
 
@@ -185,11 +197,11 @@ def _load_yaml(text: str) -> object:
         loader.dispose()
 
 
-def _load_yaml_all(text: str) -> list[object]:
+def _load_yaml_all(text: str, loader_class: type[_StrictLoader]) -> list[object]:
     """Every document of a multi-document stream, under the same bounds, with MAX_NODES
     counted over the whole stream (many small alias bombs are one big one)."""
     _flow_depth(text)
-    loader = _StrictLoader(text)
+    loader = loader_class(text)
     try:
         docs: list[object] = []
         total = 0
@@ -265,11 +277,14 @@ def load_document(text: str, source: str = "<config>") -> object:
     return _guarded(lambda: _load(text, source, many=False), source)
 
 
-def load_documents(text: str, source: str = "<config>") -> list[object]:
+def load_documents(text: str, source: str = "<config>", *, timestamps: bool = True) -> list[object]:
     """Every document of a YAML stream (a `kubectl apply -f` file often holds a Namespace
     and the ConfigMap), within the same bounds; used by the file reader to recognise
-    ConfigMap manifests and Helm values. JSON is one document."""
-    docs = _guarded(lambda: _load(text, source, many=True), source)
+    ConfigMap manifests and Helm values, and for Kubernetes manifests read as Kubernetes
+    reads them (`timestamps=False`: a date-like scalar stays a string). JSON is one
+    document."""
+    loader_class = _StrictLoader if timestamps else _PlainDatesLoader
+    docs = _guarded(lambda: _load(text, source, many=True, loader_class=loader_class), source)
     assert isinstance(docs, list)
     return docs
 
@@ -297,7 +312,9 @@ def _unexpected(exc: BaseException) -> str:
     return f"cannot load the document ({type(exc).__name__}: {detail})"
 
 
-def _load(text: str, source: str, *, many: bool) -> object:
+def _load(
+    text: str, source: str, *, many: bool, loader_class: type[_StrictLoader] = _StrictLoader
+) -> object:
     """One document, or with `many` the list of a stream's documents."""
     try:
         if text.lstrip().startswith("{"):
@@ -308,7 +325,7 @@ def _load(text: str, source: str, *, many: bool) -> object:
             else:
                 _json_depth(doc)
                 return [doc] if many else doc
-        return _load_yaml_all(text) if many else _load_yaml(text)
+        return _load_yaml_all(text, loader_class) if many else _load_yaml(text)
     except _Refused as exc:
         raise ConfigError([FieldProblem("", exc.message + _at(exc.mark))], source=source) from None
     except _DuplicateKey as dup:
