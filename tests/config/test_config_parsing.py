@@ -61,10 +61,36 @@ def test_null_values_take_the_default() -> None:
 @pytest.mark.parametrize("block", ["timeSlicing", "mps"])
 def test_empty_sharing_block_is_refused_like_nvidia_replicas_go(block: str) -> None:
     """NVIDIA `api/config/v1/replicas.go` (UnmarshalJSON): a present but empty block has no
-    resources and is refused with "no resources specified", whether written `{}` or null."""
-    for text in (f"sharing:\n  {block}:\n", f"sharing:\n  {block}: null\n"):
-        with pytest.raises(ConfigError, match="no resources specified"):
+    resources and is refused with "no resources specified"."""
+    with pytest.raises(ConfigError, match="no resources specified"):
+        parse_config(f"sharing:\n  {block}: {{}}\n")
+
+
+def test_null_time_slicing_is_refused_like_nvidia() -> None:
+    """`Sharing.TimeSlicing` is a struct value in NVIDIA's `api/config/v1/sharing.go`:
+    encoding/json hands null to its UnmarshalJSON, which finds no resources."""
+    for text in ("sharing:\n  timeSlicing:\n", "sharing:\n  timeSlicing: null\n"):
+        with pytest.raises(ConfigError, match=r"sharing\.timeSlicing\.resources: no resources"):
             parse_config(text)
+
+
+@pytest.mark.parametrize("text", ["sharing:\n  mps:\n", "sharing:\n  mps: null\n"])
+def test_null_mps_means_nothing_is_shared_by_mps_like_nvidia(text: str) -> None:
+    """`Sharing.MPS` is a pointer in NVIDIA's `api/config/v1/sharing.go`: null leaves it nil,
+    so the config shares nothing by MPS and the node advertises whole GPUs."""
+    config = parse_config(text)
+    assert config.sharing.mps is None
+    assert config == parse_config("")
+
+
+def test_null_mps_beside_time_slicing_keeps_the_time_slicing() -> None:
+    config = parse_config(
+        "sharing:\n  mps: null\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
+    assert config.sharing.mps is None
+    assert config.sharing.time_slicing is not None
+    assert config.sharing.time_slicing.resources[0].replicas == 4
 
 
 def test_vfio_discovery_is_refused_like_nvidia_plugin_main_go() -> None:

@@ -347,10 +347,12 @@ def _load(
 _TOO_DEEP = "the document is nested too deeply to be a config"
 
 
-_EMPTY_WHEN_NULL = frozenset({("sharing", "timeSlicing"), ("sharing", "mps")})
-"""`timeSlicing:` with nothing under it is a block the user wrote, not an unset key: NVIDIA
-unmarshals it into an empty block and refuses it ("no resources specified",
-`api/config/v1/replicas.go`), rather than loading a config that silently shares nothing."""
+_EMPTY_WHEN_NULL = frozenset({("sharing", "timeSlicing")})
+"""`timeSlicing:` with nothing under it is refused as an empty block, as NVIDIA does: its
+`Sharing.TimeSlicing` is a struct value, so encoding/json hands the null to
+`ReplicatedResources.UnmarshalJSON`, which finds no resources ("no resources specified",
+`api/config/v1/replicas.go`). `Sharing.MPS` is a pointer, so a null `mps:` is left nil there:
+nothing is shared by MPS, and here it is unset like any other null key."""
 
 
 def _without_nulls(value: object, path: tuple[str, ...] = ()) -> object:
