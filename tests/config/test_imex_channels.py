@@ -1,4 +1,5 @@
-"""IMEX channels checked on the host as NVIDIA's `internal/imex/imex.go` (GetChannels) does."""
+"""IMEX channels looked up as NVIDIA's `internal/imex/imex.go` (GetChannels) does: under the
+dev root of the container driver root (`getDevRoot`), then at the plain /dev path."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.sharing.plan import build_plan
 
 
-def _config(dev_root: Path, required: bool) -> str:
+def _config(driver_root: Path, required: bool) -> str:
     return (
-        f"flags:\n  nvidiaDevRoot: {dev_root}\n"
+        f"flags:\n  plugin:\n    containerDriverRoot: {driver_root}\n"
         f"imex:\n  channelIDs: [0]\n  required: {'true' if required else 'false'}\n"
     )
 
@@ -52,3 +53,27 @@ def test_present_channel_is_granted_in_the_plan(tmp_path: Path) -> None:
         backend.close()
     plan = with_imex(build_plan(inv, config), config)
     assert plan.allocate.imex_channels == (0,)
+
+
+def test_the_channel_is_looked_up_under_the_container_driver_root_not_the_host_dev_root(
+    tmp_path: Path,
+) -> None:
+    """nvidiaDevRoot is the host's path (it goes into the device spec); what the agent can
+    see is the container driver root, so a channel only under nvidiaDevRoot is not found."""
+    host = tmp_path / "host"
+    _channel(host).symlink_to("/dev/null")
+    text = (
+        f"flags:\n  nvidiaDevRoot: {host}\n  plugin:\n    containerDriverRoot: {tmp_path}/none\n"
+        "imex:\n  channelIDs: [0]\n  required: false\n"
+    )
+    assert present_channels(parse_config(text)) == ()
+
+
+def test_a_driver_root_without_dev_means_the_dev_root_is_slash(tmp_path: Path) -> None:
+    """getDevRoot: a root with no `dev` directory is not a dev root, so NVIDIA looks at
+    /dev itself; the error names both places it looked."""
+    (tmp_path / "usr").mkdir()
+    with pytest.raises(ImexChannelMissing) as refused:
+        present_channels(parse_config(_config(tmp_path, required=True)))
+    assert str(tmp_path) not in str(refused.value)
+    assert "/dev/nvidia-caps-imex-channels/channel0" in str(refused.value)

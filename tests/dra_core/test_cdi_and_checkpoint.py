@@ -117,3 +117,24 @@ def test_a_flipped_byte_is_a_checksum_mismatch() -> None:
 @given(st.binary(max_size=300))
 def test_no_bytes_make_decode_raise(raw: bytes) -> None:
     assert decode(raw, "b").status in ("corrupt", "ok")
+
+
+def test_device_nodes_under_another_dev_root_name_their_host_path() -> None:
+    spec = claim_spec("abc", [CdiDevice("gpu-0", "GPU-a", 3)], host_dev_root="/run/nvidia/driver/")
+    (device,) = spec["devices"]
+    assert device["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3", "hostPath": "/run/nvidia/driver/dev/nvidia3"}
+    ]
+    assert spec["containerEdits"]["deviceNodes"][0] == {
+        "path": "/dev/nvidiactl",
+        "hostPath": "/run/nvidia/driver/dev/nvidiactl",
+    }
+    # a name that starts with a letter would allow 0.3.0; hostPath needs 0.5.0
+    assert spec["cdiVersion"] == "0.5.0"
+
+
+def test_device_nodes_in_the_hosts_dev_have_no_host_path() -> None:
+    spec = claim_spec("abc", [CdiDevice("gpu-0", "GPU-a", 0)], host_dev_root="/")
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert all("hostPath" not in n for n in spec["containerEdits"]["deviceNodes"])
+    assert spec["cdiVersion"] == "0.3.0"

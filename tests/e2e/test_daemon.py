@@ -234,7 +234,7 @@ async def test_imex_channels_follow_nvidia_imex_go(sock_dir: Path) -> None:
     imex = "imex:\n  channelIDs: [0]\n  required: true\n"
     config = (
         f"version: v1\nflags:\n  nvidiaDevRoot: {dev_root}\n  plugin:\n"
-        f"    passDeviceSpecs: true\n{imex}"
+        f"    containerDriverRoot: {dev_root}\n    passDeviceSpecs: true\n{imex}"
     )
     path = sock_dir / "imex.yaml"
     path.write_text(config, encoding="utf-8")

@@ -50,6 +50,31 @@ def _uuid(node: DraNode, device: str) -> str:
     return str(node.devices()[device]["attributes"]["uuid"]["string"])
 
 
+async def test_device_nodes_under_a_driver_containers_root_get_their_host_path(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """NVIDIA's getDevRoot: a driver root seen in the agent's container that holds `dev/`
+    is the dev root, so each device node's hostPath is under the host's driver root while
+    its path is what the container sees; a runtime would otherwise stat /dev/nvidiactl."""
+    seen = sock_dir / "driver-root"
+    (seen / "dev").mkdir(parents=True)
+    (seen / "dev" / "nvidiactl").write_text("")
+    args = ["--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(seen)]
+    async with running_dra_node(sock_dir, api, args=args) as node:
+        ref = node.allocate(claim_obj("c1", [request("gpu")]), devices={"gpu": "gpu-0"})
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        spec = node.cdi_spec(ref.uid)
+        assert spec["cdiVersion"] == "0.5.0"  # hostPath came with CDI 0.5.0
+        assert _device_edits(spec, "gpu-0")["deviceNodes"] == [
+            {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}
+        ]
+        assert spec["containerEdits"]["deviceNodes"] == [
+            {"path": f"/dev/{n}", "hostPath": f"/run/nvidia/driver/dev/{n}"}
+            for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+        ]
+        assert await node.unprepare(ref) == {ref.uid: ""}
+
+
 async def test_exclusive_claim_prepared_idempotently_then_unprepared(
     sock_dir: Path, api: FakeApiServer
 ) -> None:

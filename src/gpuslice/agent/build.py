@@ -37,6 +37,7 @@ from gpuslice.dra.server import DraServerSettings
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME, CheckpointFile, boot_id
+from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.k8s import (
     NodeEvents,
@@ -124,6 +125,14 @@ def _current_plan(agent: Agent) -> tuple[Plan, Inventory] | None:
     return snap.plan, snap.inventory
 
 
+def _host_dev_root(agent: Agent) -> str:
+    """Where the device nodes are on the host, from the config in force (`host.devroot`)."""
+    if agent.loaded is None:
+        return "/"
+    flags = agent.loaded.config.flags
+    return host_dev_root(flags.plugin.container_driver_root, flags.effective_dev_root)
+
+
 def wire_dra(
     agent: Agent,
     dra: DraSettings,
@@ -171,6 +180,7 @@ def wire_dra(
         mps=mps,
         timeslice=timeslice if timeslice is not None else NvidiaSmiTimeslice(dra.nvidia_smi),
         warn=warn,
+        host_dev_root=lambda: _host_dev_root(agent),
     )
     publisher = SlicePublisher(
         objects,

@@ -74,7 +74,6 @@ class DriverSettings:
     """The node's name: the pool every device of this node is published in."""
     mps_root: str
     """Where claim MPS daemons keep their pipe, log and shm directories."""
-    dev_root: str = "/dev"
     mps_ready_timeout_s: float = 10.0
     """How long Prepare waits for a new MPS daemon to answer before failing the claim."""
     api_timeout_s: float = 15.0
@@ -125,7 +124,10 @@ class DraDriver:
         mps: MpsDaemonManager | None = None,
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
+        host_dev_root: Callable[[], str] = lambda: "/",
     ) -> None:
+        """`host_dev_root` says where the device nodes are on the host (`host.devroot`);
+        it is asked at each Prepare, so a config reload that moves the driver root counts."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -135,6 +137,7 @@ class DraDriver:
         self._mps = mps
         self._timeslice = timeslice
         self._warn = warn
+        self._host_dev_root = host_dev_root
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -314,7 +317,8 @@ class DraDriver:
             await self._write()
             await self._apply(prepared, applied)
             devices = self._prepared_devices(work)
-            spec = claim_spec(ref.uid, prepared.cdi, dev_root=self.settings.dev_root)
+            dev_root = await asyncio.to_thread(self._host_dev_root)
+            spec = claim_spec(ref.uid, prepared.cdi, host_dev_root=dev_root)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
             self._claims[ref.uid] = replace(

@@ -1,9 +1,13 @@
-"""IMEX channels: which configured channels exist on the host, checked as NVIDIA does.
+"""IMEX channels: which configured channels exist, looked up as NVIDIA does.
 
-NVIDIA's plugin (`internal/imex/imex.go`, `GetChannels`) looks for each configured channel's
-device node under the device root; a missing channel is skipped with a warning, unless
-`imex.required` is set, when the plugin refuses to start. The core's Allocate response then
-adds only the channels found here.
+NVIDIA's plugin (`internal/imex/imex.go`, `GetChannels`, called with
+`root(containerDriverRoot).getDevRoot()` from `cmd/nvidia-device-plugin/plugin-manager.go`)
+looks for each configured channel's character device under the dev root the plugin's
+container sees (the container driver root when it holds `dev/`, else `/`), and also at the
+plain `/dev/...` path, where a channel injected into the agent's own container appears. A
+missing channel is skipped with a warning, unless `imex.required` is set, when the plugin
+refuses to start. The core's Allocate response then adds only the channels found here
+(its device spec's host path is under nvidiaDevRoot, as NVIDIA's `server.go` writes it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from gpuslice.core.allocation.response import imex_channel_path
 from gpuslice.core.config import Config
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.sharing.model import Plan
+from gpuslice.host.devroot import container_dev_root
 from gpuslice.logs import get_logger
 
 log = get_logger("gpuslice.agent")
@@ -32,24 +37,31 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _candidates(dev_root: str, channel: int) -> list[Path]:
+    container_path = imex_channel_path(channel)
+    under_root = Path(dev_root) / container_path.lstrip("/")
+    return [under_root] if str(under_root) == container_path else [under_root, Path(container_path)]
+
+
 def present_channels(config: Config) -> tuple[int, ...]:
-    """The configured channels whose character device exists under `nvidiaDevRoot`."""
-    root = Path(config.flags.effective_dev_root)
+    """The configured channels whose character device exists under the dev root seen from
+    here (`flags.plugin.containerDriverRoot`'s, as NVIDIA's getDevRoot picks it) or at its
+    plain `/dev` path."""
+    dev_root = container_dev_root(config.flags.plugin.container_driver_root)
     found: list[int] = []
     for channel in config.imex.channel_ids:
-        path = root / imex_channel_path(channel).lstrip("/")
-        if _exists(path):
+        paths = _candidates(dev_root, channel)
+        if any(_exists(p) for p in paths):
             found.append(channel)
-        elif config.imex.required:
+            continue
+        where = " or ".join(str(p) for p in paths)
+        if config.imex.required:
             raise ImexChannelMissing(
                 f"imex.required is true but IMEX channel {channel} does not exist: no "
-                f"character device at {path}; create the channel (the IMEX daemon or "
+                f"character device at {where}; create the channel (the IMEX daemon or "
                 "`nvidia-modprobe -i`), or set imex.required: false to start without it"
             )
-        else:
-            log.warning(
-                "imex-channel-missing", channel=channel, path=str(path), message="ignoring it"
-            )
+        log.warning("imex-channel-missing", channel=channel, path=where, message="ignoring it")
     return tuple(found)
 
 

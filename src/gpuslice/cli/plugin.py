@@ -41,6 +41,7 @@ OVERRIDES = {
     "fail_on_init_error": "flags.failOnInitError",
     "nvidia_driver_root": "flags.nvidiaDriverRoot",
     "nvidia_dev_root": "flags.nvidiaDevRoot",
+    "container_driver_root": "flags.plugin.containerDriverRoot",
     "mps_root": "flags.mpsRoot",
     "pass_device_specs": "flags.plugin.passDeviceSpecs",
     "device_list_strategy": "flags.plugin.deviceListStrategy",
@@ -122,6 +123,12 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
 )
 @click.option("--nvidia-driver-root", "--driver-root", envvar="NVIDIA_DRIVER_ROOT", default="/")
 @click.option("--nvidia-dev-root", "--dev-root", envvar="NVIDIA_DEV_ROOT", default="")
+@click.option(
+    "--container-driver-root",
+    envvar="CONTAINER_DRIVER_ROOT",
+    default="/driver-root",
+    help="Where the host's driver root is mounted in the agent's container.",
+)
 @click.option("--mps-root", envvar="MPS_ROOT", default="")
 @click.option(
     "--pass-device-specs/--no-pass-device-specs", envvar="PASS_DEVICE_SPECS", default=False

@@ -54,10 +54,27 @@ def cdi_id(claim_uid: str, device: str, kind: str = CDI_KIND) -> str:
     return f"{kind}={cdi_name(claim_uid, device)}"
 
 
+def device_node(name: str, host_dev_root: str = "/") -> Json:
+    """A device node the container sees at `/dev/<name>`. Its `hostPath` is written only
+    when the node lives under another dev root on the host (a driver container's root):
+    there the runtime must stat `<root>/dev/<name>`, not `/dev/<name>`."""
+    path = f"/dev/{name}"
+    if host_dev_root.rstrip("/") == "":
+        return {"path": path}
+    return {"path": path, "hostPath": f"{host_dev_root.rstrip('/')}{path}"}
+
+
 def claim_spec(
-    claim_uid: str, devices: Sequence[CdiDevice], *, dev_root: str = "/dev", kind: str = CDI_KIND
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    *,
+    host_dev_root: str = "/",
+    kind: str = CDI_KIND,
 ) -> Json:
-    """The spec file's content for one claim (the adapter writes it as YAML)."""
+    """The spec file's content for one claim (the adapter writes it as YAML).
+
+    `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
+    (`host.devroot` decides it as NVIDIA does)."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
     entries: list[Json] = []
@@ -65,7 +82,7 @@ def claim_spec(
         env = {"NVIDIA_VISIBLE_DEVICES": d.uuid, **(d.env or {})}
         edits: Json = {
             "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": [{"path": f"{dev_root}/nvidia{d.minor}"}],
+            "deviceNodes": [device_node(f"nvidia{d.minor}", host_dev_root)],
         }
         if d.mps is not None:
             edits["env"].append(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}")
@@ -76,19 +93,25 @@ def claim_spec(
                 {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
             ]  # fmt: skip
         entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
-    common = [f"{dev_root}/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    common = [
+        device_node(n, host_dev_root) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+    ]
     return {
-        "cdiVersion": minimum_version(entries),
+        "cdiVersion": minimum_version(entries, common),
         "kind": kind,
         "devices": entries,
-        "containerEdits": {"deviceNodes": [{"path": p} for p in common]},
+        "containerEdits": {"deviceNodes": common},
     }
 
 
-def minimum_version(devices: Sequence[Json]) -> str:
+def minimum_version(devices: Sequence[Json], common_nodes: Sequence[Json] = ()) -> str:
     """The lowest `cdiVersion` that allows these devices (runtimes vendor old CDI
     libraries that refuse versions they do not know): 0.5.0 once a name starts with a
-    digit (claim UIDs often do), 0.3.0 otherwise."""
-    if any(str(d["name"])[:1].isdigit() for d in devices):
+    digit (claim UIDs often do) or a device node has a `hostPath` (both came with 0.5.0,
+    the CDI library's `requiresV050`), 0.3.0 otherwise."""
+    nodes = [*common_nodes]
+    for d in devices:
+        nodes.extend(d.get("containerEdits", {}).get("deviceNodes", ()))
+    if any(str(d["name"])[:1].isdigit() for d in devices) or any("hostPath" in n for n in nodes):
         return "0.5.0"
     return "0.3.0"
