@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gpuslice.core.cgroups import PodUid
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory
+from gpuslice.core.health import HealthEvent
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
@@ -32,7 +33,7 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
 )
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
-from gpuslice.ports import ContainerDevices, GpuProcess, GpuStatus, HealthEvent
+from gpuslice.ports import ContainerDevices, GpuProcess, GpuStatus
 
 GPUS, REPLICAS, PROCS_PER_POD = 8, 8, 4
 RESOURCE = ResourceName("nvidia.com/gpu.shared")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, MigDevice, MigUuid
-from gpuslice.core.health import HealthPolicy, HealthState, device_health
+from gpuslice.core.health import NO_INSTANCE, HealthEvent, HealthPolicy, HealthState, device_health
 from gpuslice.core.sharing.model import AdvertisedDevice, DeviceId, PhysicalDevice, replica_id
-from gpuslice.ports import NO_INSTANCE, HealthEvent
 
 
 def _mig(parent: str, j: int, gi: int, ci: int) -> MigDevice:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpuslice.backends.nvml import EVENT_XID, NvmlBackend
-from gpuslice.ports import NO_INSTANCE, HealthEvent
+from gpuslice.core.health import NO_INSTANCE, HealthEvent
 
 UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-aaaaaaaa-0000-0000-0000-000000000002")
 TIMEOUT = 10  # pynvml's NVML_ERROR_TIMEOUT

@@ -21,7 +21,8 @@ from gpuslice.backends.nvml import (
     sysfs_bus_id,
     translate_event,
 )
-from gpuslice.ports import NO_INSTANCE, BackendError, HealthEvent
+from gpuslice.core.health import NO_INSTANCE, HealthEvent
+from gpuslice.ports import BackendError
 
 
 def nvml_loadable() -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import ENV_CONTROL_DIR, ControlDir, SimulatedBackend
-from gpuslice.ports import HealthEvent
+from gpuslice.core.health import HealthEvent
 
 MIB = 1024 * 1024
 

@@ -9,7 +9,8 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
-from gpuslice.ports import BackendError, GpuProcess, HealthEvent
+from gpuslice.core.health import HealthEvent
+from gpuslice.ports import BackendError, GpuProcess
 
 MIB = 1024 * 1024
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gpuslice.cli.main  # (registers the commands first, as the entry point does)
 from gpuslice.cli.describe import MAX_CLAIMS_BYTES
+from gpuslice.cli.main import main
 from gpuslice.emulator.dra_whatif import load_claims
 from gpuslice.testing.hostile_configs import HOSTILE
 
@@ -145,8 +145,6 @@ def test_every_hostile_config_at_the_claims_path_is_refused(tmp_path: Path, name
     path = tmp_path / "claims.yaml"
     path.write_text(CLAIM.format(count=1), encoding="utf-8")
     HOSTILE[name](path)
-    result = CliRunner().invoke(
-        gpuslice.cli.main.main, ["describe", "--node", NODE, "--claims", str(path)]
-    )
+    result = CliRunner().invoke(main, ["describe", "--node", NODE, "--claims", str(path)])
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
     assert_one_error_line(result.exit_code, result.stdout, result.stderr, path, "")

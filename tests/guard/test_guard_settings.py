@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import gpuslice.cli.main  # noqa: F401  (registers the commands first, as the entry point does)
 from gpuslice.cli.plugin import _guard_settings, plugin
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import Reserve

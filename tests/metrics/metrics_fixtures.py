@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, MigDevice, MigUuid
+from gpuslice.core.health import HealthEvent
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
@@ -20,7 +21,7 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
-from gpuslice.ports import GpuProcess, GpuStatus, HealthEvent
+from gpuslice.ports import GpuProcess, GpuStatus
 
 MIB = 1024 * 1024
 

@@ -36,8 +36,9 @@ from typing import Any
 
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
+from gpuslice.core.health import NO_INSTANCE, HealthEvent
 from gpuslice.logs import get_logger
-from gpuslice.ports import NO_INSTANCE, BackendError, GpuProcess, GpuStatus, HealthEvent
+from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
 log = get_logger(__name__)
 

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from gpuslice.cli.common import console, plan_for
 from gpuslice.cli.describe import claims_table, short_ids, slices_table
+from gpuslice.cli.errors import EXIT_BAD_INPUT, reports_errors
 from gpuslice.cli.logsetup import setup_logging
-from gpuslice.cli.main import EXIT_BAD_INPUT, reports_errors
 from gpuslice.cli.output import emit, output_option, plain
 from gpuslice.demo.dra_scenario import DRA_NODE, DemoError, DraDemoResult, DraStep, run_dra_demo
 from gpuslice.demo.scenario import DEFAULT_NODE, TIME_SLICING_CONFIG, DemoResult, Step, run_demo

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.cli.common import NodeView, console, plan_for
-from gpuslice.cli.main import reports_errors
+from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gpuslice.cli.common import plan_for
-from gpuslice.cli.main import reports_errors
+from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.labels import gfd_labels
 

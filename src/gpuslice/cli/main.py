@@ -6,35 +6,9 @@ exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
-
 import click
 
 from gpuslice import __version__
-from gpuslice.core.errors import GpusliceError
-from gpuslice.ports import BackendError
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-EXIT_BAD_INPUT = 2
-
-
-def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn expected errors into `error: ...` on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except (GpusliceError, BackendError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
-
-    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -28,8 +28,8 @@ from gpuslice.agent.settings import (
     GuardSettings,
 )
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
+from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.logsetup import setup_logging
-from gpuslice.cli.main import reports_errors
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.logs import get_logger

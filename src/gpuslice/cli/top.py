@@ -20,7 +20,7 @@ import yaml
 from rich.live import Live
 
 from gpuslice.cli.common import console
-from gpuslice.cli.main import EXIT_BAD_INPUT
+from gpuslice.cli.errors import EXIT_BAD_INPUT
 from gpuslice.metrics.top import render_status
 
 DEFAULT_URL = "http://127.0.0.1:9400"

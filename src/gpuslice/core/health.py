@@ -18,7 +18,31 @@ from typing import Literal
 
 from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.sharing.model import AdvertisedDevice
-from gpuslice.ports import NO_INSTANCE, HealthEvent
+
+HealthEventKind = Literal["xid", "recovered", "lost", "inventory-changed"]
+
+NO_INSTANCE = 0xFFFFFFFF
+"""NVML's marker for "not attributable to a MIG GPU/compute instance"."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """Something the backend observed about one GPU's health.
+
+    `xid` events carry the XID number; under MIG, `gi_id`/`ci_id` say which instance the
+    error belongs to, or are None when NVML could not attribute it (the whole GPU then).
+    `recovered` says the device answers normally again (NVIDIA never recovers; we do).
+    `lost` is a device that stopped answering at all. `inventory-changed` is not about
+    health: the GPU's MIG mode or layout changed (NVML's MIG config change event), and the
+    agent re-plans now instead of at its next periodic inventory read.
+    """
+
+    kind: HealthEventKind
+    gpu_uuid: str
+    xid: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+
 
 DeviceHealth = Literal["Healthy", "Unhealthy"]
 

@@ -23,8 +23,9 @@ from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDe
 from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.health import HealthEvent
 from gpuslice.logs import get_logger
-from gpuslice.ports import BackendError, GpuProcess, GpuStatus, HealthEvent
+from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
 log = get_logger(__name__)
 
