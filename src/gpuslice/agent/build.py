@@ -14,9 +14,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from lightkube import AsyncClient
+from prometheus_client import CollectorRegistry
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
@@ -52,6 +54,7 @@ from gpuslice.k8s.dra import DraApi
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
+from gpuslice.metrics.server import ServerLimits
 from gpuslice.metrics.status import build_status
 from gpuslice.mps import (
     ControlProgram,
@@ -235,6 +238,7 @@ def wire_metrics(
     guard: MemoryGuard | None = None,
     gpu_metrics: bool = True,
     refresher: SnapshotRefresher | None = None,
+    limits: ServerLimits | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -264,7 +268,9 @@ def wire_metrics(
             ready=agent.readiness(),
         )
 
-    server = MetricsServer(registry, host=host, port=port, ready=agent.readiness, status=status)
+    server = MetricsServer(
+        registry, host=host, port=port, ready=agent.readiness, status=status, limits=limits
+    )
 
     async def on_config(_name: str, accepted: bool, _message: str) -> None:
         counters.record_config_reload(accepted)
@@ -284,6 +290,33 @@ def wire_metrics(
     agent.hooks.on_allocate = counters.record_allocate
     if guard is not None:
         guard.on_decision = lambda d: counters.record_guard_decision(d.kind, d.enforced)
+    return server
+
+
+PROBE_LIMITS = ServerLimits(max_connections=128, max_per_address=8, max_scrapes=1)
+"""The probe listener's own capacity: the kubelet opens one connection per probe."""
+
+
+def wire_probes(
+    agent: Agent, *, port: int, host: str = "0.0.0.0", limits: ServerLimits = PROBE_LIMITS
+) -> MetricsServer:
+    """`/healthz` and `/readyz` on a listener of their own (`--health-port`): whatever the
+    scrape port's clients do, the kubelet's probes meet only this listener's clients."""
+    server = MetricsServer(
+        CollectorRegistry(auto_describe=False),
+        host=host,
+        port=port,
+        ready=agent.readiness,
+        limits=limits,
+        routes="probes",
+    )
+
+    async def serve(stop: asyncio.Event) -> None:
+        async with server:
+            log.info("probes-listening", url=server.base_url)
+            await stop.wait()
+
+    agent.hooks.services.append(serve)
     return server
 
 
@@ -500,6 +533,23 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
                 guard=guard,
                 gpu_metrics=settings.gpu_metrics,
                 refresher=refresher,
+                limits=ServerLimits(
+                    head_timeout_s=settings.http_head_timeout_s,
+                    max_per_address=settings.http_max_per_address,
+                ),
+            )
+        if settings.health_port is not None:
+            wire_probes(
+                agent,
+                port=settings.health_port,
+                host=settings.metrics_address,
+                limits=replace(
+                    PROBE_LIMITS,
+                    head_timeout_s=settings.http_head_timeout_s,
+                    max_per_address=min(
+                        PROBE_LIMITS.max_per_address, settings.http_max_per_address
+                    ),
+                ),
             )
         if settings.labels_mode == "file":
             wire_label_file(agent, settings.labels_file)

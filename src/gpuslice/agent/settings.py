@@ -129,6 +129,15 @@ class AgentSettings:
     metrics_address: str = "0.0.0.0"
     """`METRICS_ADDRESS`: address the HTTP endpoint binds (`::` for IPv6, `127.0.0.1` to keep
     it on the node)."""
+    health_port: int | None = None
+    """`HEALTH_PORT`: a listener of the probes' own (`/healthz`, `/readyz` only), so load on
+    the scrape port never reaches them; None: the probes are served on `metrics_port` only.
+    It binds `metrics_address`."""
+    http_head_timeout_s: float = 5.0
+    """`HTTP_HEAD_TIMEOUT`: seconds a client has to send a whole request head to either
+    listener (idle keep-alive time included)."""
+    http_max_per_address: int = 16
+    """`HTTP_MAX_PER_ADDRESS`: connections one client address may hold open on a listener."""
     gpu_metrics: bool = True
     """`GPU_METRICS`: gather GPU and per-pod telemetry (NVML, PodResources, /proc). Off, the
     endpoint still serves the plugin's own counters and the probes, and `/status` has no pods."""

@@ -196,6 +196,29 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Address the metrics/probe endpoint binds (:: for IPv6).",
 )
 @click.option(
+    "--health-port",
+    envvar="HEALTH_PORT",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Also serve /healthz and /readyz alone on this port (the chart's probes use it).",
+)
+@click.option(
+    "--http-head-timeout",
+    envvar="HTTP_HEAD_TIMEOUT",
+    type=click.FloatRange(0, 3600, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds a client has to send a whole request head to the HTTP endpoints.",
+)
+@click.option(
+    "--http-max-per-address",
+    envvar="HTTP_MAX_PER_ADDRESS",
+    type=click.IntRange(1, 100000),
+    default=16,
+    show_default=True,
+    help="Connections one client address may hold open on an HTTP endpoint.",
+)
+@click.option(
     "--gpu-metrics/--no-gpu-metrics",
     envvar="GPU_METRICS",
     default=True,
@@ -414,6 +437,9 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         namespace=params["namespace"],
         metrics_port=params["metrics_port"],
         metrics_address=params["metrics_address"],
+        health_port=params["health_port"],
+        http_head_timeout_s=params["http_head_timeout"],
+        http_max_per_address=params["http_max_per_address"],
         gpu_metrics=params["gpu_metrics"],
         pod_resources_socket=params["pod_resources_socket"],
         metrics_interval_s=params["metrics_interval"],
