@@ -236,18 +236,63 @@ def test_an_nvidia_only_value_is_refused_with_what_to_use_instead(
     assert any(p.startswith(message) and instead in p for p in result.problems), result.problems
 
 
-def test_probes_use_the_agents_real_endpoints_even_without_gpu_metrics() -> None:
+def test_probes_use_their_own_listener_even_without_gpu_metrics() -> None:
+    """The kubelet's probes meet the probe listener (HEALTH_PORT), never the scrape port's
+    clients; the metrics port stays for Prometheus."""
     for metrics_enabled in (True, False):
         result = render(metrics={"enabled": metrics_enabled})
         assert result.ok, result.problems
         container = container_of(result)
-        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-        [port] = container["ports"]
-        assert (port["name"], port["containerPort"]) == ("metrics", 9400)
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"metrics": 9400, "health": 9401}
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["METRICS_PORT"] == "9400"
+        assert (env["METRICS_PORT"], env["HEALTH_PORT"]) == ("9400", "9401")
         assert env["GPU_METRICS"] == str(metrics_enabled).lower()
+
+
+def test_the_network_policy_admits_only_the_scrapers_and_the_probe_cidrs() -> None:
+    assert not [m for m in render().manifests if m["kind"] == "NetworkPolicy"], "off by default"
+    result = render(
+        metrics={
+            "networkPolicy": {
+                "enabled": True,
+                "scrapeNamespaces": ["monitoring", "observability"],
+                "probeCIDRs": ["10.0.0.0/16"],
+            }
+        },
+        probes={"port": 9555},
+    )
+    assert result.ok, result.problems
+    policy = one(result, "NetworkPolicy")
+    pod_labels = one(result, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items(), "it selects the agent's pods"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    scrape, probes = policy["spec"]["ingress"]
+    [namespaces] = scrape["from"]
+    assert namespaces["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "In",
+            "values": ["monitoring", "observability"],
+        }
+    ]
+    assert scrape["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert probes == {
+        "from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}],
+        "ports": [{"port": "health", "protocol": "TCP"}],
+    }
+    ports = {p["name"]: p["containerPort"] for p in container_of(result)["ports"]}
+    assert ports["health"] == 9555
+
+
+def test_a_policy_without_probe_cidrs_leaves_the_probe_port_to_the_cni() -> None:
+    result = render(metrics={"networkPolicy": {"enabled": True}})
+    assert result.ok, result.problems
+    [scrape] = one(result, "NetworkPolicy")["spec"]["ingress"]
+    assert scrape["ports"] == [{"port": "metrics", "protocol": "TCP"}]
 
 
 def test_default_resources_and_json_logs_value() -> None:
