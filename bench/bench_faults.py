@@ -18,6 +18,8 @@ relative to a baseline taken in the same run on the same daemon:
   rejected count, devices still advertised, rejection time / a valid reload's time.
 - claims (`faults_claims.py`, a DRA daemon of its own): a hung MPS start, a cancelled
   Prepare and path-hostile claim names; see that module.
+- probes (`faults_probes.py`, a daemon of its own): 100 slow and 100 idle reconnecting
+  clients on the HTTP endpoint; probe latency p50/p99 / an unloaded probe, probes not 200.
 
     PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick]
 """
@@ -52,6 +54,7 @@ from gpuslice.testing.hostile_configs import HOSTILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults_claims import scenario_claims
+from faults_probes import scenario_probes
 
 NODE = "sim:8xh100-80gb"
 RES = "nvidia.com/gpu"
@@ -362,10 +365,11 @@ async def main() -> None:
     async with node() as n:
         await scenario_sigterm(n, 20)
     await scenario_claims(q)
+    probes = await scenario_probes(q)
     print(
         f"Closing note: Allocates under config flips and kubelet restarts took {allocate_x:.1f}x "
         f"an idle Allocate at p50; {refused} of {len(HOSTILE)} hostile configs were rejected "
-        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload."
+        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; {probes}."
     )
 
 

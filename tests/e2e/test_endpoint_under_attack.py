@@ -62,7 +62,7 @@ async def test_probes_keep_answering_while_slow_and_idle_clients_reconnect(
         stop.set()
         stats, seen = await attackers, await probes
         assert stats.connections > 200, "the attackers reconnected after being dropped"
-        assert stats.dropped > 0, "the head deadline dropped slow and idle clients"
+        assert stats.dropped > 0, "the head deadline closed slow and idle clients"
         assert stats.refused > 0, "10 addresses x 20 clients meet the per-address cap of 16"
         assert seen.codes, "probes were sent"
         assert set(seen.codes) == {200}, f"probe answers under attack: {sorted(set(seen.codes))}"

@@ -26,7 +26,9 @@ class AttackStats:
     refused: int = 0
     """Connections answered 503 at once (over a cap)."""
     dropped: int = 0
-    """Connections the server closed while the attacker still held them."""
+    """Connections the server closed (no 503) while the attacker still held them."""
+    reset: int = 0
+    """Connections reset by the server (closed with the attacker's bytes unread)."""
 
 
 @dataclass
@@ -80,7 +82,7 @@ async def _client_loop(
         try:
             await _one_client(host, port, source, slow, byte_every_s, stats)
         except (ConnectionError, OSError):
-            stats.dropped += 1
+            stats.reset += 1
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.01)  # reconnect at once, but do not spin
 
