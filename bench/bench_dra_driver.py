@@ -133,6 +133,9 @@ class Routed:
         self._api = api
         self._store = store
 
+    async def list_claims(self) -> list[Json]:
+        return [*await self._api.list_claims(), *await self._store.list_claims()]
+
     async def get_claim(self, namespace: str, name: str) -> Json:
         if namespace == MEM:
             return await self._store.get_claim(namespace, name)

@@ -117,6 +117,11 @@ class DraObjects(Protocol):
         """The ResourceClaim; DraObjectNotFound when there is none."""
         ...
 
+    async def list_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim in the cluster (to rebuild a lost record: which claims are
+        allocated to this node). One LIST, at start, only after the record was lost."""
+        ...
+
     async def node_uid(self) -> str:
         """The Node's UID (slices are owned by it); "" when unknown."""
         ...

@@ -166,10 +166,60 @@ async def test_a_corrupt_checkpoint_is_moved_aside_reported_and_the_driver_start
     assert driver.claims == {}
     (reason, message), *_ = rig.warnings
     assert reason == "CheckpointCorrupt"
-    assert "moved to" in message
-    assert any(p.name.startswith("checkpoint.json.corrupt-") for p in rig.workdir.iterdir())
+    [kept] = [p for p in rig.workdir.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+    assert f"kept as {kept}" in message
+    assert kept.read_text("utf-8") == '{"format": "gpuslice.io/dra-chec', "kept, never deleted"
     ref = rig.claim("c1")
     assert (await driver.prepare([ref]))[ref.uid].error == ""
+
+
+async def test_a_lost_record_is_rebuilt_from_the_api_and_the_cdi_specs(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Claims allocated here whose CDI spec the agent wrote come back prepared, with what
+    their Prepare recorded; a spec whose claim is gone from the API is an orphan."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    kept_ref, gone_ref = rig.claim("kept"), rig.claim("gone")
+    answers = await driver.prepare([kept_ref, gone_ref])
+    before = driver.claims[kept_ref.uid]
+    rig.store.delete_claim(gone_ref.namespace, gone_ref.name)
+    (rig.workdir / "checkpoint.json").write_bytes(b"[" * 200_000)
+    again = rig.driver()
+    await again.load()
+    assert again.claims == {kept_ref.uid: before}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{kept_ref.uid}.yaml"}
+    (reason, message), *_ = rig.warnings
+    assert reason == "CheckpointCorrupt"
+    assert "nested too deeply" in message
+    assert "Rebuilt 1 prepared claim(s)" in message
+    # the kubelet asks again: the same answer; then Unprepare undoes it from the rebuilt record
+    assert (await again.prepare([kept_ref]))[kept_ref.uid] == answers[kept_ref.uid]
+    assert await again.unprepare([kept_ref]) == {kept_ref.uid: ""}
+    assert rig.cdi_files() == set()
+
+
+async def test_with_the_api_unreachable_a_lost_record_removes_nothing(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    (rig.workdir / "checkpoint.json").write_bytes(b"\x00\xff" * 100)
+
+    async def unreachable() -> list[dict[str, Any]]:
+        raise ConnectionError("connection refused")
+
+    rig.store.list_claims = unreachable  # type: ignore[method-assign]
+    again = rig.driver()
+    await again.load()
+    assert again.claims == {}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}, "a pod's spec is kept"
+    (_, message), *_ = rig.warnings
+    assert "the API could not be read" in message
 
 
 async def test_a_checkpoint_from_a_newer_version_with_more_fields_reads(
@@ -202,8 +252,9 @@ async def test_a_prepare_cut_short_leaves_nothing_behind(
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     # the agent died between PrepareStarted and PrepareCompleted of a second claim
     half = {"namespace": "team-a", "name": "half", "state": "PrepareStarted"}
-    rig.edit_checkpoint(lambda data: data["claims"].__setitem__("half", half))
-    (rig.workdir / "cdi" / "k8s.gpuslice.io-claim_half.yaml").write_text("{}", "utf-8")
+    half_uid = "0000cafe-0000-4000-8000-000000000001"
+    rig.edit_checkpoint(lambda data: data["claims"].__setitem__(half_uid, half))
+    (rig.workdir / "cdi" / f"k8s.gpuslice.io-claim_{half_uid}.yaml").write_text("{}", "utf-8")
     again = rig.driver()
     await again.load()
     assert again.claims.keys() == {ref.uid}

@@ -42,6 +42,7 @@ from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon,
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
     Checkpoint,
+    Decoded,
     DeviceUse,
     PreparedClaim,
     decode,
@@ -51,7 +52,7 @@ from gpuslice.core.dra.publish import dra_devices, share_offers
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CheckpointFile
+from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
@@ -172,27 +173,30 @@ class DraDriver:
     # -- start -----------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Read the record; drop what a reboot or a half-done Prepare left behind."""
-        raw = await asyncio.to_thread(self._checkpoint.read)
-        decoded = decode(raw, self._boot_id)
+        """Read the record; drop what a reboot or a half-done Prepare left behind. A record
+        that cannot be read, whatever is at its path, is kept aside and rebuilt from what
+        the node and the API still say; the driver serves in every case."""
+        raw: bytes | None = None
+        try:
+            raw = await asyncio.to_thread(self._checkpoint.read)
+            decoded = decode(raw, self._boot_id)
+        except CheckpointUnreadable as exc:
+            decoded = Decoded("corrupt", Checkpoint(self._boot_id), str(exc))
+        complete = True
+        """Whether every prepared claim is known: what is not may then be cleaned up."""
         if decoded.status == "corrupt":
-            moved = await asyncio.to_thread(self._checkpoint.quarantine)
-            message = (
-                f"DRA checkpoint {self._checkpoint.path} could not be read ({decoded.reason}); "
-                f"moved to {moved} and starting with no prepared claims"
-            )
-            log.error("dra-checkpoint-corrupt", message=message)
-            await self._post("CheckpointCorrupt", message)
-        elif decoded.status == "stale":
-            log.warning("dra-checkpoint-stale", reason=decoded.reason)
-        claims = dict(decoded.checkpoint.claims)
+            claims, complete = await self._recover(decoded.reason)
+        else:
+            if decoded.status == "stale":
+                log.warning("dra-checkpoint-stale", reason=decoded.reason)
+            claims = dict(decoded.checkpoint.claims)
         for uid, claim in list(claims.items()):
             if claim.state != "PrepareCompleted":
                 log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
                 del claims[uid]
         self._claims = claims
         # CDI specs of claims not (or no longer) prepared: a reboot, a crash mid-Prepare.
-        for uid in await asyncio.to_thread(self._cdi.claims):
+        for uid in await asyncio.to_thread(self._cdi.claims) if complete else ():
             if uid not in claims:
                 await asyncio.to_thread(self._cdi.remove, uid)
                 log.info("dra-cdi-orphan-removed", claim_uid=uid)
@@ -202,13 +206,82 @@ class DraDriver:
                 if spec is not None:
                     self._daemons[spec.resource] = spec
         if decoded.status != "ok" or raw is None:
-            await self._write()
+            await self._write_quietly()
         if self._mps is not None:
-            await self._quit_strays()
+            if complete:
+                await self._quit_strays()
             if self._daemons:
                 await self._mps.reconfigure(self._daemons.values())
         self.loaded = True
         log.info("dra-checkpoint-loaded", claims=len(claims), status=decoded.status)
+
+    async def _recover(self, reason: str) -> tuple[dict[str, PreparedClaim], bool]:
+        """Keep the unreadable record aside (never deleted), say so in the log and in a
+        Warning Event naming the kept file, and rebuild the record: the claims allocated
+        to this node (from the API) whose CDI spec this agent wrote are prepared, with what
+        their Prepare would have recorded, so their MPS daemons are taken over and their
+        Unprepare undoes them. With the API unreachable nothing is rebuilt and nothing on
+        the node is cleaned up (a running pod's spec or daemon is never lost)."""
+        path = self._checkpoint.path
+        try:
+            kept = await asyncio.to_thread(self._checkpoint.quarantine)
+            where = f"kept as {kept}" if kept is not None else "gone before it could be kept"
+        except OSError as exc:
+            where = f"could not be moved aside ({exc}); records cannot be written until it is"
+        claims, complete, why = await self._rebuild()
+        message = (
+            f"DRA checkpoint {path} could not be used ({reason}); {where}. "
+            f"Rebuilt {len(claims)} prepared claim(s) {why}"
+        )
+        log.error("dra-checkpoint-corrupt", message=message)
+        await self._post("CheckpointCorrupt", message)
+        return claims, complete
+
+    async def _rebuild(self) -> tuple[dict[str, PreparedClaim], bool, str]:
+        written = await asyncio.to_thread(self._cdi.claims)
+        if not written:
+            return {}, True, "(no CDI spec of this driver on the node)"
+        try:
+            listed = await asyncio.wait_for(
+                self._objects.list_claims(), self.settings.api_timeout_s
+            )
+        except Exception as exc:
+            log.error("dra-rebuild-no-api", error=_described(exc))
+            return {}, False, f"(the API could not be read: {_described(exc)}; nothing removed)"
+        rebuilt: dict[str, PreparedClaim] = {}
+        for claim in listed:
+            record = self._record_of(claim, written)
+            if record is not None:
+                rebuilt[record.uid] = record
+        gone = len(written - rebuilt.keys())
+        return rebuilt, True, f"from the API and {len(written)} CDI spec(s); {gone} orphaned"
+
+    def _record_of(self, claim: Mapping[str, object], written: set[str]) -> PreparedClaim | None:
+        """What Prepare recorded for `claim`, derived again (the core decides it the same
+        way every time) without touching the node; None for a claim not prepared here."""
+        meta = claim.get("metadata")
+        if not isinstance(meta, Mapping) or meta.get("uid") not in written:
+            return None
+        try:
+            ref = check_claim_ref(
+                ClaimRef(str(meta.get("namespace")), str(meta["uid"]), str(meta.get("name")))
+            )
+            work = self._work(claim, ref)
+            prepared = preparation(work, self.settings.mps_root)
+        except (BadName, ClaimError) as exc:
+            log.warning("dra-rebuild-skipped", claim_uid=str(meta.get("uid")), error=str(exc))
+            return None
+        guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
+        return PreparedClaim(
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            "PrepareCompleted",
+            devices=self._prepared_devices(work),
+            applied=tuple(step.record for step in prepared.steps),
+            uses=prepared.uses,
+            guard_mode=guard,
+        )
 
     async def _quit_strays(self) -> None:
         """Daemons are left running across agent restarts; one whose claim the record no

@@ -55,6 +55,9 @@ class DraStore:
     async def get_claim(self, namespace: str, name: str) -> Json:
         return self.claim(namespace, name)
 
+    async def list_claims(self) -> list[Json]:
+        return self.claims()
+
     async def node_uid(self) -> str:
         return self._node_uid
 

@@ -3,17 +3,26 @@
 The kubelet only resends a claim's namespace, UID and name at Unprepare (the claim may be
 gone from the API by then), so what was prepared must be on disk: the file is replaced
 atomically on every change, so a crash leaves the old or the new state, never half of one.
-A file that cannot be decoded is moved aside (kept for a post-mortem) rather than crashing
-the agent in a loop, which is what NVIDIA's driver does (its #1100). The boot ID tells a
-reboot apart from a restart: after a reboot nothing that was prepared exists any more.
+
+Whatever is at the path when the agent starts, reading it ends in bytes or in
+`CheckpointUnreadable`, never in a hang or a crash: it is opened non-blocking and without
+following a symlink (a FIFO, a symlink loop, a directory, a device are refused on the open
+descriptor), and at most `MAX_CHECKPOINT_BYTES` are read (a 100 MB file costs one fstat).
+A file that cannot be used is moved aside, renamed with the time and never overwritten or
+deleted, for a post-mortem, rather than crashing the agent in a loop, which is what
+NVIDIA's driver does (its #1100). The boot ID tells a reboot apart from a restart: after a
+reboot nothing that was prepared exists any more.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+from gpuslice.core.errors import GpusliceError
 from gpuslice.host.atomic import atomic_write
+from gpuslice.host.textfile import UnreadableFile, read_bytes
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 CHECKPOINT_NAME = "gpuslice-checkpoint.json"
@@ -30,25 +39,45 @@ def boot_id(path: Path = BOOT_ID) -> str:
         return ""
 
 
+MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
+"""A record of 1,000 claims is well under 1 MiB; what is larger is not one of ours."""
+
+
+class CheckpointUnreadable(GpusliceError):
+    """Something is at the checkpoint's path that cannot be read as a file of ours."""
+
+
 class CheckpointFile:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limit: int = MAX_CHECKPOINT_BYTES) -> None:
         self.path = path
+        self.limit = limit
 
     def read(self) -> bytes | None:
-        """The file's bytes; None when there is none yet."""
+        """The file's bytes; None when there is none yet; `CheckpointUnreadable` when what
+        is there is not a regular file of at most `limit` bytes, or cannot be read."""
         try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
+            return read_bytes(self.path, self.limit, follow_symlinks=False)
+        except UnreadableFile as exc:
+            if exc.missing:
+                return None
+            raise CheckpointUnreadable(str(exc)) from None
 
     def write(self, data: bytes) -> None:
         atomic_write(self.path, data, mode=0o600)
 
     def quarantine(self) -> Path | None:
-        """Move an undecodable file aside as `<name>.corrupt-<unix time>`; its new path."""
-        target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-        try:
-            self.path.rename(target)
-        except FileNotFoundError:
-            return None
-        return target
+        """Move whatever is at the path (a file, a directory, a FIFO, a symlink) aside as
+        `<name>.corrupt-<unix time>` (`-2`, `-3`... when that name is taken: nothing kept
+        is ever overwritten); its new path, None when nothing was there. OSError when it
+        cannot be moved."""
+        stamp = f"{self.path.name}.corrupt-{int(time.time())}"
+        for n in range(1, 1000):
+            target = self.path.with_name(stamp if n == 1 else f"{stamp}-{n}")
+            if os.path.lexists(target):
+                continue
+            try:
+                self.path.rename(target)
+            except FileNotFoundError:
+                return None
+            return target
+        raise OSError(f"no free name to move {self.path} aside as {stamp}")

@@ -11,6 +11,7 @@ dangling, looping, unreadable) is an `UnreadableFile` that says why in words.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -22,9 +23,11 @@ class UnreadableFile(GpusliceError):
     """A file refused before or while it was read. `reason` reads after the path:
     `<path>: it is a FIFO, not a regular file`."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: Path, reason: str, *, missing: bool = False) -> None:
         self.path = path
         self.reason = reason
+        self.missing = missing
+        """Nothing at the path at all (the only failure a first start expects)."""
         super().__init__(f"{path}: {reason}")
 
 
@@ -45,13 +48,47 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def read_bytes(path: Path, limit: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, under the same rules as
+    `read_text`. `follow_symlinks=False` refuses a symlink at `path` itself (a file only the
+    agent writes is never one). A missing file is an `UnreadableFile` whose `missing` is
+    true."""
+    data, _, _ = _read(path, limit, follow_symlinks)
+    return data
+
+
 def read_text(path: Path, limit: int) -> tuple[str, Fingerprint]:
     """The UTF-8 text of a regular file of at most `limit` bytes, with its fingerprint
     taken from the open file. Never blocks: the open is non-blocking and the file type is
     checked on the descriptor (no race with a swap between a check and the open)."""
+    data, st, after = _read(path, limit, True)
+    total = len(data)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise UnreadableFile(
+            path, f"it is not UTF-8{hint}: invalid byte at offset {exc.start}"
+        ) from None
+    # the fingerprint of what was read: a file written to while it was read gets one that
+    # matches no stat of it (size -1), so a reload loop does not take it as settled
+    size = after.st_size if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, total) else -1
+    return text, (str(path), after.st_mtime_ns, size)
+
+
+def _read(
+    path: Path, limit: int, follow_symlinks: bool
+) -> tuple[bytes, os.stat_result, os.stat_result]:
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as exc:
+        raise UnreadableFile(path, f"cannot read it: {exc.strerror}", missing=True) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise UnreadableFile(path, "it is a symlink, not a regular file") from None
         raise UnreadableFile(path, f"cannot read it: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
@@ -74,15 +111,4 @@ def read_text(path: Path, limit: int) -> tuple[str, Fingerprint]:
         raise UnreadableFile(path, f"cannot read it: {exc.strerror}") from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise UnreadableFile(
-            path, f"it is not UTF-8{hint}: invalid byte at offset {exc.start}"
-        ) from None
-    # the fingerprint of what was read: a file written to while it was read gets one that
-    # matches no stat of it (size -1), so a reload loop does not take it as settled
-    size = after.st_size if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, total) else -1
-    return text, (str(path), after.st_mtime_ns, size)
+    return b"".join(chunks), st, after

@@ -52,6 +52,10 @@ class DraApi:
         async with _translated(f"ResourceClaim {namespace}/{name}"):
             return _plain(await self._client.get(ResourceClaim, name, namespace=namespace))
 
+    async def list_claims(self) -> list[Json]:
+        async with _translated("ResourceClaims"):
+            return [_plain(c) async for c in self._client.list(ResourceClaim, namespace="*")]
+
     async def node_uid(self) -> str:
         async with _translated(f"Node {self.node_name}"):
             node = await self._client.get(Node, self.node_name)

@@ -368,6 +368,13 @@ class MpsDaemonManager:
 
 
 def _make_dirs(spec: MpsDaemonSpec) -> None:
+    """The daemon's directories, each checked to stay under the MPS root first: a key is
+    derived from a claim UID, and a UID (or a record) holding `..` must create nothing."""
+    root = Path(spec.root).resolve()
+    for directory in (spec.pipe_dir, spec.log_dir, spec.shm_dir):
+        resolved = Path(directory).resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise MpsError(f"{directory} is not under the MPS root {spec.root}: not created")
     pipe = Path(spec.pipe_dir)
     pipe.mkdir(parents=True, exist_ok=True)
     pipe.chmod(0o755)  # clients in containers run as other users; the umask must not narrow it

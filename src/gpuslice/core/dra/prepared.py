@@ -8,7 +8,11 @@ checksum, its #1080), after corruption (#1100) and after a reboot (#951). Here:
 * the checksum covers the stored `data` object exactly as written, whatever fields it has,
   and a reader ignores fields it does not know, so files written by a newer version read;
 * decoding never raises: bad bytes come back as `corrupt` with the reason (the adapter
-  moves the file aside and starts empty);
+  moves the file aside and rebuilds what it can). Whatever the bytes: JSON nested deeper
+  than Python's parser goes, numbers that are not plain integers in range (`1e400`, NaN,
+  a `sharedBy` of 10**400), names that could leave a directory (a claim UID or MPS key
+  holding `/` or `..`; `core.dra.names`) all make the document corrupt, checksum or not
+  (only root writes the file, so a bad name there is defence in depth);
 * the node's boot ID is stored; a different one means a reboot: nothing prepared survives
   one (MPS daemons, time-slice settings), so the record is `stale` and dropped.
 """
@@ -22,6 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuslice.core.dra.kubelet_api import PreparedDevice
+from gpuslice.core.dra.names import (
+    BadName,
+    check_claim_uid,
+    check_namespace,
+    check_object_name,
+    check_path_component,
+)
 
 FORMAT = "gpuslice.io/dra-checkpoint"
 VERSION = 1
@@ -95,6 +106,12 @@ def encode(cp: Checkpoint) -> bytes:
         "bootID": cp.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(cp.claims.items())},
     }
+    return sealed(data)
+
+
+def sealed(data: Mapping[str, Any]) -> bytes:
+    """`data` as a checkpoint document: the format, the version and the checksum around it
+    (also how the corrupt-checkpoint corpus makes documents that pass the checksum)."""
     doc = {"format": FORMAT, "version": VERSION, "checksum": _checksum(data), "data": data}
     # compact: `indent` falls back to the pure-Python encoder, 7x slower at 64 claims, and
     # the file is written twice per Prepare
@@ -105,7 +122,7 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if raw is None:
         return Decoded("empty", Checkpoint(boot_id))
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), parse_float=_no_float, parse_constant=_no_float)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return Decoded("corrupt", Checkpoint(boot_id), "not a gpuslice DRA checkpoint")
         data = doc.get("data")
@@ -113,11 +130,41 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
             return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
         claims = {str(uid): _claim(uid, c) for uid, c in (data.get("claims") or {}).items()}
         stored_boot = str(data.get("bootID", ""))
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except RecursionError:
+        return Decoded("corrupt", Checkpoint(boot_id), "nested too deeply to be a checkpoint")
+    except BadName as exc:
+        return Decoded("corrupt", Checkpoint(boot_id), f"a name that cannot be used: {exc}")
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        OverflowError,
+    ) as exc:
         return Decoded("corrupt", Checkpoint(boot_id), f"{type(exc).__name__}: {exc}")
     if boot_id and stored_boot and stored_boot != boot_id:
         return Decoded("stale", Checkpoint(boot_id), f"written before a reboot ({stored_boot})")
     return Decoded("ok", Checkpoint(boot_id, claims))
+
+
+def _no_float(text: str) -> Any:
+    """Every number the checkpoint holds is an integer: `1e400`, `0.5`, NaN are not ours."""
+    raise ValueError(f"{text[:40]!r} is not an integer")
+
+
+_MAX = 2**53
+"""Larger than any count, index or MiB figure a node has; JSON readers elsewhere agree."""
+
+
+def _int(value: object, what: str, low: int = 0, high: int = _MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what}: {str(value)[:40]!r} is not an integer in [{low}, {high}]")
+    return value
+
+
+def _optional_int(value: object, what: str, low: int = 0, high: int = _MAX) -> int | None:
+    return None if value is None else _int(value, what, low, high)
 
 
 def _checksum(data: Mapping[str, Any]) -> str:
@@ -158,17 +205,14 @@ def _use_json(u: DeviceUse) -> dict[str, Any]:
 
 
 def _use(u: Mapping[str, Any]) -> DeviceUse:
-    def optional_int(key: str) -> int | None:
-        return None if u.get(key) is None else int(u[key])
-
     return DeviceUse(
         device=str(u["device"]),
         physical_uuid=str(u["physical"]),
         strategy=str(u.get("strategy", "none")),
-        shared_by=max(1, int(u.get("sharedBy", 1))),
+        shared_by=_int(u.get("sharedBy", 1), "sharedBy", 1, 1_000_000),
         share_id=None if u.get("shareID") is None else str(u["shareID"]),
-        entitlement_mib=optional_int("entitlementMiB"),
-        thread_percentage=optional_int("threadPercentage"),
+        entitlement_mib=_optional_int(u.get("entitlementMiB"), "entitlementMiB"),
+        thread_percentage=_optional_int(u.get("threadPercentage"), "threadPercentage", 0, 100),
         admin=u.get("admin") is True,
     )
 
@@ -198,14 +242,31 @@ def _applied_json(a: AppliedSharing) -> dict[str, Any]:
     return out
 
 
+def _applied(a: Mapping[str, Any]) -> AppliedSharing:
+    mps_key = str(a.get("mpsKey", ""))
+    if mps_key:
+        check_path_component(mps_key, "mpsKey")  # it names a directory under the MPS root
+    return AppliedSharing(
+        strategy=str(a["strategy"]),
+        gpu_uuids=tuple(str(g) for g in a.get("gpus", ())),
+        mps_key=mps_key,
+        interval=_optional_int(a.get("interval"), "interval", 0, 1000),
+        thread_percentage=_optional_int(a.get("threadPercentage"), "threadPercentage", 0, 100),
+        limits_mib=tuple(
+            (_int(i, "limitsMiB index", 0, 4096), _int(m, "limitsMiB", 0))
+            for i, m in a.get("limitsMiB", ())
+        ),
+    )
+
+
 def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
     state = c["state"]
     if state not in ("PrepareStarted", "PrepareCompleted"):
-        raise ValueError(f"claim {uid}: unknown state {state!r}")
+        raise ValueError(f"claim {str(uid)[:40]}: unknown state {str(state)[:40]!r}")
     return PreparedClaim(
-        uid=str(uid),
-        namespace=str(c["namespace"]),
-        name=str(c["name"]),
+        uid=check_claim_uid(str(uid), "claims key"),
+        namespace=check_namespace(str(c["namespace"]), "namespace"),
+        name=check_object_name(str(c["name"]), "name"),
         state=state,
         devices=tuple(
             PreparedDevice(
@@ -217,19 +278,7 @@ def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
             )
             for d in c.get("devices", ())
         ),
-        applied=tuple(
-            AppliedSharing(
-                strategy=str(a["strategy"]),
-                gpu_uuids=tuple(str(g) for g in a.get("gpus", ())),
-                mps_key=str(a.get("mpsKey", "")),
-                interval=None if a.get("interval") is None else int(a["interval"]),
-                thread_percentage=(
-                    None if a.get("threadPercentage") is None else int(a["threadPercentage"])
-                ),
-                limits_mib=tuple((int(i), int(m)) for i, m in a.get("limitsMiB", ())),
-            )
-            for a in c.get("applied", ())
-        ),
+        applied=tuple(_applied(a) for a in c.get("applied", ())),
         uses=tuple(_use(u) for u in c.get("uses", ())),
         guard_mode=None if c.get("guardMode") is None else str(c["guardMode"]),
     )
