@@ -18,6 +18,8 @@ relative to a baseline taken in the same run on the same daemon:
   rejected count, devices still advertised, rejection time / a valid reload's time.
 - claims (`faults_claims.py`, a DRA daemon of its own): a hung MPS start, a cancelled
   Prepare and path-hostile claim names; see that module.
+- checkpoint (`faults_checkpoint.py`, a DRA daemon per entry): every corrupt checkpoint of
+  `gpuslice.testing.hostile_checkpoints` at start; start-to-serving / a good start, Prepare.
 - probes (`faults_probes.py`, a daemon of its own): 100 slow and 100 idle reconnecting
   clients on the HTTP endpoint; probe latency p50/p99 / an unloaded probe, probes not 200.
 
@@ -53,6 +55,7 @@ from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.hostile_configs import HOSTILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faults_checkpoint import scenario_checkpoint
 from faults_claims import scenario_claims
 from faults_probes import scenario_probes
 
@@ -365,11 +368,12 @@ async def main() -> None:
     async with node() as n:
         await scenario_sigterm(n, 20)
     await scenario_claims(q)
+    checkpoints = await scenario_checkpoint(q)
     probes = await scenario_probes(q)
     print(
         f"Closing note: Allocates under config flips and kubelet restarts took {allocate_x:.1f}x "
         f"an idle Allocate at p50; {refused} of {len(HOSTILE)} hostile configs were rejected "
-        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; {probes}."
+        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; {checkpoints}; {probes}."
     )
 
 

@@ -140,8 +140,12 @@ class DraNode:
 
 
 @contextlib.asynccontextmanager
-async def dra_node() -> AsyncIterator[DraNode]:
+async def dra_node(before_start: Callable[[Path], None] | None = None) -> AsyncIterator[DraNode]:
+    """`before_start` gets the plugin directory to put things in before the daemon starts."""
     root = Path(tempfile.mkdtemp(prefix="gsc-", dir="/tmp"))
+    if before_start is not None:
+        (root / "plug").mkdir()
+        before_start(root / "plug")
     hold_dir = root / "hold"
     hold_dir.mkdir()
     (root / "config.yaml").write_text("version: v1\n", encoding="utf-8")
