@@ -373,7 +373,8 @@ async def main() -> None:
     print(
         f"Closing note: Allocates under config flips and kubelet restarts took {allocate_x:.1f}x "
         f"an idle Allocate at p50; {refused} of {len(HOSTILE)} hostile configs were rejected "
-        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; {checkpoints}; {probes}."
+        f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; "
+        f"{checkpoints}; {probes}."
     )
 
 
