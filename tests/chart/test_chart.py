@@ -117,7 +117,7 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
     assert node_verbs(render()) == {"get", "list", "watch"}
     assert node_verbs(render(labels={"mode": "api"})) == {"get", "list", "watch", "patch"}
     rules = one(render(), "ClusterRole")["rules"]
-    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]} in rules
+    assert not [r for r in rules if "events" in r["resources"]], "events: a Role (privilege tests)"
 
 
 def test_pods_are_readable_only_when_metrics_or_the_guard_attribute_them() -> None:

@@ -134,3 +134,94 @@ BASE = {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.count": "8"}
 )
 def test_node_patch_policy(new: dict[str, Any], req: dict[str, Any], expected: bool) -> None:
     assert admitted(node("gpu-1", BASE), new, req) is expected
+
+
+def full_node(**metadata: Any) -> dict[str, Any]:
+    """A Node as the API server stores it: server-set metadata, spec and status."""
+    return {
+        "metadata": {
+            "name": "gpu-1",
+            "uid": "3f0c5d0e-1111-4222-8333-444455556666",
+            "resourceVersion": "100",
+            "creationTimestamp": "2026-11-24T10:00:00Z",
+            "labels": dict(BASE),
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            **metadata,
+        },
+        "spec": {"podCIDR": "10.0.0.0/24", "taints": [{"key": "a", "effect": "NoSchedule"}]},
+        "status": {"capacity": {"cpu": "8"}},
+    }
+
+
+def with_labels(n: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    return {**n, "metadata": {**n["metadata"], "labels": labels}}
+
+
+OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "0000-gone"}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # what the agent does: nvidia.com/ labels, with what the API server changes itself
+        ({"labels": {**BASE, "nvidia.com/gpu.replicas": "4"}}, True),
+        (
+            {
+                "labels": {**BASE, "nvidia.com/gpu.replicas": "4"},
+                "resourceVersion": "101",
+                "managedFields": [{"manager": "gpuslice", "operation": "Apply"}],
+            },
+            True,
+        ),
+        # metadata beyond the labels: refused
+        ({"ownerReferences": [OWNER]}, False),
+        ({"finalizers": ["example.com/never-delete"]}, False),
+        ({"annotations": {"node.alpha.kubernetes.io/ttl": "0", "team": "x"}}, False),
+        ({"annotations": {}}, False),
+        ({"deletionGracePeriodSeconds": 0}, False),
+        ({"uid": "6f6f6f6f-1111-4222-8333-444455556666"}, False),
+        ({"generateName": "x-"}, False),
+    ],
+)
+def test_the_node_keeps_all_its_metadata_but_nvidia_labels(
+    change: dict[str, Any], expected: bool
+) -> None:
+    old = full_node()
+    new = full_node(**change)
+    assert admitted(old, new, request("gpu-1")) is expected
+
+
+def test_the_node_keeps_its_status_and_taints() -> None:
+    old = full_node()
+    tainted = {**old, "spec": {**old["spec"], "taints": []}}
+    assert not admitted(old, tainted, request("gpu-1"))
+    status = {**old, "status": {"capacity": {"cpu": "9"}}}
+    assert not admitted(old, status, request("gpu-1"))
+    assert admitted(old, with_labels(old, {**BASE, "nvidia.com/x": "1"}), request("gpu-1"))
+
+
+def test_events_are_written_in_the_agents_namespace_only() -> None:
+    """A Role in the release namespace, and no cluster-wide right to events at all."""
+    result = render()
+    cluster_rules = [r for m in result.manifests if m["kind"] == "ClusterRole" for r in m["rules"]]
+    assert not [r for r in cluster_rules if "events" in r.get("resources", [])]
+    [role] = [
+        m
+        for m in result.manifests
+        if m["kind"] == "Role" and m["metadata"]["name"].endswith("-events")
+    ]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+    ]
+    [binding] = [m for m in result.manifests if m["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    [container] = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

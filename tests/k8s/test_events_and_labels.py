@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lightkube import AsyncClient
 
-from gpuslice.k8s import ClientSettingsError, NodeEvents, NodeLabeler, make_client
+from gpuslice.k8s import AgentPod, ClientSettingsError, NodeEvents, NodeLabeler, make_client
 from gpuslice.k8s.labeling import MANAGED_ANNOTATION
 from gpuslice.testing.apiserver import FakeApiServer
 
@@ -19,23 +19,65 @@ def fixed_clock() -> datetime:
     return datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-async def test_event_is_posted_on_the_node(api: FakeApiServer, client: AsyncClient) -> None:
+async def test_in_a_pod_events_are_about_the_agent_pod_in_its_namespace(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    """The agent may write Events in its own namespace only, and the API server takes an
+    Event only in the namespace of what it is about: so the agent's Pod, with the Node in
+    `related` and in the message."""
     node = api.add_node("gpu-1")
-    events = NodeEvents(client, "gpu-1", "gpuslice", clock=fixed_clock)
+    agent = AgentPod("gpuslice", "gpuslice-agent-x7k2p", "pod-uid-1")
+    events = NodeEvents(client, "gpu-1", "default", clock=fixed_clock, agent=agent)
     ok = await events.post(
         "ConfigRejected", "sharing.mps.resources[0].replicas: must be >= 1", type="Warning"
     )
     assert ok
+    assert api.events("default") == []
     [posted] = api.events("gpuslice")
     assert posted["reason"] == "ConfigRejected"
     assert posted["type"] == "Warning"
-    assert posted["message"] == "sharing.mps.resources[0].replicas: must be >= 1"
-    assert posted["involvedObject"]["kind"] == "Node"
-    assert posted["involvedObject"]["name"] == "gpu-1"
-    assert posted["involvedObject"]["uid"] == node["metadata"]["uid"]
+    assert posted["message"] == "Node gpu-1: sharing.mps.resources[0].replicas: must be >= 1"
+    assert posted["involvedObject"] == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "name": "gpuslice-agent-x7k2p",
+        "namespace": "gpuslice",
+        "uid": "pod-uid-1",
+    }
+    assert posted["related"]["kind"] == "Node"
+    assert posted["related"]["name"] == "gpu-1"
+    assert posted["related"]["uid"] == node["metadata"]["uid"]
     assert posted["source"] == {"component": "gpuslice", "host": "gpu-1"}
     assert posted["firstTimestamp"] == "2025-01-02T03:04:05Z"
     assert posted["count"] == 1
+    # a repeat counts up in the same namespace
+    assert await events.post(
+        "ConfigRejected", "sharing.mps.resources[0].replicas: must be >= 1", type="Warning"
+    )
+    [posted] = api.events("gpuslice")
+    assert posted["count"] == 2
+
+
+async def test_outside_a_pod_the_event_is_on_the_node_in_default(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    node = api.add_node("gpu-1")
+    events = NodeEvents(client, "gpu-1", clock=fixed_clock)
+    assert await events.post("ConfigApplied", "config a100 applied")
+    [posted] = api.events("default")
+    assert posted["involvedObject"]["kind"] == "Node"
+    assert posted["involvedObject"]["uid"] == node["metadata"]["uid"]
+    assert posted["message"] == "config a100 applied"
+
+
+async def test_a_node_event_outside_default_is_refused_as_the_api_server_does(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    """kube-apiserver 1.36.2 answers 422 "involvedObject.namespace: does not match
+    event.namespace"; the double agrees, so no test can pass on what a cluster refuses."""
+    api.add_node("gpu-1")
+    assert not await NodeEvents(client, "gpu-1", "gpuslice").post("ConfigApplied", "x")
+    assert api.events() == []
 
 
 async def test_repeated_event_counts_up(api: FakeApiServer, client: AsyncClient) -> None:

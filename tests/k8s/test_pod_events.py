@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from lightkube import AsyncClient
 
-from gpuslice.k8s import PodEvents, PodEvictor
+from gpuslice.k8s import AgentPod, PodEvents, PodEvictor
 from gpuslice.testing.apiserver import FakeApiServer
 
 UID = "0f3c2a4e-8b1d-4c5e-9a7f-1234567890ab"
@@ -62,3 +62,24 @@ async def test_eviction_deletes_the_pod_or_reports_a_refusal(
     assert await evictor.evict("ml", "train")
     assert api.evictions == [("ml", "train")]
     assert not await evictor.evict("ml", "train"), "already gone: 404"
+
+
+async def test_in_a_pod_guard_events_are_about_the_agent_and_name_the_pod(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    agent = AgentPod("gpuslice", "gpuslice-agent-x7k2p", "pod-uid-1")
+    events = PodEvents(client, "gpu-1", clock=fixed_clock, agent=agent)
+    for _ in range(2):
+        assert await events.post("ml", "train", "uid-9", "GPUMemoryReclaimed", "over its share")
+    assert api.events("ml") == [], "nothing outside the agent's namespace"
+    [posted] = api.events("gpuslice")
+    assert posted["involvedObject"]["name"] == "gpuslice-agent-x7k2p"
+    assert posted["related"] == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "name": "train",
+        "namespace": "ml",
+        "uid": "uid-9",
+    }
+    assert posted["message"] == "Pod ml/train: over its share"
+    assert posted["count"] == 2

@@ -42,6 +42,7 @@ from gpuslice.host.checkpoint_file import CHECKPOINT_NAME, CheckpointFile, boot_
 from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.k8s import (
+    AgentPod,
     NodeEvents,
     NodeLabeler,
     NodeLabelWatcher,
@@ -320,6 +321,14 @@ def wire_probes(
     return server
 
 
+def agent_pod(settings: AgentSettings) -> AgentPod | None:
+    """The agent's own Pod, which its Events are about; None outside a pod."""
+    if not settings.pod_name:
+        return None
+    uid = own_pod_uid()
+    return AgentPod(settings.namespace, settings.pod_name, str(uid) if uid else None)
+
+
 def wire_guard(
     agent: Agent,
     *,
@@ -362,7 +371,11 @@ def wire_guard(
         action=guard_settings.action,
         signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid()),
         evict=PodEvictor(client).evict if client is not None else None,
-        post_event=PodEvents(client, settings.node_name).post if client is not None else None,
+        post_event=(
+            PodEvents(client, settings.node_name, agent=agent_pod(settings)).post
+            if client is not None
+            else None
+        ),
     )
     agent.hooks.services.append(guard.run)
     if run_pods and pods is not None:
@@ -490,7 +503,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
         agent = Agent(settings, backend, hooks=AgentHooks(), label_values=labels)
         warn = None
         if client is not None:
-            events = NodeEvents(client, settings.node_name, settings.namespace)
+            events = NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
             wire_events(agent, events)
 
             async def warn(reason: str, message: str) -> None:

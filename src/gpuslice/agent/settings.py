@@ -117,7 +117,11 @@ class AgentSettings:
     no_timestamp: bool = False
     """`GFD_NO_TIMESTAMP`: omit `nvidia.com/gfd.timestamp` (also `flags.gfd.noTimestamp`)."""
     namespace: str = "default"
-    """`NAMESPACE`: where Events about this node are created (the pod's namespace)."""
+    """`NAMESPACE`: the agent pod's namespace, where its Events are created."""
+    pod_name: str = ""
+    """`POD_NAME` (downward API): the agent's own Pod, which its Events are about (the
+    API server takes an Event only in the namespace of what it is about). Empty outside a
+    pod: Events are then on the Node, in `default`."""
     initial_label_wait_s: float = 10.0
     """How long the first plan waits for the node's config label from the API server.
     NVIDIA's config-manager stopped blocking here (v0.18.2) and may then select a config

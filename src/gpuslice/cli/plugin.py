@@ -435,6 +435,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         labels_mode=_labels_mode(params),
         no_timestamp=params["no_timestamp"],
         namespace=params["namespace"],
+        pod_name=os.environ.get("POD_NAME", "").strip(),
         metrics_port=params["metrics_port"],
         metrics_address=params["metrics_address"],
         health_port=params["health_port"],

@@ -7,13 +7,14 @@ server double (`gpuslice.testing.apiserver`) over real HTTP.
 """
 
 from gpuslice.k8s.client import ClientSettingsError, make_client
-from gpuslice.k8s.events import NodeEvents
+from gpuslice.k8s.events import AgentPod, NodeEvents
 from gpuslice.k8s.labeling import NodeLabeler
 from gpuslice.k8s.podevents import PodEvents, PodEvictor
 from gpuslice.k8s.pods import NodePods
 from gpuslice.k8s.watching import Backoff, NodeLabelWatcher
 
 __all__ = [
+    "AgentPod",
     "Backoff",
     "ClientSettingsError",
     "NodeEvents",

@@ -1,15 +1,23 @@
-"""Kubernetes Events on this node: why a config was rejected or what was applied.
+"""Kubernetes Events from the agent: why a config was rejected or what was applied.
 
-`kubectl describe node` is where operators look first; a rejected config (the old plan
-stays in force) must be visible there, not only in the pod's log. Posting is best effort:
-a failure is logged and reported as False, never raised into the agent's reload path.
-Repeats of the same event bump its count instead of creating new objects, as the
-kubelet's recorder does.
+A rejected config (the old plan stays in force) must be visible outside the pod's log.
+Posting is best effort: a failure is logged and reported as False, never raised into the
+agent's reload path. Repeats of the same event bump its count instead of creating new
+objects, as the kubelet's recorder does.
+
+Where Events go, least privilege first: the agent may create Events in its own namespace
+only (a Role, not a ClusterRole). The API server accepts an Event only in the namespace of
+the object it is about (`default` for a cluster-scoped one such as a Node; checked against
+kube-apiserver 1.36.2: "involvedObject.namespace: does not match event.namespace"), so in a
+pod (`AgentPod`, from the downward API) each Event is about the agent's own Pod, names the
+Node in `related` and in its message, and `kubectl events -n <agent namespace>` lists them.
+Run outside a pod (no POD_NAME), it falls back to an Event on the Node in `default`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -24,6 +32,22 @@ from gpuslice.logs import get_logger
 log = get_logger(__name__)
 
 EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPod:
+    """The agent's own Pod: where its Events live and what they are about."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+    def reference(self) -> ObjectReference:
+        return ObjectReference(
+            kind="Pod", apiVersion="v1", name=self.name, namespace=self.namespace, uid=self.uid
+        )
+
+
 MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages; longer ones are cut with an ellipsis."""
 
@@ -41,10 +65,13 @@ class NodeEvents:
         *,
         component: str = "gpuslice",
         clock: Callable[[], datetime] = _utc_now,
+        agent: AgentPod | None = None,
     ) -> None:
+        """`namespace` is used only without `agent` (then Events are on the Node)."""
         self._client = client
         self._node = node_name
-        self._namespace = namespace
+        self._agent = agent
+        self._namespace = agent.namespace if agent is not None else namespace
         self._component = component
         self._clock = clock
         self._node_uid: str | None = None
@@ -81,13 +108,20 @@ class NodeEvents:
                     patch_type=PatchType.MERGE,
                 )
                 return True
+            node = ObjectReference(
+                kind="Node", apiVersion="v1", name=self._node, uid=await self._uid()
+            )
+            about, related = (
+                (node, None) if self._agent is None else (self._agent.reference(), node)
+            )
             event = Event(
-                metadata=ObjectMeta(generateName=f"{self._node}.", namespace=self._namespace),
-                involvedObject=ObjectReference(
-                    kind="Node", apiVersion="v1", name=self._node, uid=await self._uid()
-                ),
+                metadata=ObjectMeta(generateName=f"{about.name}.", namespace=self._namespace),
+                involvedObject=about,
+                related=related,
                 reason=reason,
-                message=message,
+                message=message
+                if self._agent is None
+                else about_message(f"Node {self._node}", message),
                 type=type,
                 source=EventSource(component=self._component, host=self._node),
                 reportingComponent=self._component,
@@ -105,3 +139,9 @@ class NodeEvents:
         self._last_name = created.metadata.name if created.metadata is not None else None
         self._count = 1
         return True
+
+
+def about_message(what: str, message: str) -> str:
+    """The message of an Event on the agent's Pod, naming what it is really about."""
+    text = f"{what}: {message}"
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."

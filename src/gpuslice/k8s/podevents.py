@@ -1,10 +1,12 @@
-"""Warning Events on a pod and the Eviction API, for the memory guard.
+"""Warning Events about a pod and the Eviction API, for the memory guard.
 
-`kubectl describe pod` is where the owner of a stopped pod looks; the guard's
-`GPUMemoryOverShare` / `GPUMemoryReclaimed` Events land there, naming the GPU, the usage,
-the share and the free memory. Like `NodeEvents`, posting is best effort: a failure is
-logged and reported as False, never raised into the guard's loop; a repeat of the same
-event on the same pod bumps its count.
+The guard's `GPUMemoryOverShare` / `GPUMemoryReclaimed` Events name the pod, the GPU, the
+usage, the share and the free memory. The agent creates Events in its own namespace only
+(`k8s.events` says why): in a pod (`AgentPod`) each is about the agent's Pod with the
+stopped pod in `related` and at the start of its message; outside one it falls back to an
+Event on the pod itself, in the pod's namespace. Like `NodeEvents`, posting is best effort:
+a failure is logged and reported as False, never raised into the guard's loop; a repeat of
+the same event about the same pod bumps its count.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
-from gpuslice.k8s.events import MESSAGE_LIMIT
+from gpuslice.k8s.events import MESSAGE_LIMIT, AgentPod, about_message
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -36,9 +38,11 @@ class PodEvents:
         *,
         component: str = "gpuslice",
         clock: Callable[[], datetime] = _utc_now,
+        agent: AgentPod | None = None,
     ) -> None:
         self._client = client
         self._node = node_name
+        self._agent = agent
         self._component = component
         self._clock = clock
         self._last: dict[tuple[str, str], tuple[tuple[str, str], str, int]] = {}
@@ -47,11 +51,20 @@ class PodEvents:
     async def post(
         self, namespace: str, pod: str, uid: str | None, reason: str, message: str
     ) -> bool:
-        """A Warning Event on the pod (`uid` lets `kubectl describe pod` match it)."""
+        """A Warning Event about the pod (`uid` lets `kubectl describe pod` match it)."""
         if len(message) > MESSAGE_LIMIT:
             message = message[: MESSAGE_LIMIT - 3] + "..."
         now = self._clock().replace(microsecond=0)
         where = (namespace, pod)
+        target = ObjectReference(
+            kind="Pod", apiVersion="v1", name=pod, namespace=namespace, uid=uid
+        )
+        about, related = (
+            (target, None) if self._agent is None else (self._agent.reference(), target)
+        )
+        if self._agent is not None:
+            message = about_message(f"Pod {namespace}/{pod}", message)
+        event_ns = about.namespace or namespace
         last = self._last.get(where)
         try:
             if last is not None and last[0] == (reason, message):
@@ -60,16 +73,15 @@ class PodEvents:
                     Event,
                     last[1],
                     {"count": count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
-                    namespace=namespace,
+                    namespace=event_ns,
                     patch_type=PatchType.MERGE,
                 )
                 self._last[where] = (last[0], last[1], count)
                 return True
             event = Event(
-                metadata=ObjectMeta(generateName=f"{pod}.", namespace=namespace),
-                involvedObject=ObjectReference(
-                    kind="Pod", apiVersion="v1", name=pod, namespace=namespace, uid=uid
-                ),
+                metadata=ObjectMeta(generateName=f"{about.name}.", namespace=event_ns),
+                involvedObject=about,
+                related=related,
                 reason=reason,
                 message=message,
                 type="Warning",

@@ -909,6 +909,23 @@ class _Handler(BaseHTTPRequestHandler):
                 if (namespace, meta["name"]) in api._events:
                     self._send(409, _status(409, "AlreadyExists", meta["name"]))
                     return
+                involved = (event.get("involvedObject") or {}).get("namespace") or ""
+                # kube-apiserver 1.36.2 (legacy event validation), checked against the real
+                # server: an Event about a cluster-scoped object lives in `default` (or no
+                # namespace), one about a namespaced object in that object's namespace
+                if (involved and involved != namespace) or (
+                    not involved and namespace not in ("", "default")
+                ):
+                    self._send(
+                        422,
+                        _status(
+                            422,
+                            "Invalid",
+                            f'involvedObject.namespace: Invalid value: "{involved}": '
+                            "does not match event.namespace",
+                        ),
+                    )
+                    return
                 meta["namespace"] = namespace
                 meta["uid"] = secrets.token_hex(8)
                 meta["creationTimestamp"] = _now()
