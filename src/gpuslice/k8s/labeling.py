@@ -2,10 +2,14 @@
 
 The default is the NFD features.d file (`host.labelfile`), which needs no write access to
 Nodes. This mode is for clusters without NFD; it needs `patch nodes`, which the chart
-grants only when asked. The keys written are remembered in an annotation, so a later run
-removes exactly the labels it wrote before and no longer wants (a GPU removed, sharing
-turned off), and never touches labels others own (`nvidia.com/device-plugin.config`,
-`nvidia.com/gpu.present`).
+grants only when asked, and an admission policy then lets the agent change nothing of its
+Node but `nvidia.com/` labels: not even an annotation. So the labels are written by
+server-side apply under the field manager `gpuslice`: the API server remembers which labels
+this manager applied, removes the ones a later apply no longer carries (a GPU removed,
+sharing turned off) and never touches labels others own (`nvidia.com/device-plugin.config`,
+`nvidia.com/gpu.present`). Earlier versions kept that list in the annotation
+`gpuslice.io/managed-labels`: labels they wrote belong to no manager and stay until removed
+by hand (docs/install.md, "Upgrade").
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
 
-MANAGED_ANNOTATION = "gpuslice.io/managed-labels"
+FIELD_MANAGER = "gpuslice"
 
 
 class NodeLabeler:
@@ -24,40 +28,11 @@ class NodeLabeler:
         self._client = client
         self._node = node_name
 
-    async def _managed(self) -> set[str]:
-        node = await self._client.get(Node, self._node)
-        annotations = (node.metadata.annotations if node.metadata is not None else None) or {}
-        text = str(annotations.get(MANAGED_ANNOTATION, ""))
-        return {k for k in text.split(",") if k}
-
     async def apply(self, labels: Mapping[str, str]) -> None:
-        """Make the node carry exactly `labels` among the keys this labeler manages."""
-        stale = await self._managed() - set(labels)
-        patch_labels: dict[str, str | None] = dict.fromkeys(sorted(stale))
-        patch_labels.update(labels)
-        await self._client.patch(
-            Node,
-            self._node,
-            {
-                "metadata": {
-                    "labels": patch_labels,
-                    "annotations": {MANAGED_ANNOTATION: ",".join(sorted(labels))},
-                }
-            },
-            patch_type=PatchType.MERGE,
-        )
+        """Make the node carry exactly `labels` among the labels this agent applies."""
+        body = Node(metadata=ObjectMeta(name=self._node, labels=dict(labels)))
+        await self._client.apply(body, field_manager=FIELD_MANAGER, force=True)
 
     async def clear(self) -> None:
-        """Remove every label this labeler wrote (on uninstall or `labels.mode` change)."""
-        stale = await self._managed()
-        await self._client.patch(
-            Node,
-            self._node,
-            {
-                "metadata": {
-                    "labels": dict.fromkeys(sorted(stale)),
-                    "annotations": {MANAGED_ANNOTATION: None},
-                }
-            },
-            patch_type=PatchType.MERGE,
-        )
+        """Remove every label this agent applied (on uninstall or `labels.mode` change)."""
+        await self.apply({})

@@ -6,7 +6,8 @@ resource versions and streaming watch semantics (initial ADDED events, replay fr
 resourceVersion, `410 Gone` for a compacted version, server-side timeouts).
 
 Served:
-* `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch);
+* `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch, and
+  server-side apply of labels: each field manager owns the labels it applied);
 * `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
 * `GET /api/v1/pods` and `GET /api/v1/namespaces/<ns>/pods` (list or watch), field
   selectors on `spec.nodeName`, `metadata.name`, `metadata.namespace` (`,` joins them);
@@ -96,6 +97,8 @@ class FakeApiServer:
         self._nodes: dict[str, Json] = {}
         self._pods: dict[tuple[str, str], Json] = {}
         self._events: dict[tuple[str, str], Json] = {}
+        self._label_owners: dict[str, dict[str, set[str]]] = {}
+        """Node -> field manager -> the label keys it applied (server-side apply)."""
         self._resources: dict[tuple[str, str, str], Json] = {}
         """resource.k8s.io/v1 objects by (plural, namespace or "", name)."""
         self._history: list[_Change] = []
@@ -777,12 +780,39 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "PATCH":
                 self._send(405, _status(405, "MethodNotAllowed", method))
                 return
-            patched = self._apply_patch(node, body)
+            if self.headers.get("Content-Type", "").startswith("application/apply-patch"):
+                patched = self._server_side_apply(node, body)
+            else:
+                patched = self._apply_patch(node, body)
             patched["metadata"]["name"] = name
             patched["metadata"]["uid"] = node["metadata"]["uid"]
             api._nodes[name] = patched
             api._record("MODIFIED", patched)
             self._send(200, patched)
+
+    def _server_side_apply(self, node: Json, body: bytes) -> Json:
+        """Server-side apply of a Node's labels, as far as the agent uses it: the field
+        manager owns the labels it applied; a label it applied before and no longer applies
+        is removed, others' labels are left alone. (Only labels: the agent applies nothing
+        else. `force=true` is assumed, as the agent sends it.)"""
+        manager = parse_qs(urlsplit(self.path).query).get("fieldManager", [""])[0]
+        if not manager:
+            raise ValueError("server-side apply needs a fieldManager")
+        applied = json.loads(body or b"{}")
+        wanted: dict[str, str] = (applied.get("metadata") or {}).get("labels") or {}
+        owned = self.server_state._label_owners.setdefault(node["metadata"]["name"], {})
+        before = owned.get(manager, set())
+        out = copy.deepcopy(node)
+        labels = out["metadata"].setdefault("labels", {})
+        for key in before - set(wanted):
+            if not any(key in keys for m, keys in owned.items() if m != manager):
+                labels.pop(key, None)
+        labels.update(wanted)
+        for other, keys in owned.items():
+            if other != manager:
+                keys -= set(wanted)  # force: the applier takes the fields over
+        owned[manager] = set(wanted)
+        return out
 
     def _apply_patch(self, obj: Json, body: bytes) -> Json:
         ctype = self.headers.get("Content-Type", "")
