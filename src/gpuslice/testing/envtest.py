@@ -1,0 +1,207 @@
+"""A real etcd and kube-apiserver for the tests, found as controller-runtime's envtest finds
+them: in the directory `KUBEBUILDER_ASSETS` names (`setup-envtest` users have one; `.ci/run`
+unpacks the project's copy from `shared/envtest`).
+
+The API server runs on loopback ports in a temporary directory, with RBAC on, a token for an
+admin in `system:masters`, a service-account key pair made with `openssl`, and DRA's gates.
+It is started once per test run and stopped by PID. What the double (`testing.apiserver`)
+only imitates, this answers as a cluster would: validation, admission policies, RBAC,
+server-side apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ASSETS_ENV = "KUBEBUILDER_ASSETS"
+TOKEN = "gpuslice-envtest-admin"
+GATES = (
+    "DRAConsumableCapacity=true,DRAPartitionableDevices=true,DRADeviceTaints=true,"
+    "DRAAdminAccess=true,DRAPrioritizedList=true,DRAResourceClaimDeviceStatus=true,"
+    "DRAExtendedResource=true"
+)
+READY_S = 60.0
+HOW_TO_GET = (
+    "set KUBEBUILDER_ASSETS to a directory holding etcd, kube-apiserver and kubectl "
+    "(`../shared/envtest/unpack.sh DIR`, or `setup-envtest use -p path`)"
+)
+
+
+class EnvtestUnavailable(Exception):
+    """No binaries (or no openssl): the real-server tests skip, saying how to get them."""
+
+
+def assets() -> Path:
+    """The directory of the control-plane binaries; EnvtestUnavailable when there is none."""
+    value = os.environ.get(ASSETS_ENV, "")
+    if not value:
+        raise EnvtestUnavailable(f"{ASSETS_ENV} is not set: {HOW_TO_GET}")
+    root = Path(value)
+    missing = [b for b in ("etcd", "kube-apiserver", "kubectl") if not (root / b).is_file()]
+    if missing:
+        raise EnvtestUnavailable(f"{ASSETS_ENV}={root} has no {', '.join(missing)}: {HOW_TO_GET}")
+    if shutil.which("openssl") is None:
+        raise EnvtestUnavailable("openssl is needed for the service-account keys")
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver, running; `kubectl()` and `kubeconfig` talk to it as admin."""
+
+    bin_dir: Path
+    workdir: Path
+    port: int
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    def kubectl(
+        self,
+        *args: str,
+        as_user: str | None = None,
+        extra: Sequence[tuple[str, str]] = (),
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """`kubectl` as admin, or impersonating `as_user` with `extra` user info."""
+        command = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        if as_user is not None:
+            command.append(f"--as={as_user}")
+            command.extend(f"--as-user-extra={key}={value}" for key, value in extra)
+        return subprocess.run(
+            [*command, *args], capture_output=True, text=True, timeout=60, check=False, input=stdin
+        )
+
+    def log(self) -> str:
+        return (self.workdir / "kube-apiserver.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(self.processes):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _write_kubeconfig(path: Path, url: str) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: envtest\n  cluster:\n    server: {url}\n"
+        "    insecure-skip-tls-verify: true\n"
+        f"users:\n- name: admin\n  user:\n    token: {TOKEN}\n"
+        "contexts:\n- name: envtest\n  context:\n    cluster: envtest\n    user: admin\n"
+        "current-context: envtest\n",
+        encoding="utf-8",
+    )
+
+
+def _ready(url: str) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(f"{url}/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+
+
+def start(bin_dir: Path, workdir: Path) -> ControlPlane:
+    """Start etcd and kube-apiserver in `workdir`; returns once `/readyz` answers 200."""
+    key, cert = workdir / "sa.key", workdir / "sa.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "2", "-subj", "/CN=service-accounts"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    (workdir / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
+    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    plane = ControlPlane(bin_dir, workdir, api_port)
+    try:
+        plane.processes.append(
+            _spawn(
+                [str(bin_dir / "etcd"), "--data-dir", str(workdir / "etcd"),
+                 "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+                 "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                 "--unsafe-no-fsync"],
+                workdir / "etcd.log",
+            )
+        )  # fmt: skip
+        plane.processes.append(
+            _spawn(
+                [str(bin_dir / "kube-apiserver"),
+                 "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+                 "--bind-address", "127.0.0.1", "--secure-port", str(api_port),
+                 "--cert-dir", str(workdir / "certs"),
+                 "--service-account-key-file", str(cert),
+                 "--service-account-signing-key-file", str(key),
+                 "--service-account-issuer", "https://envtest.gpuslice.invalid",
+                 "--token-auth-file", str(workdir / "tokens.csv"),
+                 "--authorization-mode", "RBAC",
+                 "--service-cluster-ip-range", "10.0.0.0/24",
+                 "--feature-gates", GATES],
+                workdir / "kube-apiserver.log",
+            )
+        )  # fmt: skip
+        _write_kubeconfig(plane.kubeconfig, plane.url)
+        deadline = time.monotonic() + READY_S
+        while not _ready(plane.url):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in plane.processes):
+                raise RuntimeError(f"kube-apiserver never became ready:\n{plane.log()}")
+            time.sleep(0.2)
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+@contextlib.contextmanager
+def running() -> Iterator[ControlPlane]:
+    """A control plane for the duration of the block (EnvtestUnavailable without binaries)."""
+    bin_dir = assets()
+    with tempfile.TemporaryDirectory(prefix="gs-envtest-") as tmp:
+        plane = start(bin_dir, Path(tmp))
+        try:
+            yield plane
+        finally:
+            plane.stop()
