@@ -1,4 +1,4 @@
-"""A real etcd and kube-apiserver for the tests, found as controller-runtime's envtest finds
+"""A real etcd, kube-apiserver and kube-scheduler for the tests, found as controller-runtime's envtest finds
 them: in the directory `KUBEBUILDER_ASSETS` names (`setup-envtest` users have one; `.ci/run`
 unpacks the project's copy from `shared/envtest`).
 
@@ -72,6 +72,8 @@ class ControlPlane:
     workdir: Path
     port: int
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    scheduler: bool = False
+    """A kube-scheduler runs too (the assets hold one)."""
 
     @property
     def url(self) -> str:
@@ -189,6 +191,17 @@ def start(bin_dir: Path, workdir: Path) -> ControlPlane:
             if time.monotonic() > deadline or any(p.poll() is not None for p in plane.processes):
                 raise RuntimeError(f"kube-apiserver never became ready:\n{plane.log()}")
             time.sleep(0.2)
+        if (bin_dir / "kube-scheduler").is_file():
+            # DRA allocation is the scheduler's: claims of pods it places get their devices
+            plane.processes.append(
+                _spawn(
+                    [str(bin_dir / "kube-scheduler"), "--kubeconfig", str(plane.kubeconfig),
+                     "--leader-elect=false", "--bind-address", "127.0.0.1",
+                     "--secure-port", str(_free_port()), "--feature-gates", GATES],
+                    workdir / "kube-scheduler.log",
+                )
+            )  # fmt: skip
+            plane.scheduler = True
     except BaseException:
         plane.stop()
         raise
