@@ -1,6 +1,6 @@
-"""A real etcd, kube-apiserver and kube-scheduler for the tests, found as controller-runtime's envtest finds
-them: in the directory `KUBEBUILDER_ASSETS` names (`setup-envtest` users have one; `.ci/run`
-unpacks the project's copy from `shared/envtest`).
+"""A real etcd, kube-apiserver and kube-scheduler for the tests, found as
+controller-runtime's envtest finds them: in the directory `KUBEBUILDER_ASSETS` names
+(`setup-envtest` users have one; `.ci/run` unpacks the project's copy from `shared/envtest`).
 
 The API server runs on loopback ports in a temporary directory, with RBAC on, a token for an
 admin in `system:masters`, a service-account key pair made with `openssl`, and DRA's gates.
