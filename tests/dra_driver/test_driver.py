@@ -584,3 +584,66 @@ async def test_an_mps_daemon_that_never_answers_fails_the_claim_and_is_not_kept(
     finally:
         stop.set()
         await task
+
+
+async def test_a_prepare_cut_short_by_a_crash_has_its_interval_reset_at_start(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """`PrepareStarted` is recorded with the planned steps before any runs: what a crash
+    leaves in the record says what may have taken effect, and the next start undoes it."""
+    rig = await make_rig()
+    seen: list[dict[str, Any]] = []
+
+    class Crashing(RecordingTimeslice):
+        async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
+            await super().set_timeslice(gpu_uuid, interval)
+            if interval:  # the agent dies right after setting it: keep the record as it is
+                seen.append(json.loads((rig.workdir / "checkpoint.json").read_text()))
+
+    rig.timeslice = Crashing()
+    driver = rig.driver()
+    await driver.load()
+    ts = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    ref = rig.claim("ts", ts)
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    [(gpu, interval)] = rig.timeslice.calls
+    assert interval != 0
+    [record] = seen
+    started = record["data"]["claims"][ref.uid]
+    assert started["state"] == "PrepareStarted"
+    assert started["applied"][0]["gpus"] == [gpu]
+    (rig.workdir / "checkpoint.json").write_text(json.dumps(record))  # the crash
+
+    setter = RecordingTimeslice()
+    rig.timeslice = setter
+    again = rig.driver()
+    await again.load()
+    assert again.claims == {}
+    assert setter.calls == [(gpu, 0)], "the interval is back to Default"
+
+
+async def test_unprepare_of_an_unrecorded_claim_removes_what_is_left_under_its_uid(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A record lost while the API was unreachable rebuilds nothing and removes nothing; the
+    kubelet's Unprepare of such a claim then cleans its CDI spec up."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    (rig.workdir / "checkpoint.json").write_bytes(b"{")
+
+    async def unreachable() -> list[dict[str, Any]]:
+        raise ConnectionError("connection refused")
+
+    rig.store.list_claims = unreachable  # type: ignore[method-assign]
+    again = rig.driver()
+    await again.load()
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+    assert await again.unprepare([ref]) == {ref.uid: ""}
+    assert rig.cdi_files() == set()

@@ -190,10 +190,10 @@ class DraDriver:
             if decoded.status == "stale":
                 log.warning("dra-checkpoint-stale", reason=decoded.reason)
             claims = dict(decoded.checkpoint.claims)
-        for uid, claim in list(claims.items()):
-            if claim.state != "PrepareCompleted":
-                log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
-                del claims[uid]
+        unfinished = [c for c in claims.values() if c.state != "PrepareCompleted"]
+        for claim in unfinished:
+            log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
+            del claims[claim.uid]
         self._claims = claims
         # CDI specs of claims not (or no longer) prepared: a reboot, a crash mid-Prepare.
         for uid in await asyncio.to_thread(self._cdi.claims) if complete else ():
@@ -207,6 +207,10 @@ class DraDriver:
                     self._daemons[spec.resource] = spec
         if decoded.status != "ok" or raw is None:
             await self._write_quietly()
+        for claim in unfinished:
+            # a Prepare cut short by a crash: undo what its planned steps may have done (a
+            # time-slice interval reset to Default; its MPS daemon is a stray, quit below)
+            await self._undo(claim.uid, claim.applied)
         if self._mps is not None:
             if complete:
                 await self._quit_strays()
@@ -384,7 +388,10 @@ class DraDriver:
         any failure or cancellation, undo what was applied and drop the record entirely."""
         ref = work.ref
         applied = self._in_flight[ref.uid].sharing
-        started = PreparedClaim(ref.uid, ref.namespace, ref.name, "PrepareStarted")
+        # the planned steps go into the record first: a crash mid-way leaves a record that
+        # says what may have taken effect, and the next start undoes it (`load`)
+        planned = tuple(step.record for step in prepared.steps)
+        started = PreparedClaim(ref.uid, ref.namespace, ref.name, "PrepareStarted", applied=planned)
         try:
             self._claims[ref.uid] = started
             await self._write()
@@ -580,7 +587,10 @@ class DraDriver:
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         claim = self._claims.get(ref.uid)
         if claim is None:
-            return ""  # never prepared here, or already unprepared: both are success
+            # never prepared here, already unprepared, or prepared before a record was lost:
+            # success either way, after removing anything left under this claim's UID
+            await self._clean_unrecorded(ref.uid)
+            return ""
         await self._undo(ref.uid, list(claim.applied))
         del self._claims[ref.uid]
         try:
@@ -615,6 +625,35 @@ class DraDriver:
             await asyncio.to_thread(self._cdi.remove, claim_uid)
         except (OSError, ValueError) as exc:
             log.warning("dra-cdi-remove-failed", claim_uid=claim_uid, error=str(exc))
+
+    async def _clean_unrecorded(self, claim_uid: str) -> None:
+        """The CDI spec and the claim MPS daemons (`<uid>-<digest>`) of a claim the record
+        does not hold: left when a lost record could not be rebuilt (the API unreachable
+        at start). The UID was checked where the request entered."""
+        try:
+            if await asyncio.to_thread(self._cdi.remove, claim_uid):
+                log.info("dra-cdi-unrecorded-removed", claim_uid=claim_uid)
+        except (OSError, ValueError) as exc:
+            log.warning("dra-cdi-remove-failed", claim_uid=claim_uid, error=str(exc))
+        if self._mps is None:
+            return
+        root = Path(self.settings.mps_root)
+        try:
+            keys = await asyncio.to_thread(
+                lambda: sorted(
+                    p.name
+                    for p in root.iterdir()
+                    if p.name.startswith(f"{claim_uid}-") and (p / "pipe").is_dir()
+                )
+            )
+        except FileNotFoundError:
+            return
+        for key in keys:
+            if key in self._daemons:
+                continue
+            await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
+            await asyncio.to_thread(self._remove_daemon_dir, key)
+            log.info("dra-mps-unrecorded-quit", claim_uid=claim_uid, daemon=key)
 
     def _daemons_used_by_others(self, claim_uid: str) -> set[str]:
         used = {
