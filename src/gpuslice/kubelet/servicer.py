@@ -147,6 +147,8 @@ class DevicePluginServicer:
             error = (grpc.StatusCode.INTERNAL, f"internal error in gpuslice: {exc!r}")
         if error is not None:
             await context.abort(*error)
+        for reply in responses:
+            self._log.info("preferred", resource=self._name, devices=",".join(reply.deviceIDs))
         return api.PreferredAllocationResponse(container_responses=responses)
 
     async def allocate(

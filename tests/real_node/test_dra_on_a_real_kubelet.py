@@ -1,0 +1,239 @@
+"""The DRA driver under the real kubelet: the scheduler allocates a claim from the slices the
+agent published, the kubelet has the driver prepare it, containerd applies the claim's CDI
+edits to the container (the environment and the device nodes, stand-in character devices on
+a machine with no GPU), and deleting the pod has the kubelet unprepare it. A kubelet restart,
+which deletes the node's slices, is repaired and the driver registers again."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.backends import open_backend
+from gpuslice.testing import realnode
+from gpuslice.testing.realnode import RealNode
+
+pytestmark = pytest.mark.timeout(180)
+
+SIM = "sim:2xh100-80gb"
+DRIVER = "gpu.nvidia.com"
+NAMESPACE = "dra"
+WAIT_S = 45.0
+GPU_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression":
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+    }}]},
+}  # fmt: skip
+STAND_INS = ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+NULL_DEVICE = os.makedev(1, 3)
+
+
+@dataclass
+class Driver:
+    node: RealNode
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    uuids: list[str]
+
+    def log(self) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(ln for ln in lines if "logger=httpx" not in ln)[-6000:]
+
+    def slices(self) -> list[dict[str, Any]]:
+        got = self.node.plane.kubectl(
+            "get", "resourceslices", "-o", "json",
+            f"--field-selector=spec.nodeName={self.node.name},spec.driver={DRIVER}",
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        return list(json.loads(got.stdout)["items"])
+
+
+def wait(ok: Callable[[], bool], what: str, driver: Driver) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not ok():
+        if driver.proc.poll() is not None:
+            raise AssertionError(f"the driver exited while waiting for {what}:\n{driver.log()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {what}\n--- driver\n{driver.log()}\n"
+                f"--- kubelet\n{driver.node.kubelet_log()}"
+            )
+        time.sleep(0.2)
+
+
+def _stand_in_devices(root: Path) -> None:
+    """The driver root's `dev`, with /dev/null's numbers under NVIDIA's names: what the CDI
+    spec's device nodes point at, so containerd can stat and create them."""
+    dev = root / "dev"
+    dev.mkdir(parents=True)
+    for name in STAND_INS:
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, NULL_DEVICE)
+
+
+@pytest.fixture(scope="module")
+def driver(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver]:
+    work = tmp_path_factory.mktemp("dra")
+    driver_root = work / "driver-root"
+    _stand_in_devices(driver_root)
+    smi = work / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    smi.chmod(0o755)
+    config = work / "config.yaml"
+    config.write_text("version: v1\n", encoding="utf-8")
+    backend = open_backend(SIM, environ={})
+    try:
+        uuids = [gpu.uuid for gpu in backend.inventory().gpus]
+    finally:
+        backend.close()
+    real_node.ensure_namespace(NAMESPACE)
+    real_node.create(GPU_CLASS)
+    log_path = work / "driver.log"
+    command = [
+        sys.executable, "-m", "gpuslice", "plugin", "--dra",
+        "--node", SIM,
+        "--config-file", str(config),
+        "--node-name", real_node.name,
+        "--kubeconfig", str(real_node.plane.kubeconfig),
+        "--dra-plugin-dir", str(real_node.plugin_dir(DRIVER)),
+        "--dra-registry-dir", str(real_node.plugins_registry),
+        "--cdi-root", str(real_node.cdi_dir),
+        "--nvidia-driver-root", str(driver_root),
+        "--container-driver-root", str(driver_root),
+        "--nvidia-smi", str(smi),
+        "--dra-resync-interval", "0.5",
+        "--no-compute-mode", "--no-labels",
+    ]  # fmt: skip
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"},
+        )
+    running = Driver(real_node, proc, log_path, uuids)
+    try:
+        wait(lambda: len(running.slices()) == 1, "the node's slice published", running)
+        wait(_registered(running, 1), "the kubelet registered the driver", running)
+        yield running
+    finally:
+        real_node.plane.kubectl(
+            "delete", "pods", "-n", NAMESPACE, "--all", "--grace-period=0", "--force"
+        )
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _registered(driver: Driver, times: int) -> Callable[[], bool]:
+    """The kubelet called the driver's NotifyRegistrationStatus with success `times` times."""
+    return lambda: driver.log_path.read_text().count("event=dra-registered") >= times
+
+
+def claim(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }  # fmt: skip
+
+
+SCRIPT = (
+    "env | grep ^NVIDIA_VISIBLE_DEVICES=; "
+    "for d in nvidia0 nvidia1 nvidiactl nvidia-uvm; do "
+    "[ -c /dev/$d ] && echo char:$d; done; exec sleep 3600"
+)
+
+
+def run_claim_pod(driver: Driver, name: str) -> dict[str, Any]:
+    node = driver.node
+    node.create(claim(name))
+    manifest = realnode.pod(name, NAMESPACE, SCRIPT, claims={"gpu": name})
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    node.create(manifest)
+    seen: dict[str, Any] = {}
+
+    def running() -> bool:
+        got = node.plane.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json")
+        seen.update(json.loads(got.stdout) if got.returncode == 0 else {})
+        phase = seen.get("status", {}).get("phase")
+        assert phase not in ("Failed", "Succeeded"), seen.get("status")
+        return phase == "Running" and "char:" in node.container_log(NAMESPACE, name, "main")
+
+    wait(running, f"pod {name} running", driver)
+    return seen
+
+
+def allocated_claim(driver: Driver, name: str) -> dict[str, Any]:
+    got = driver.node.plane.kubectl("get", "resourceclaim", name, "-n", NAMESPACE, "-o", "json")
+    assert got.returncode == 0, got.stderr
+    return dict(json.loads(got.stdout))
+
+
+def spec_file(driver: Driver, claim_uid: str) -> Path:
+    return driver.node.cdi_dir / f"k8s.gpuslice.io-claim_{claim_uid}.yaml"
+
+
+def delete_pod(driver: Driver, name: str) -> None:
+    node = driver.node
+    node.plane.kubectl("delete", "pod", name, "-n", NAMESPACE, "--grace-period=0", "--force")
+    wait(
+        lambda: node.plane.kubectl("get", "pod", name, "-n", NAMESPACE).returncode != 0,
+        f"pod {name} gone",
+        driver,
+    )
+
+
+def test_a_claimed_gpu_reaches_the_container_and_is_released(driver: Driver) -> None:
+    run_claim_pod(driver, "whole")
+    claim_obj = allocated_claim(driver, "whole")
+    [result] = claim_obj["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, driver.node.name)
+    spec = spec_file(driver, claim_obj["metadata"]["uid"])
+    assert spec.is_file()
+    # what containerd did with the CDI spec, seen from inside the container
+    log = driver.node.container_log(NAMESPACE, "whole", "main").splitlines()
+    [visible] = [ln.split("=", 1)[1] for ln in log if ln.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert visible in driver.uuids
+    minor = driver.uuids.index(visible)
+    chars = {ln.removeprefix("char:") for ln in log if ln.startswith("char:")}
+    assert chars == {f"nvidia{minor}", "nvidiactl", "nvidia-uvm"}
+    delete_pod(driver, "whole")
+    # the kubelet unprepares the claim once its pod is gone: the driver removes the spec
+    wait(lambda: not spec.exists(), "the claim's CDI spec removed at Unprepare", driver)
+
+
+def test_a_kubelet_restart_wipes_the_slices_and_the_driver_repairs_them(driver: Driver) -> None:
+    node = driver.node
+    [before] = driver.slices()
+    node.restart_kubelet()
+    wait(_registered(driver, 2), "the kubelet registered the driver again", driver)
+
+    def republished() -> bool:
+        slices = driver.slices()
+        return len(slices) == 1 and slices[0]["metadata"]["uid"] != before["metadata"]["uid"]
+
+    wait(republished, "the node's slice published again after the kubelet deleted it", driver)
+    run_claim_pod(driver, "after-restart")
+    try:
+        claim_obj = allocated_claim(driver, "after-restart")
+        assert spec_file(driver, claim_obj["metadata"]["uid"]).is_file()
+    finally:
+        delete_pod(driver, "after-restart")
