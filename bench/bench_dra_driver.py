@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ from gpuslice.k8s.dra import DraApi
 from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
+from gpuslice.ports import SliceEvent, SliceListing
 
 Json = dict[str, Any]
 SERVICE = "gpuslice.bench.Baseline"
@@ -146,6 +147,12 @@ class Routed:
 
     async def list_slices(self) -> list[Json]:
         return await self._api.list_slices()
+
+    async def listed_slices(self) -> SliceListing:
+        return await self._api.listed_slices()
+
+    def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
+        return self._api.watch_slices(resource_version)
 
     async def create_slice(self, obj: Json) -> Json:
         return await self._api.create_slice(obj)

@@ -8,7 +8,7 @@ exercise the same code paths as production.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,6 +128,17 @@ class DraObjects(Protocol):
 
     async def list_slices(self) -> list[dict[str, Any]]: ...
 
+    async def listed_slices(self) -> SliceListing:
+        """The slices and the resourceVersion of the list, to watch from."""
+        ...
+
+    def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
+        """The slices' changes after `resource_version`, as the API's watch gives them
+        (with bookmarks, so an idle watch still moves its version on); the stream
+        re-establishes itself when the server ends it. DraExpired when the version left the
+        server's history (410 Gone): list again."""
+        ...
+
     async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]: ...
 
     async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +148,29 @@ class DraObjects(Protocol):
     async def delete_slice(self, name: str) -> None:
         """DraObjectNotFound when it was already gone."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class SliceListing:
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class SliceEvent:
+    """One watch event: ADDED, MODIFIED, DELETED (`obj` the slice) or BOOKMARK (`obj` holds
+    only `metadata.resourceVersion`)."""
+
+    kind: str
+    obj: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        return str((self.obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class DraExpired(Exception):
+    """A watch asked for a resourceVersion the server no longer holds (410 Gone)."""
 
 
 class DraConflict(Exception):

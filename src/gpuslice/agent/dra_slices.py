@@ -1,23 +1,30 @@
 """Keeping this node's ResourceSlices equal to what it can offer.
 
 Published on start, on every change of the plan in force (inventory, MIG layout, config:
-which GPUs are offered as shares) and of health (taints), and checked again every resync
-interval: the kubelet deletes every slice of its node when it starts, and 30 s after a
-driver's socket went away, so slices that vanish must come back without waiting for a
-change. The comparison that decides whether anything must be written is the core's
-(`core.dra.publish.plan_slices`); what the API last returned is remembered, so slices the
-server stored in its own spelling are not rewritten at every resync.
+which GPUs are offered as shares) and of health (taints), and whenever the slices change
+under it: the kubelet deletes every slice of its node when it starts, and 30 s after a
+driver's socket went away, so slices that vanish must come back at once.
+
+The slices are known from a watch, not from polling: one LIST, then a watch with bookmarks
+resumed from the last resourceVersion whenever the server ends it or the connection drops;
+a LIST again only after 410 Gone. A node at rest therefore sends nothing but the watch
+re-establishments the server's timeout forces, whatever the number of nodes (a LIST every
+few seconds per node costs the API server cores at a few thousand nodes, as each LIST is
+filtered over every slice it holds). The comparison that decides whether anything must be
+written is the core's (`core.dra.publish.plan_slices`); what the API last returned is
+remembered, so slices the server stored in its own spelling, and the watch's echo of the
+agent's own writes, are not rewritten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.publish import (
     Health,
     SliceChanges,
@@ -29,7 +36,7 @@ from gpuslice.core.dra.publish import (
 )
 from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.logs import get_logger
-from gpuslice.ports import DraConflict, DraObjectNotFound, DraObjects
+from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
 
 log = get_logger("gpuslice.dra.slices")
 Json = dict[str, Any]
@@ -49,7 +56,10 @@ class SlicePublisher:
         snapshot: Callable[[], Snapshot | None],
         xids: Callable[[], Mapping[str, int | None]] = dict,
         resync_s: float = 10.0,
+        backoff: Backoff | None = None,
     ) -> None:
+        """`resync_s` caps the delay between retries after a failed publish (the API server
+        away); at rest nothing is re-read."""
         self._objects = objects
         self.driver = driver
         self.node = node
@@ -61,6 +71,17 @@ class SlicePublisher:
         self._stored: tuple[tuple[str, str], ...] | None = None
         """(name, resourceVersion) of the slices as we last left them."""
         self._wanted: list[Json] | None = None
+        self._backoff = backoff or Backoff(initial_s=0.2, maximum_s=30.0)
+        self._mirror: dict[str, Json] | None = None
+        """This node's slices as the watch last showed them (None: not listed yet)."""
+        self._moved = asyncio.Event()
+        """Set when the watch showed a change (the agent's own writes echoed included)."""
+        self.lists = 0
+        """Slice LISTs made: one at start, then one per 410 Gone (what tests and benches
+        count)."""
+        self.watches = 0
+        """Watch streams opened by this publisher's loop (lightkube re-opens a stream the
+        server ended without counting here)."""
         self.published = asyncio.Event()
         self.publishes = 0
         """Writes made (create, replace, delete): what the benchmark and tests count."""
@@ -97,7 +118,13 @@ class SlicePublisher:
             except DraObjectNotFound:
                 self._node_uid = ""
         for attempt in range(3):
-            existing = await self._objects.list_slices()
+            if self._mirror is not None and attempt == 0:
+                existing = list(self._mirror.values())
+            else:
+                # not watched yet (a one-off publish), or a write lost a race with a writer
+                # the watch has not shown yet: read the pool as it is now
+                existing = await self._objects.list_slices()
+                self.lists += 1
             stored = _identity(existing)
             if wanted == self._wanted and stored == self._stored:
                 return SliceChanges((), (), ())
@@ -114,6 +141,11 @@ class SlicePublisher:
             # pool as it now is: no second list
             after = written if not changes.empty else existing
             self._stored, self._wanted = _identity(after), wanted
+            if self._mirror is not None and not changes.empty:
+                for name in changes.delete:
+                    self._mirror.pop(name, None)
+                for obj in written:
+                    self._mirror[str(obj["metadata"]["name"])] = obj
             self._check_dropped(written)
             self.published.set()
             return changes
@@ -157,37 +189,111 @@ class SlicePublisher:
                     return
 
     async def run(self, stop: asyncio.Event, state: PlanState) -> None:
-        """Publish on every new snapshot and every resync tick until `stop`."""
-        version = -1
-        failures = 0
-        while not stop.is_set():
-            snap = state.current
+        """Watch the slices and publish on every new snapshot and every change the watch
+        shows, until `stop`."""
+        watching = asyncio.create_task(self._watch_forever(), name="dra-slices-watch")
+        try:
+            listed = asyncio.ensure_future(self._first_list())
+            await _first_of(stop, listed)
+            version = -1
+            failures = 0
+            while not stop.is_set():
+                snap = state.current
+                self._moved.clear()
+                try:
+                    # an API server that hangs must not stop publishing for good
+                    await asyncio.wait_for(self.publish_once(), max(30.0, 3 * self.resync_s))
+                    failures = 0
+                    self.last_error = ""
+                except Exception as exc:  # the API server may be away; keep trying
+                    failures += 1
+                    self.last_error = str(exc)
+                    log.warning("dra-slices-publish-failed", error=str(exc), failures=failures)
+                version = snap.version
+                retry = None if failures == 0 else min(self.resync_s, self._backoff.delay(failures))
+                await _next_change(stop, state, version, self._moved, retry)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    async def _first_list(self) -> None:
+        while self._mirror is None:
+            await self._moved.wait()
+            self._moved.clear()
+
+    async def _watch_forever(self) -> None:
+        """Keep `_mirror` equal to the API's view of this node's slices: LIST once, then
+        watch from the list's version; resume from the last version seen after any failure;
+        LIST again only when the server says that version is gone (410)."""
+        version: str | None = None
+        delays = self._backoff.delays()
+        while True:
             try:
-                # an API server that hangs must not stop the resync for good
-                await asyncio.wait_for(self.publish_once(), max(30.0, 3 * self.resync_s))
-                failures = 0
-                self.last_error = ""
-            except Exception as exc:  # the API server may be away; keep trying
-                failures += 1
-                self.last_error = str(exc)
-                log.warning("dra-slices-publish-failed", error=str(exc), failures=failures)
-            version = snap.version
-            wait = self.resync_s if failures == 0 else min(self.resync_s, 0.5 * 2**failures)
-            await _next_change(stop, state, version, wait)
+                if version is None:
+                    listing = await self._objects.listed_slices()
+                    self.lists += 1
+                    self._mirror = {str(o["metadata"]["name"]): o for o in listing.items}
+                    version = listing.resource_version
+                    self._moved.set()
+                self.watches += 1
+                async for event in self._objects.watch_slices(version):
+                    version = event.resource_version or version
+                    delays = self._backoff.delays()
+                    if self._take(event):
+                        self._moved.set()
+            except DraExpired:
+                log.info("dra-slices-watch-expired", message="listing again")
+                version = None
+                continue
+            except Exception as exc:
+                log.warning("dra-slices-watch-failed", error=str(exc))
+            await asyncio.sleep(next(delays))
+
+    def _take(self, event: SliceEvent) -> bool:
+        """Apply one watch event to the mirror; whether it changed anything."""
+        mirror = self._mirror
+        if mirror is None or event.kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return False
+        name = str((event.obj.get("metadata") or {}).get("name") or "")
+        if event.kind == "DELETED":
+            return mirror.pop(name, None) is not None
+        old = mirror.get(name)
+        if old is not None and _identity([old]) == _identity([event.obj]):
+            return False  # the echo of a write whose reply is already here
+        mirror[name] = event.obj
+        return True
 
 
-async def _next_change(stop: asyncio.Event, state: PlanState, version: int, wait: float) -> None:
-    deadline = time.monotonic() + wait
-    newer = asyncio.ensure_future(state.wait_newer(version))
-    stopped = asyncio.ensure_future(stop.wait())
+async def _first_of(stop: asyncio.Event, work: asyncio.Future[None]) -> None:
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({stopped, work}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (stopped, work):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _next_change(
+    stop: asyncio.Event,
+    state: PlanState,
+    version: int,
+    moved: asyncio.Event,
+    retry_s: float | None,
+) -> None:
+    """Until the plan moves on, the watch shows a change, `stop`, or (after a failure)
+    the retry delay: with nothing happening, nothing wakes."""
+    newer: asyncio.Future[Any] = asyncio.ensure_future(state.wait_newer(version))
+    watched: asyncio.Future[Any] = asyncio.ensure_future(moved.wait())
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait(
-            {newer, stopped},
-            timeout=max(0.0, deadline - time.monotonic()),
-            return_when=asyncio.FIRST_COMPLETED,
+            {newer, watched, stopped}, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED
         )
     finally:
-        for task in (newer, stopped):
+        for task in (newer, watched, stopped):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

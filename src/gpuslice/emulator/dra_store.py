@@ -7,24 +7,28 @@ resourceVersion per write, 409 (`DraConflict`) for a replace from a stale read, 
 (`DraObjectNotFound`) for a missing object, claim UIDs that change when a claim is
 recreated. Around it, what the rest of a cluster would do: users add DeviceClasses and
 claims, `allocate_claim` plays the scheduler (`dra_allocator.allocate`), `wipe_slices` the
-kubelet at its restart.
+kubelet at its restart. This node's slices can be watched as the API's are: the events after
+a resourceVersion, from a bounded history (older: `DraExpired`, as 410 Gone).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import secrets
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuslice.emulator.dra_allocator import allocate
-from gpuslice.ports import DraConflict, DraObjectNotFound
+from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
 
 Json = dict[str, Any]
+HISTORY = 1000
+"""Slice events kept for watches resuming from an older version."""
 
 
 class DraStore:
@@ -49,6 +53,8 @@ class DraStore:
         self._classes: dict[str, Json] = {}
         self._claims: dict[tuple[str, str], Json] = {}
         self._slices: dict[str, Json] = {}
+        self._history: list[tuple[int, SliceEvent]] = []
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     # -- ports.DraObjects ----------------------------------------------------------------
 
@@ -64,6 +70,52 @@ class DraStore:
     async def list_slices(self) -> list[Json]:
         return self.slices(node=self.node, driver=self.driver)
 
+    async def listed_slices(self) -> SliceListing:
+        with self._lock:
+            version = self._version()
+        return SliceListing(self.slices(node=self.node, driver=self.driver), version)
+
+    async def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
+        woken = asyncio.Event()
+        entry = (asyncio.get_running_loop(), woken)
+        position = int(resource_version or 0)
+        with self._lock:
+            oldest = self._history[0][0] if self._history else None
+            if oldest is not None and position < oldest - 1:
+                raise DraExpired(f"too old resource version: {position}")
+            self._watchers.append(entry)
+        try:
+            while True:
+                with self._lock:
+                    pending = [(rv, e) for rv, e in self._history if rv > position]
+                for rv, event in pending:
+                    position = rv
+                    yield event
+                await woken.wait()
+                woken.clear()
+        finally:
+            with self._lock:
+                self._watchers.remove(entry)
+
+    def _version(self) -> str:
+        """The store's current resourceVersion (call with the lock held)."""
+        return str(self._history[-1][0]) if self._history else "0"
+
+    def _slice_event(self, kind: str, obj: Json) -> None:
+        """Record a change of one of this node's slices and wake the watches (call with
+        the lock held; a deletion takes a version of its own, as in the API)."""
+        spec = obj.get("spec") or {}
+        if spec.get("nodeName") != self.node or spec.get("driver") != self.driver:
+            return
+        event = copy.deepcopy(obj)
+        if kind == "DELETED":
+            event["metadata"]["resourceVersion"] = str(next(self._rv))
+        rv = int(event["metadata"]["resourceVersion"])
+        self._history.append((rv, SliceEvent(kind, event)))
+        del self._history[:-HISTORY]
+        for loop, woken in self._watchers:
+            loop.call_soon_threadsafe(woken.set)
+
     async def create_slice(self, obj: Json) -> Json:
         new = copy.deepcopy(obj)
         meta = new.setdefault("metadata", {})
@@ -76,7 +128,9 @@ class DraStore:
                 raise DraConflict(f"ResourceSlice {meta['name']} already exists")
             for server_set in ("uid", "resourceVersion", "creationTimestamp"):
                 meta.pop(server_set, None)
-            return self._stored(self._slices, meta["name"], new, None, "ResourceSlice")
+            stored = self._stored(self._slices, meta["name"], new, None, "ResourceSlice")
+            self._slice_event("ADDED", stored)
+            return stored
 
     async def replace_slice(self, obj: Json) -> Json:
         new = copy.deepcopy(obj)
@@ -88,12 +142,16 @@ class DraStore:
             sent = str(new["metadata"].get("resourceVersion") or "")
             if sent and sent != current["metadata"]["resourceVersion"]:
                 raise DraConflict(f"ResourceSlice {name}: the object has been modified")
-            return self._stored(self._slices, name, new, current, "ResourceSlice")
+            stored = self._stored(self._slices, name, new, current, "ResourceSlice")
+            self._slice_event("MODIFIED", stored)
+            return stored
 
     async def delete_slice(self, name: str) -> None:
         with self._lock:
-            if self._slices.pop(name, None) is None:
+            gone = self._slices.pop(name, None)
+            if gone is None:
                 raise DraObjectNotFound(f"ResourceSlice {name} not found")
+            self._slice_event("DELETED", gone)
 
     # -- the rest of the cluster ---------------------------------------------------------
 
@@ -171,7 +229,7 @@ class DraStore:
                 and (driver is None or s["spec"].get("driver") == driver)
             ]
             for name in doomed:
-                del self._slices[name]
+                self._slice_event("DELETED", self._slices.pop(name))
             return len(doomed)
 
     def allocate_claim(

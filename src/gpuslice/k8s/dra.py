@@ -4,22 +4,32 @@ The driver's rules (which slices to publish, which claim results are ours, how o
 configs resolve) live in the pure core and work on the API's JSON shapes, so this adapter
 only moves dicts: ResourceClaims are read (the kubelet sends just namespace, UID and name),
 and this node's ResourceSlices of this driver are listed, created, replaced and deleted.
-It implements `ports.DraObjects`; 404 and 409 become the port's exceptions.
+It implements `ports.DraObjects`; 404 and 409 become the port's exceptions, 410 on a watch
+`DraExpired`.
+
+The slices are watched with bookmarks (`allowWatchBookmarks`), which lightkube's `watch()`
+does not ask for: without them a watch that saw no change of this node's slices resumes,
+after the server ends it, from the version of its start, which the server may have compacted
+away meanwhile (410 Gone, then a LIST). The request is built with lightkube's own request
+builder and streamed by its own watch loop, which resumes from the last version seen
+(bookmarks included) when the server closes the stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import Generic
 from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from gpuslice.ports import DraConflict, DraObjectNotFound
+from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
 
 Json = dict[str, Any]
 
@@ -63,11 +73,41 @@ class DraApi:
 
     async def list_slices(self) -> list[Json]:
         """This node's slices of this driver (the kubelet wipes the same selection)."""
-        fields: dict[str, str | BinaryOperator | SequenceOperator] = {
-            "spec.nodeName": self.node_name,
-            "spec.driver": self.driver,
-        }
-        return [_plain(s) async for s in self._client.list(ResourceSlice, fields=fields)]
+        return (await self.listed_slices()).items
+
+    def _slice_fields(self) -> dict[str, str | BinaryOperator | SequenceOperator]:
+        return {"spec.nodeName": self.node_name, "spec.driver": self.driver}
+
+    async def listed_slices(self) -> SliceListing:
+        listing = self._client.list(ResourceSlice, fields=self._slice_fields())
+        items = [_plain(s) async for s in listing]
+        return SliceListing(items, str(listing.resourceVersion))
+
+    async def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
+        generic = self._client._client  # lightkube's request builder and watch loop
+        request = generic.prepare_request(
+            "list",
+            res=ResourceSlice,
+            watch=True,
+            params={
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "fieldSelector": f"spec.nodeName={self.node_name},spec.driver={self.driver}",
+            },
+        )
+        # decoded as plain dicts: a BOOKMARK is a slice with only metadata, which the typed
+        # model refuses (no `spec`)
+        plain: Any = Generic
+        events = generic.watch(dataclasses.replace(request, response_type=plain))
+        try:
+            async for kind, obj in events:
+                yield SliceEvent(str(kind), dict(obj.to_dict()))
+        except ApiError as exc:
+            if getattr(exc.status, "code", None) == 410:
+                raise DraExpired(str(exc.status.message)) from exc
+            raise
+        finally:
+            await events.aclose()
 
     async def create_slice(self, obj: Json) -> Json:
         async with _translated("ResourceSlice"):

@@ -17,7 +17,9 @@ Served:
   `spec.nodeName`, `spec.driver`, `metadata.name`), get, create (`generateName` honoured;
   409 for a taken name), replace (`PUT`; 409 when the sent `metadata.resourceVersion` is
   stale; a claim's `status` changes only through `PUT .../resourceclaims/<name>/status`)
-  and delete (404 when absent). Watches on these are not served (400).
+  and delete (404 when absent). Slices can be watched (same field selectors; a BOOKMARK
+  before a watch's `timeoutSeconds` ends it, when `allowWatchBookmarks=true`); other DRA
+  watches are not served (400).
 
 Label selectors are not implemented (gpuslice does not use them): requests carrying one are
 answered `400`, so a test cannot silently pass on an unfiltered answer.
@@ -73,6 +75,7 @@ class _Change:
 _FIELDS: dict[str, tuple[str, ...]] = {
     "Node": ("metadata.name",),
     "Pod": ("metadata.name", "metadata.namespace", "spec.nodeName"),
+    "ResourceSlice": ("spec.nodeName", "spec.driver", "metadata.name"),
 }
 """Field selectors served per kind (the real API server rejects others with 400 too)."""
 _RESOURCE_KINDS = {
@@ -323,8 +326,7 @@ class FakeApiServer:
     def delete_slice(self, name: str) -> None:
         """Delete one slice, as another writer (or an admin) would; KeyError if absent."""
         with self._cond:
-            del self._resources[("resourceslices", "", name)]
-            self._bump_resources()
+            self._deleted_slice(self._resources.pop(("resourceslices", "", name)))
 
     def delete_all_slices(self, node: str, driver: str | None = None) -> int:
         """What the kubelet does at its start (every driver's slices of `node`) and 30 s
@@ -338,9 +340,13 @@ class FakeApiServer:
                 and (driver is None or _field(o, "spec.driver") == driver)
             ]
             for key in doomed:
-                del self._resources[key]
+                self._deleted_slice(self._resources.pop(key))
             self._bump_resources()
             return len(doomed)
+
+    def _deleted_slice(self, obj: Json) -> None:
+        """A deletion is a watch event with a version of its own (call with the lock held)."""
+        self._record("DELETED", copy.deepcopy(obj))
 
     def _resources_of(self, plural: str) -> list[Json]:
         with self._cond:
@@ -366,7 +372,10 @@ class FakeApiServer:
             obj.setdefault("apiVersion", "resource.k8s.io/v1")
             obj.setdefault("kind", _RESOURCE_KINDS[plural])
             self._resources[key] = obj
-            self._bump(obj)
+            if plural == "resourceslices":
+                self._record("MODIFIED" if old is not None else "ADDED", obj)
+            else:
+                self._bump(obj)
             return copy.deepcopy(obj)
 
     def _bump_resources(self) -> None:
@@ -506,6 +515,12 @@ class _QuietServer(ThreadingHTTPServer):
         """Clients hanging up mid-stream (cancelled watches) are normal here, not errors."""
 
 
+def _bookmark(kind: str, position: int) -> Json:
+    api_version = "resource.k8s.io/v1" if kind == "ResourceSlice" else "v1"
+    return {"kind": kind, "apiVersion": api_version,
+            "metadata": {"resourceVersion": str(position)}}  # fmt: skip
+
+
 def _watch_wakeup(
     api: FakeApiServer, generation: int, position: int, deadline: float | None
 ) -> Callable[[], bool]:
@@ -636,7 +651,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
             return
         if name is None and method == "GET":
-            if query.get("labelSelector") or query.get("watch") in ("true", "1"):
+            watch = query.get("watch") in ("true", "1")
+            if watch and plural == "resourceslices" and not query.get("labelSelector"):
+                self._watch("ResourceSlice", None, query)
+                return
+            if query.get("labelSelector") or watch:
                 self._send(400, _status(400, "BadRequest", "labelSelector/watch not served"))
                 return
             wanted = self._resource_selector(plural, query)
@@ -670,7 +689,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, current)
             elif method == "DELETE" and subresource is None:
                 del api._resources[key]
-                api._bump_resources()
+                if plural == "resourceslices":
+                    api._deleted_slice(current)
+                else:
+                    api._bump_resources()
                 self._send(200, current)
             elif method == "PUT":
                 self._replace_resource(plural, namespace, name, subresource, current, body)
@@ -852,6 +874,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _store(self, kind: str) -> list[Json]:
         """Every object of `kind` (call with the lock held)."""
         api = self.server_state
+        if kind == "ResourceSlice":
+            return [o for k, o in api._resources.items() if k[0] == "resourceslices"]
         return list(api._nodes.values() if kind == "Node" else api._pods.values())
 
     def _list(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
@@ -919,6 +943,10 @@ class _Handler(BaseHTTPRequestHandler):
             for change in changes:
                 self._chunk({"type": change.type, "object": change.obj})
             if deadline is not None and time.monotonic() >= deadline:
+                if query.get("allowWatchBookmarks") == "true":
+                    # as the real server does before it ends a watch: the version reached,
+                    # so the client resumes from there, not from its stale start
+                    self._chunk({"type": "BOOKMARK", "object": _bookmark(kind, position)})
                 self._end_chunks()
                 return
 
