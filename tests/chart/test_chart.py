@@ -114,8 +114,8 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
         rules = one(result, "ClusterRole")["rules"]
         return {v for r in rules if "nodes" in r["resources"] for v in r["verbs"]}
 
-    assert node_verbs(render()) == {"get", "list", "watch"}
-    assert node_verbs(render(labels={"mode": "api"})) == {"get", "list", "watch", "patch"}
+    assert node_verbs(render()) == {"get", "watch"}, "its own Node by name: never a list"
+    assert node_verbs(render(labels={"mode": "api"})) == {"get", "watch", "patch"}
     rules = one(render(), "ClusterRole")["rules"]
     assert not [r for r in rules if "events" in r["resources"]], "events: a Role (privilege tests)"
 
@@ -123,7 +123,7 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
 def test_pods_are_readable_only_when_metrics_or_the_guard_attribute_them() -> None:
     """Per-pod attribution maps pod UIDs through the API; without metrics and memory guard,
     no pod access."""
-    pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
     assert pods_rule in one(render(), "ClusterRole")["rules"]
     guard_only = one(render(metrics={"enabled": False}), "ClusterRole")["rules"]
     assert pods_rule in guard_only

@@ -307,25 +307,23 @@ def test_a_surging_rolling_update_is_refused_in_dra_mode(surge: Any) -> None:
 # -- RBAC and the admission policy ---------------------------------------------------------
 
 
-def test_rbac_for_resource_slices_claims_and_classes_only_in_dra_mode() -> None:
+def test_rbac_for_resource_slices_and_claims_only_in_dra_mode() -> None:
+    """The verbs `k8s.dra.DraApi` uses (docs/install.md, "API access"); no DeviceClasses:
+    a class's configs reach the driver inside the claim's allocation."""
     result = render(dra=DRA)
     assert resource_rules(result) == [
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            "verbs": ["list", "watch", "create", "update", "delete"],
         },
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims"],
             "verbs": ["get", "list", "watch"],
         },
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["deviceclasses"],
-            "verbs": ["get", "list", "watch"],
-        },
     ]
+    assert resource_rules(render()) == []
     node_verbs = {
         v
         for r in one(result, "ClusterRole")["rules"]
@@ -515,7 +513,9 @@ def test_notes_say_device_plugin_or_dra_never_both() -> None:
     assert "NVIDIA's device plugin or NVIDIA's DRA driver" in flat
     assert "gpu.nvidia.com (whole GPUs, also as extended resource nvidia.com/gpu" in flat
     assert "mig.nvidia.com (MIG devices)" in flat
-    assert "ResourceSlices (create/update/patch/delete)" in flat
+    assert (
+        "ResourceSlices (list/watch/create/update/delete), ResourceClaims (get/list/watch)" in flat
+    )
 
 
 def _leaves(values: dict[str, Any], prefix: str) -> list[str]:

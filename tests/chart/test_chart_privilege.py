@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import celpy
@@ -56,6 +57,12 @@ def policy(**values: Any) -> dict[str, Any]:
     return one(render(labels={"mode": "api"}, **values), "ValidatingAdmissionPolicy")
 
 
+@functools.cache
+def node_policy() -> dict[str, Any]:
+    """The node-patch policy as labels.mode=api renders it (rendered once: Helm is slow)."""
+    return policy()
+
+
 def test_policy_only_in_api_mode_and_bound() -> None:
     kinds = {m["kind"] for m in render().manifests}
     assert "ValidatingAdmissionPolicy" not in kinds
@@ -81,27 +88,42 @@ def request(node_name: str | None, user: str = SA) -> dict[str, Any]:
     return {"userInfo": info}
 
 
-def evaluate(
-    expression: str, old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]
-) -> bool:
+def _run(expression: str, activation: dict[str, Any]) -> Any:
     env = celpy.Environment()
-    program = env.program(env.compile(expression))
-    activation = {
-        "object": celpy.json_to_cel(new),
-        "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel(req),
-    }
-    result = program.evaluate(activation)
+    return env.program(env.compile(expression)).evaluate(activation)
+
+
+def evaluate(expression: str, activation: dict[str, Any]) -> bool:
+    result = _run(expression, activation)
     assert isinstance(result, celpy.celtypes.BoolType), result
     return bool(result)
 
 
-def admitted(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> bool:
-    spec = policy()["spec"]
+def verdicts(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> list[bool] | None:
+    """Each validation's verdict, the policy's variables evaluated first as the API server
+    does; None when the request is not the agent's (the policy does not apply)."""
+    spec = node_policy()["spec"]
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(req),
+    }
     [cond] = spec["matchConditions"]
-    if not evaluate(cond["expression"], old, new, req):
-        return True  # not the agent: the policy does not apply
-    return all(evaluate(v["expression"], old, new, req) for v in spec["validations"])
+    if not evaluate(cond["expression"], activation):
+        return None
+    variables: dict[Any, Any] = {}
+    for variable in spec.get("variables", []):
+        activation["variables"] = celpy.celtypes.MapType(variables)
+        variables[celpy.celtypes.StringType(variable["name"])] = _run(
+            variable["expression"], activation
+        )
+    activation["variables"] = celpy.celtypes.MapType(variables)
+    return [evaluate(v["expression"], activation) for v in spec["validations"]]
+
+
+def admitted(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> bool:
+    found = verdicts(old, new, req)
+    return found is None or all(found)
 
 
 BASE = {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.count": "8"}
@@ -199,6 +221,108 @@ def test_the_node_keeps_its_status_and_taints() -> None:
     status = {**old, "status": {"capacity": {"cpu": "9"}}}
     assert not admitted(old, status, request("gpu-1"))
     assert admitted(old, with_labels(old, {**BASE, "nvidia.com/x": "1"}), request("gpu-1"))
+
+
+# -- managedFields ---------------------------------------------------------------------
+# Entries as the real API server writes them (tests/real_k8s/test_chart_on_a_real_server.py
+# runs the same requests against it).
+
+
+def entry(manager: str, labels: list[str], *, op: str = "Update", time: str = "T1",
+          more: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    fields: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}}}
+    if more:
+        fields.update(more)
+    return {"apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields,
+            "manager": manager, "operation": op, "time": time}  # fmt: skip
+
+
+CREATED = entry("kubectl-create", [".", "team", "nvidia.com/device-plugin.config"])
+KUBELET = entry("kubelet", ["kubernetes.io/hostname"], more={"f:spec": {"f:podCIDR": {}}})
+AGENT = entry("gpuslice", ["nvidia.com/gpu.count"], op="Apply", time="T2")
+
+
+def owned(*entries: dict[str, Any]) -> dict[str, Any]:
+    n = full_node()
+    n["metadata"]["labels"] = {**BASE, "team": "a"}
+    if entries:
+        n["metadata"]["managedFields"] = list(entries)
+    else:
+        del n["metadata"]["managedFields"]
+    return n
+
+
+def managed_fields_verdict(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> bool:
+    """The managedFields rule's verdict alone (the labels stay as they are)."""
+    spec = node_policy()["spec"]
+    [index] = [i for i, v in enumerate(spec["validations"]) if "managedFields" in v["message"]]
+    found = verdicts(owned(*old), owned(*new), request("gpu-1"))
+    assert found is not None
+    return found[index]
+
+
+def _without(e: dict[str, Any], label: str) -> dict[str, Any]:
+    fields = {**e["fieldsV1"]["f:metadata"]["f:labels"]}
+    del fields[f"f:{label}"]
+    return {**e, "fieldsV1": {**e["fieldsV1"], "f:metadata": {"f:labels": fields}}}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # the agent's apply: its own entry comes, changes, empties ({"f:labels": {}})
+        ([CREATED, KUBELET], [AGENT, CREATED, KUBELET], True),
+        ([AGENT, CREATED, KUBELET], [{**AGENT, "time": "T3"}, CREATED, KUBELET], True),
+        ([AGENT, CREATED], [entry("gpuslice", [], op="Apply"), CREATED], True),
+        # a forced apply takes an nvidia.com/ label over from another writer
+        (
+            [CREATED, KUBELET],
+            [
+                entry("gpuslice", ["nvidia.com/device-plugin.config"], op="Apply"),
+                _without(CREATED, "nvidia.com/device-plugin.config"),
+                KUBELET,
+            ],
+            True,
+        ),
+        # the server stamps the entry a request wrote (kubectl label as the agent)
+        (
+            [CREATED, KUBELET],
+            [
+                CREATED,
+                entry(
+                    "kubelet",
+                    ["kubernetes.io/hostname", "nvidia.com/x"],
+                    time="T9",
+                    more={"f:spec": {"f:podCIDR": {}}},
+                ),
+            ],
+            True,
+        ),
+        # the first apply to a Node without managedFields
+        ([], [AGENT, entry("before-first-apply", [".", "team"])], True),
+        # reset ({"metadata": {"managedFields": [{}]}} leaves none)
+        ([CREATED, KUBELET], [], False),
+        ([CREATED, KUBELET], [AGENT], False),
+        # an entry dropped, or one of its fields
+        ([CREATED, KUBELET], [CREATED], False),
+        ([CREATED, KUBELET], [_without(CREATED, "team"), KUBELET], False),
+        ([CREATED, KUBELET], [_without(CREATED, "."), KUBELET], False),
+        # co-owning another writer's label, or forging a writer
+        ([CREATED], [entry("gpuslice", ["nvidia.com/x", "team"], op="Apply"), CREATED], False),
+        ([CREATED], [CREATED, entry("kubelet", ["team"])], False),
+        ([CREATED], [{**CREATED, "manager": "kubelet"}], False),
+        ([CREATED], [{**CREATED, "operation": "Apply"}], False),
+        ([CREATED], [CREATED, {**entry("x", []), "fieldsV1": {"f:spec": {"f:taints": {}}}}], False),
+        # a time rewritten where nothing changed
+        ([CREATED, KUBELET], [{**CREATED, "time": "T9"}, KUBELET], False),
+        # a before-first-apply entry forged on a Node that has managedFields
+        ([CREATED], [CREATED, entry("before-first-apply", ["team"])], False),
+    ],
+)
+def test_managed_fields_change_only_for_nvidia_labels(
+    old: list[dict[str, Any]], new: list[dict[str, Any]], expected: bool
+) -> None:
+    assert managed_fields_verdict(old, new) is expected
 
 
 def test_events_are_written_in_the_agents_namespace_only() -> None:
