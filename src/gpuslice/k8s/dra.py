@@ -84,8 +84,9 @@ class DraApi:
         return SliceListing(items, str(listing.resourceVersion))
 
     async def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
-        generic = self._client._client  # lightkube's request builder and watch loop
-        request = generic.prepare_request(
+        # lightkube's own request builder and watch loop (its AsyncClient.watch() cannot
+        # ask for bookmarks)
+        request = self._client._client.prepare_request(
             "list",
             res=ResourceSlice,
             watch=True,
@@ -98,7 +99,7 @@ class DraApi:
         # decoded as plain dicts: a BOOKMARK is a slice with only metadata, which the typed
         # model refuses (no `spec`)
         plain: Any = Generic
-        events = generic.watch(dataclasses.replace(request, response_type=plain))
+        events = self._client._client.watch(dataclasses.replace(request, response_type=plain))
         try:
             async for kind, obj in events:
                 yield SliceEvent(str(kind), dict(obj.to_dict()))
