@@ -170,7 +170,8 @@ class SliceEvent:
 
 
 class DraExpired(Exception):
-    """A watch asked for a resourceVersion the server no longer holds (410 Gone)."""
+    """A watch asked for a resourceVersion the server no longer holds (410 Gone), or one
+    its watch cache has not reached ("Too large resource version"): list again."""
 
 
 class DraConflict(Exception):

@@ -25,7 +25,6 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import Generic
-from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -75,11 +74,22 @@ class DraApi:
         """This node's slices of this driver (the kubelet wipes the same selection)."""
         return (await self.listed_slices()).items
 
-    def _slice_fields(self) -> dict[str, str | BinaryOperator | SequenceOperator]:
-        return {"spec.nodeName": self.node_name, "spec.driver": self.driver}
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
 
     async def listed_slices(self) -> SliceListing:
-        listing = self._client.list(ResourceSlice, fields=self._slice_fields())
+        """Listed from the API server's watch cache (`resourceVersion=0`), as informers
+        list: cheaper than a read from etcd, and the version it returns is one the cache
+        has reached, so the watch that follows starts at once. A version read from etcd can
+        be ahead of the cache, which then holds the watch until its progress catches up
+        (with an etcd that sends no progress notifications, until the next slice write
+        anywhere in the cluster) and fails it with "Too large resource version"."""
+        request = self._client._client.prepare_request(
+            "list",
+            res=ResourceSlice,
+            params={"resourceVersion": "0", "fieldSelector": self._selector()},
+        )
+        listing = self._client._client.list(request)
         items = [_plain(s) async for s in listing]
         return SliceListing(items, str(listing.resourceVersion))
 
@@ -93,7 +103,7 @@ class DraApi:
             params={
                 "resourceVersion": resource_version,
                 "allowWatchBookmarks": "true",
-                "fieldSelector": f"spec.nodeName={self.node_name},spec.driver={self.driver}",
+                "fieldSelector": self._selector(),
             },
         )
         # decoded as plain dicts: a BOOKMARK is a slice with only metadata, which the typed
@@ -104,8 +114,11 @@ class DraApi:
             async for kind, obj in events:
                 yield SliceEvent(str(kind), dict(obj.to_dict()))
         except ApiError as exc:
-            if getattr(exc.status, "code", None) == 410:
-                raise DraExpired(str(exc.status.message)) from exc
+            code = getattr(exc.status, "code", None)
+            message = str(getattr(exc.status, "message", "") or "")
+            if code == 410 or (code == 504 and "Too large resource version" in message):
+                # gone from the server's history, or ahead of its cache: list again
+                raise DraExpired(message) from exc
             raise
         finally:
             await events.aclose()
