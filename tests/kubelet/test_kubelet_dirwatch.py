@@ -4,6 +4,7 @@ the watch here)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -28,3 +29,31 @@ async def test_changes_wake_the_watch_without_polling(sock_dir: Path) -> None:
         (sock_dir / "nvidia-gpu.sock").unlink()
         await k.wait_for(lambda: k.registrations[GPU] == 3 and k.capacity(GPU) == 2, 10)
         assert (sock_dir / "nvidia-gpu.sock").is_socket()
+
+
+async def test_a_replaced_directory_ends_the_watch_and_rearming_follows_it(
+    tmp_path: Path,
+) -> None:
+    """The slow safety tick no longer has to find a replaced directory: the end of the
+    watch is a change, `armed` turns False, and `rearm` watches the new directory."""
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    watch = DirWatch.open(directory)
+    assert watch is not None
+    try:
+        assert watch.armed
+        directory.rename(tmp_path / "old")
+        await asyncio.wait_for(watch.changed.wait(), 10)
+        assert not watch.armed
+        watch.changed.clear()
+        directory.mkdir()
+        watch.rearm()
+        assert watch.armed
+        (directory / "kubelet.sock").touch()
+        await asyncio.wait_for(watch.changed.wait(), 10)
+        (tmp_path / "old" / "x").touch()  # the old directory, elsewhere now: not watched
+        watch.changed.clear()
+        await asyncio.sleep(0.2)
+        assert not watch.changed.is_set()
+    finally:
+        watch.close()

@@ -10,11 +10,12 @@ previous plan stays advertised, so nothing already allocated disappears.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gpuslice.agent.config_watch import ConfigWatch
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
@@ -261,14 +262,30 @@ class Agent:
         """Reload when the config's fingerprint changes and then holds still for one more
         tick: a file caught half-written (a writer that truncates, then writes) is never
         taken as a config. A path that goes missing, dangles or loops changes the
-        fingerprint too, so it is rejected (logged, an Event) once, and the plan stays."""
+        fingerprint too, so it is rejected (logged, an Event) once, and the plan stays.
+
+        The fingerprint is looked at when inotify says the config's directories changed
+        (`agent.config_watch`), every `config_rescan_s` as a safety net, and every
+        `reload_interval_s` while a change settles or where nothing can be watched."""
+        path = self.settings.config_path
+        watch = ConfigWatch(path) if path is not None else None
+        try:
+            await self._reload_until(stop, watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _reload_until(self, stop: asyncio.Event, watch: ConfigWatch | None) -> None:
         assert self.loaded is not None
         fingerprint = self.loaded.fingerprint
         pending: object = None
         while not stop.is_set():
-            label_changed = await self._wait_label_or_tick(stop)
+            label_changed = await self._wait_for_change(stop, watch, settling=pending is not None)
             if stop.is_set():
                 return
+            if watch is not None:
+                watch.clear()  # before the look: a change during it wakes the next wait
+                watch.rearm()
             new_fp = await asyncio.to_thread(current_fingerprint, self.settings)
             if label_changed:
                 await self.reload("node-label")
@@ -282,16 +299,36 @@ class Agent:
                 if self.unsettled:
                     fingerprint = self.loaded.fingerprint  # differs: looked at again
 
-    async def _wait_label_or_tick(self, stop: asyncio.Event) -> bool:
-        """Sleep one reload interval, or less if the node's config label changes."""
-        if self.label_values is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.reload_interval_s)
-            return False
+    async def _wait_for_change(
+        self, stop: asyncio.Event, watch: ConfigWatch | None, *, settling: bool
+    ) -> bool:
+        """Sleep until the config may have changed; True when the node's config label did.
+
+        While a change settles, one reload interval (changes in between are what the
+        settling waits out). Otherwise until `stop`, the label or a watched directory
+        changes, or the safety-net rescan; where the config cannot be watched, one reload
+        interval as before. Without a config path only the label can change anything."""
+        settings = self.settings
+        if settling or (watch is not None and not watch.armed):
+            timeout: float | None = settings.reload_interval_s
+        elif settings.config_path is None:
+            timeout = None
+        else:
+            timeout = settings.config_rescan_s
+        waiters: dict[str, asyncio.Future[Any]] = {"stop": asyncio.ensure_future(stop.wait())}
+        if self.label_values is not None:
+            waiters["label"] = asyncio.ensure_future(self.label_values.get())
+        if watch is not None and not settling:
+            waiters["files"] = asyncio.ensure_future(watch.wait())
         try:
-            value = await asyncio.wait_for(self.label_values.get(), self.settings.reload_interval_s)
-        except TimeoutError:
+            await asyncio.wait(waiters.values(), timeout=timeout, return_when=FIRST_COMPLETED)
+        finally:
+            for waiter in waiters.values():
+                waiter.cancel()
+        label = waiters.get("label")
+        if label is None or not label.done() or label.cancelled():
             return False
+        value = label.result()
         if value == self.label_value:
             return False
         log.info("node-label-changed", label=self.settings.node_label, value=value)

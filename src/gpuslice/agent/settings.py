@@ -95,8 +95,12 @@ class AgentSettings:
     kubelet_socket: Path | None = DEFAULT_PLUGIN_DIR / "kubelet.sock"
     """`KUBELET_SOCKET`; None skips registration (standalone runs)."""
     reload_interval_s: float = 1.0
-    """How often config files are checked for changes (seconds). ConfigMap volumes update
-    within about a minute; one second keeps the agent's own delay negligible."""
+    """How long a changed config must hold still before it is read (seconds), and how often
+    it is checked where its directories cannot be watched with inotify. ConfigMap volumes
+    update within about a minute; one second keeps the agent's own delay negligible."""
+    config_rescan_s: float = 30.0
+    """Safety net while inotify watches the config's directories: changes wake the check
+    at once; this only bounds how long a change inotify cannot see stays unnoticed."""
     inventory_interval_s: float = 30.0
     """How often the GPU inventory is re-read (seconds), so MIG mode and layout changes made
     on a running node (`nvidia-smi mig -cgi`, mig-parted) are re-planned without a restart."""

@@ -8,9 +8,9 @@ when a blocking call is interrupted), it starts the hard-exit timer thread itsel
 then asks the loop, thread-safely, to stop. Whatever the loop is doing, the process ends
 within the deadline.
 
-The watchdog is a thread that pings the loop; when a ping goes unanswered for longer than
-`threshold_s` it logs the loop thread's stack once per stall, so the cause of a stall is in
-the log rather than guessed at.
+The watchdog is a thread that learns from the loop's selector when the loop stops waiting
+for I/O; when one turn of the loop runs longer than `threshold_s` it logs the loop thread's
+stack once per stall, so the cause of a stall is in the log rather than guessed at.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import selectors
 import signal
 import sys
 import threading
@@ -68,51 +69,100 @@ def _hard_exit(grace_s: float) -> None:
 
 
 class LoopWatchdog:
-    """Logs, with the loop thread's stack, when the loop answers no ping for `threshold_s`."""
+    """Logs, with the loop thread's stack, when one turn of the loop runs longer than
+    `threshold_s`.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, threshold_s: float = 1.0) -> None:
-        self.loop = loop
+    It used to ping the loop twice per threshold, which woke the loop and this thread four
+    times a second on an idle daemon. Now the loop's selector tells it when the loop leaves
+    its wait for I/O and when it goes back: a loop waiting in the selector is idle, not
+    stalled, so this thread sleeps (no timeout) until the loop has work, then looks every
+    half threshold for as long as the loop stays out of its wait. An idle loop costs
+    nothing; a loop woken once costs this thread two wake-ups. Build the loop with
+    `loop_factory` so that its selector reports to this watchdog.
+    """
+
+    def __init__(self, threshold_s: float = 1.0) -> None:
         self.threshold_s = threshold_s
-        self.loop_thread = threading.get_ident()
-        """Constructed on the loop's thread (the daemon's main thread)."""
+        self.loop_thread: int | None = None
+        """The thread that runs the loop (set the first time it waits in the selector)."""
         self.stalls = 0
-        self._answered = time.monotonic()
+        self._busy_since: float | None = time.monotonic()
+        """When the loop last left the selector; None while it waits there."""
+        self._busy = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+
+    def loop_factory(self) -> asyncio.AbstractEventLoop:
+        """A loop whose selector tells this watchdog when the loop waits and when it runs."""
+        return asyncio.SelectorEventLoop(_WatchedSelector(self))
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._done.set()
+        self._busy.set()
         self._thread.join(timeout=2.0)
 
-    def _answer(self) -> None:
-        self._answered = time.monotonic()
+    def waiting(self) -> None:
+        """The loop is about to wait in its selector (called on the loop's thread)."""
+        if self.loop_thread is None:
+            self.loop_thread = threading.get_ident()
+        self._busy_since = None
+
+    def running(self) -> None:
+        """The loop left its selector and runs callbacks (called on the loop's thread)."""
+        self._busy_since = time.monotonic()
+        if not self._busy.is_set():
+            self._busy.set()
 
     def _watch(self) -> None:
-        # Two pings per threshold (two wake-ups of this thread and of the loop when all is
-        # well): a stall is reported 1.5 to 2 thresholds after it began.
         interval = self.threshold_s / 2
-        reported = False
-        while not self._done.wait(interval):
-            try:
-                self.loop.call_soon_threadsafe(self._answer)
-            except RuntimeError:
-                return  # loop closed
-            silent = time.monotonic() - self._answered
-            if silent <= self.threshold_s + interval:
-                reported = False
-                continue
-            if reported:
-                continue
-            reported = True
-            self.stalls += 1
-            frame = sys._current_frames().get(self.loop_thread)
-            stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
-            log.warning(
-                "loop-blocked",
-                silent_s=round(silent, 1),
-                threshold_s=self.threshold_s,
-                stack=stack.rstrip(),
-            )
+        reported: float | None = None
+        """`_busy_since` of the stall last reported: each stall is logged once."""
+        while not self._done.is_set():
+            self._busy.wait()
+            # Look while the loop stays out of its wait: a stall is logged 1 to 1.5
+            # thresholds after the turn began.
+            while not self._done.wait(interval):
+                since = self._busy_since
+                if since is None:
+                    break
+                silent = time.monotonic() - since
+                if silent > self.threshold_s and reported != since:
+                    reported = since
+                    self._report(silent)
+            # Sleep until the loop runs again. Cleared first and the loop's state read
+            # after, so a turn that began in between is not missed (`running` sets the
+            # event after `_busy_since`).
+            self._busy.clear()
+            if self._busy_since is not None:
+                self._busy.set()
+
+    def _report(self, silent: float) -> None:
+        self.stalls += 1
+        frame = sys._current_frames().get(self.loop_thread) if self.loop_thread else None
+        stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
+        log.warning(
+            "loop-blocked",
+            silent_s=round(silent, 1),
+            threshold_s=self.threshold_s,
+            stack=stack.rstrip(),
+        )
+
+
+class _WatchedSelector(selectors.DefaultSelector):
+    """The loop's own selector, telling the watchdog when the loop waits and runs."""
+
+    def __init__(self, watchdog: LoopWatchdog) -> None:
+        super().__init__()
+        self._watchdog = watchdog
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        # Also around a poll (timeout 0, callbacks ready): each turn of the loop restarts
+        # the watchdog's clock, so a loop busy with many short turns is not a stall.
+        self._watchdog.waiting()
+        try:
+            return super().select(timeout)
+        finally:
+            self._watchdog.running()

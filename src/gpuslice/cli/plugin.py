@@ -454,7 +454,10 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         reload_interval_s=params["config_poll_interval"],
         dra=_dra_settings(params),
     )
-    asyncio.run(_serve(settings, params["shutdown_grace"]))
+    # the watchdog learns from the loop's own selector when the loop waits (agent.watchdog)
+    watchdog = LoopWatchdog()
+    with asyncio.Runner(loop_factory=watchdog.loop_factory) as runner:
+        runner.run(_serve(settings, watchdog, params["shutdown_grace"]))
 
 
 def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
@@ -475,13 +478,14 @@ def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
     )
 
 
-async def _serve(settings: AgentSettings, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+async def _serve(
+    settings: AgentSettings, watchdog: LoopWatchdog, grace_s: float = SHUTDOWN_GRACE_S
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # a real signal handler, not loop.add_signal_handler: it must work while the loop is
     # blocked (agent.watchdog says why)
     install_shutdown_signals(loop, stop, grace_s)
-    watchdog = LoopWatchdog(loop)
     watchdog.start()
     try:
         await _run_agent(settings, stop)

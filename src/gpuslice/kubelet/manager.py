@@ -5,8 +5,9 @@ the plan (a config reload adds or removes resources: servers are started or stop
 others keep serving and their streams send the new lists), the kubelet (a new kubelet
 deletes every socket in the directory and creates its own: every server is recreated and
 registered again), and our own socket file (deleted by someone: recreated and registered).
-The directory is polled (socket inode and ctime) rather than watched with inotify, which
-needs no extra dependency and behaves the same on every filesystem a kubelet dir sits on.
+The check is level-triggered (socket inode and ctime, compared with what was last seen);
+it runs when inotify says the directory changed (`kubelet.dirwatch`), on a slow safety-net
+tick, and every 150 ms where the directory cannot be watched.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ class ManagerSettings:
     watch_interval_s: float = 0.15
     """How often the kubelet's and our sockets are checked for being recreated or deleted,
     where the directory cannot be watched with inotify."""
-    watched_interval_s: float = 2.0
+    watched_interval_s: float = 30.0
     """The safety-net check while inotify watches the directory: changes wake the check at
-    once, this only bounds how long a missed event (a replaced directory) can go unseen."""
+    once (a replaced directory too: its watch ends, which is a change), this only bounds how
+    long an event inotify never gave can go unseen. It was 2 s, half an idle daemon's
+    wake-ups from this loop; the kubelet's own restart is seen by inotify."""
     stop_grace_s: float = 2.0
     """Grace for in-flight calls when a server stops (streams end at once on their own)."""
     register_backoff: Backoff = field(default_factory=Backoff)
