@@ -386,7 +386,8 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     type=click.FloatRange(min=0.1),
     default=10.0,
     show_default=True,
-    help="Seconds between checks that this node's ResourceSlices are still published.",
+    help="Longest wait between retries after a failed ResourceSlice publish (the slices "
+    "are watched: nothing is re-read at rest).",
 )
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.option(
