@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from conftest import DoubleKube, RealKube
 from lightkube import AsyncClient
 
 from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, PodEvents
+from gpuslice.testing.kubes import DoubleKube, RealKube
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 
