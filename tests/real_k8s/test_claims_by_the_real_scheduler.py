@@ -407,3 +407,53 @@ async def test_an_extended_resource_pod_gets_a_claim_the_scheduler_made(
     assert [d.device for d in prepared.devices] == [result["device"]]
     assert await driver.unprepare([ref]) == {ref.uid: ""}
     assert node.cdi_files() == []
+
+
+async def test_a_tainted_gpu_is_passed_over(make_node: Callable[..., Awaitable[DraNode]]) -> None:
+    """The first GPU lost: its NoSchedule taint keeps the scheduler to the second."""
+    node = await make_node("sim:2xh100-80gb")
+    lost = node.state.current.inventory.gpus[0].uuid
+    node.state.publish(unhealthy=frozenset({lost}))
+    assert (await node.publisher.publish_once()).update
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+
+
+async def test_the_kubelets_wipe_of_the_slices_is_repaired(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """The kubelet deletes every slice of its node when it starts (one DeleteCollection by
+    `spec.nodeName`); the publisher, its plan unchanged, puts them back at its next
+    resync, and the scheduler allocates from them."""
+    node = await make_node("sim:2xh100-80gb")
+    before = await node.api.list_slices()
+    node.publisher.resync_s = 0.2
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.publisher.run(stop, node.state))
+    try:
+        wiped = node.plane.kubectl(
+            "delete", "--raw",
+            f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node.name}",
+        )  # fmt: skip
+        assert wiped.returncode == 0, wiped.stderr
+        async with asyncio.timeout(20):
+            while True:
+                after = await node.api.list_slices()
+                if after and after != before:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await task
+    assert {o["metadata"]["name"] for o in after}.isdisjoint(
+        o["metadata"]["name"] for o in before
+    ), "new objects"
+    assert [o["spec"]["devices"] for o in after] == [o["spec"]["devices"] for o in before]
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == node.name

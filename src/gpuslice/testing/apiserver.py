@@ -181,7 +181,7 @@ class FakeApiServer:
                 "kind": "Node",
                 "metadata": {
                     "name": name,
-                    "uid": f"node-{secrets.token_hex(8)}",
+                    "uid": str(uuid.uuid4()),  # as the real server: an RFC 4122 UUID
                     "labels": dict(labels or {}),
                     "annotations": {},
                     "creationTimestamp": _now(),
@@ -350,7 +350,9 @@ class FakeApiServer:
 
     def _put_resource(self, plural: str, namespace: str, obj: Json) -> Json:
         """Store `obj` (owned by the store from here on) with a new resourceVersion; a new
-        object gets a UID and a creation time, a replaced one keeps its UID."""
+        object gets a UID, a creation time and `metadata.generation` 1, a replaced one
+        keeps its UID and its generation goes up when its spec changed (as on the real
+        server; a status write leaves it)."""
         with self._cond:
             meta = obj.setdefault("metadata", {})
             key = (plural, namespace, meta["name"])
@@ -358,9 +360,13 @@ class FakeApiServer:
             if old is not None:
                 meta["uid"] = old["metadata"]["uid"]
                 meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+                generation = int(old["metadata"].get("generation", 1))
+                changed = obj.get("spec") != old.get("spec")
+                meta["generation"] = generation + 1 if changed else generation
             else:
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", _now())
+                meta["generation"] = 1
             if namespace:
                 meta["namespace"] = namespace
             obj.setdefault("apiVersion", "resource.k8s.io/v1")
@@ -690,7 +696,7 @@ class _Handler(BaseHTTPRequestHandler):
                 message = f'{plural}.resource.k8s.io "{meta["name"]}" already exists'
                 self._send(409, _status(409, "AlreadyExists", message))
                 return
-            for server_set in ("resourceVersion", "uid", "creationTimestamp"):
+            for server_set in ("resourceVersion", "uid", "creationTimestamp", "generation"):
                 meta.pop(server_set, None)
             if plural == "resourceclaims":
                 obj.pop("status", None)  # status is written through /status only
@@ -957,7 +963,7 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                     return
                 meta["namespace"] = namespace
-                meta["uid"] = secrets.token_hex(8)
+                meta["uid"] = str(uuid.uuid4())
                 meta["creationTimestamp"] = _now()
                 api._events[(namespace, meta["name"])] = event
                 api._bump(event)
