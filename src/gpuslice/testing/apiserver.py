@@ -7,7 +7,8 @@ resourceVersion, `410 Gone` for a compacted version, server-side timeouts).
 
 Served:
 * `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch, and
-  server-side apply of labels: each field manager owns the labels it applied);
+  server-side apply of labels: each field manager owns the labels it applied; a patch
+  leaving an invalid label key or value is refused whole, 422, as the real server does);
 * `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
 * `GET /api/v1/pods` and `GET /api/v1/namespaces/<ns>/pods` (list or watch), field
   selectors on `spec.nodeName`, `metadata.name`, `metadata.namespace` (`,` joins them);
@@ -31,6 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import secrets
 import socket
 import threading
@@ -53,6 +55,36 @@ Json = dict[str, Any]
 HISTORY_LIMIT = 1000
 """Watch events kept for replay; older resourceVersions get `410 Gone`, as after etcd
 compaction."""
+
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_problem(labels: Mapping[str, object]) -> str | None:
+    """Why the real API server refuses these labels (422), or None: a key is an optional
+    DNS-subdomain prefix and `/` and a name of at most 63 characters, a value at most 63
+    characters; names and values are alphanumeric at both ends with `-`, `_`, `.` inside."""
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (
+            len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+        ):
+            return f'metadata.labels: Invalid value: "{key}": not a valid label key'
+        if not isinstance(value, str):
+            return f"metadata.labels: Invalid value: {value!r}: a label value is a string"
+        if len(value) > 63:
+            return f'metadata.labels: Invalid value: "{value}": must be no more than 63 characters'
+        if not _LABEL_VALUE.match(value):
+            return (
+                f'metadata.labels: Invalid value: "{value}": a valid label must be an empty '
+                "string or consist of alphanumeric characters, '-', '_' or '.', and must "
+                "start and end with an alphanumeric character"
+            )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -787,9 +819,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(405, _status(405, "MethodNotAllowed", method))
                 return
             if self.headers.get("Content-Type", "").startswith("application/apply-patch"):
-                patched = self._server_side_apply(node, body)
+                applied = json.loads(body or b"{}")
+                problem = label_problem((applied.get("metadata") or {}).get("labels") or {})
+                if problem is None:
+                    patched = self._server_side_apply(node, body)
             else:
                 patched = self._apply_patch(node, body)
+                problem = label_problem(patched["metadata"].get("labels") or {})
+            if problem is not None:  # as the real server: the whole patch is refused
+                self._send(422, _status(422, "Invalid", f'Node "{name}" is invalid: {problem}'))
+                return
             patched["metadata"]["name"] = name
             patched["metadata"]["uid"] = node["metadata"]["uid"]
             api._nodes[name] = patched
