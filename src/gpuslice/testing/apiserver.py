@@ -282,10 +282,13 @@ class FakeApiServer:
 
     def set_pod_containers(self, namespace: str, name: str, containers: Mapping[str, str]) -> None:
         """Replace the pod's container statuses (a restart gives a container a new ID),
-        emitting a MODIFIED watch event. Values as for `add_pod`."""
+        emitting a MODIFIED watch event. Values as for `add_pod`; the names must be the
+        pod's containers: a pod's container list never changes on the real server."""
         with self._cond:
             pod = self._pods[(namespace, name)]
-            pod["spec"]["containers"] = [{"name": c, "image": "cuda:test"} for c in containers]
+            names = {c["name"] for c in pod["spec"]["containers"]}
+            if not set(containers) <= names:
+                raise ValueError(f"pod {namespace}/{name} has containers {sorted(names)} only")
             _set_container_statuses(pod, containers)
             self._record("MODIFIED", pod)
 

@@ -2,15 +2,17 @@
 (`testing.apiserver`) and a real kube-apiserver (`testing.envtest`).
 
 Tests take either through the same few verbs (add a Node, label it, delete it, read its
-Events, restart the server); where the two disagree, a test run against both says so. It
-lives here rather than in a test directory's `conftest.py` so that test modules import it
-by its package name: two `conftest` modules on `sys.path` (another test directory in the
-same pytest run) made `from conftest import ...` pick the wrong one.
+Events, add and delete pods bound to it, restart the server); where the two disagree, a
+test run against both says so. It lives here rather than in a test directory's
+`conftest.py` so that test modules import it by its package name: two `conftest` modules
+on `sys.path` (another test directory in the same pytest run) made `from conftest import`
+pick the wrong one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,46 @@ class RealKube:
         """Restart kube-apiserver (a plane of the test's own: the shared one must not be)."""
         self.plane.restart_apiserver()
 
+    def add_pod(self, namespace: str, name: str, node: str, containers: Mapping[str, str]) -> str:
+        """A pod bound to `node` (its `nodeName` set, as the scheduler's binding leaves it),
+        with the container statuses a kubelet would write (`set_pod_containers`); its UID,
+        which the server chooses. Creates the namespace and its `default` ServiceAccount
+        (nothing else does without a controller-manager; admission wants it)."""
+        self.namespace(namespace)
+        account = {"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "default", "namespace": namespace}}  # fmt: skip
+        done = self.plane.kubectl(
+            "create", "--validate=false", "-f", "-", stdin=json.dumps(account)
+        )
+        assert done.returncode == 0 or "AlreadyExists" in done.stderr, done.stderr
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": c, "image": "cuda:test"} for c in containers],
+            },
+        }
+        created = self._ok(
+            "create", "--validate=false", "-o", "json", "-f", "-", stdin=json.dumps(pod)
+        )
+        self.set_pod_containers(namespace, name, containers)
+        return str(json.loads(created)["metadata"]["uid"])
+
+    def set_pod_containers(self, namespace: str, name: str, containers: Mapping[str, str]) -> None:
+        """Write the pod's container statuses as a kubelet does (the status subresource):
+        each container's `containerID`, "" for one not started yet."""
+        statuses = [_container_status(c, ident) for c, ident in containers.items()]
+        status = {"status": {"phase": "Running", "containerStatuses": statuses}}
+        self._ok("patch", "pod", name, "-n", namespace, "--subresource=status",
+                 "--type=merge", "-p", json.dumps(status))  # fmt: skip
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Deleted at once (`--grace-period=0 --force`): without a kubelet to confirm, a
+        graceful delete only sets `deletionTimestamp` and the pod stays."""
+        self._ok("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force")
+
 
 class DoubleKube:
     """The API server double; every test has its own, so names are used as given."""
@@ -110,6 +152,25 @@ class DoubleKube:
         410 Gone."""
         self.api.compact()
         self.api.break_watches()
+
+    def add_pod(self, namespace: str, name: str, node: str, containers: Mapping[str, str]) -> str:
+        return str(self.api.add_pod(namespace, name, None, node, containers)["metadata"]["uid"])
+
+    def set_pod_containers(self, namespace: str, name: str, containers: Mapping[str, str]) -> None:
+        self.api.set_pod_containers(namespace, name, containers)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.api.delete_pod(namespace, name)
+
+
+def _container_status(name: str, ident: str) -> Json:
+    """A container status as the kubelet writes it: running with its ID, or waiting."""
+    status: Json = {"name": name, "image": "cuda:test", "imageID": "", "restartCount": 0}
+    if not ident:
+        return {**status, "ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
+    scheme = "" if "://" in ident else "containerd://"
+    return {**status, "ready": True, "started": True, "state": {"running": {}},
+            "containerID": scheme + ident}  # fmt: skip
 
 
 Kube = RealKube | DoubleKube
