@@ -28,10 +28,10 @@ def control_plane() -> Iterator[envtest.ControlPlane]:
         pytest.skip(f"no real API server: {exc}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def own_control_plane() -> Iterator[envtest.ControlPlane]:
-    """A control plane (no scheduler) for one module's tests, which may restart its API
-    server."""
+    """A second control plane (no scheduler) for the tests that restart its API server,
+    so the shared one is never disturbed."""
     try:
         with envtest.running(scheduler=False) as plane:
             yield plane
@@ -55,8 +55,8 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
 
 @pytest.fixture(params=["double", "real"])
 def restartable_kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
-    """Either server, the real one this module's own, so `restart()` disturbs no other
-    module's tests."""
+    """Either server, the real one of the restarting tests only, so `restart()` disturbs
+    no other test."""
     if request.param == "double":
         with running_apiserver() as api:
             yield DoubleKube(api)

@@ -78,6 +78,9 @@ async def test_a_restart_of_the_api_server_is_followed_by_a_relist(
         pods = NodePods(c, node, backoff=FAST)
         async with running(pods):
             await until(pods, lambda: pods.uid_map() == {a: (namespace, "a")})
+            kube.set_pod_containers(namespace, "a", {"main": ID_3})
+            # seen after the list, so by the watch: it is open when the server goes
+            await until(pods, lambda: pods.container_names() == {ContainerId(ID_3): "main"})
             await asyncio.to_thread(kube.restart)
             kube.delete_pod(namespace, "a")
             b = PodUid(kube.add_pod(namespace, "b", node, {"main": ID_2}))
