@@ -331,6 +331,25 @@ async def test_mps_shares_run_one_daemon_per_gpu_and_carry_client_limits(
     assert mps_manager.specs == ()
 
 
+async def test_two_shares_unprepared_in_one_call_stop_their_daemon(
+    make_rig: Callable[..., Awaitable[Rig]], mps_manager: MpsDaemonManager
+) -> None:
+    """One kubelet call unpreparing both claims of a GPU's MPS daemon (a pod with two
+    claims, or two pods ending together) stops it: each claim's undo used to count the
+    other, not yet removed, as still using the daemon, and it ran on with no claim."""
+    rig = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="mps"))
+    rig.mps = mps_manager
+    driver = rig.driver()
+    await driver.load()
+    a, b = rig.claim("a"), rig.claim("b")
+    results = await driver.prepare([a, b])
+    assert all(r.error == "" for r in results.values()), results
+    assert len(mps_manager.specs) == 1
+    assert await driver.unprepare([a, b]) == {a.uid: "", b.uid: ""}
+    assert mps_manager.specs == ()
+    assert driver.claims == {}
+
+
 async def test_guard_mode_and_shared_by_come_from_the_claims_guard_config(
     make_rig: Callable[..., Awaitable[Rig]],
 ) -> None:

@@ -1,4 +1,7 @@
-"""NodeLabelWatcher against the API server double, through lightkube over real HTTP."""
+"""NodeLabelWatcher against the API server double, through lightkube over real HTTP: what only
+the double can do (cut a stream mid-chunk, fail requests on demand, record the requests).
+The rest runs against the double and a real kube-apiserver alike, in
+tests/real_k8s/test_label_watch_both_ways.py."""
 
 from __future__ import annotations
 
@@ -23,22 +26,6 @@ async def next_value(stream: AsyncGenerator[str, None]) -> str:
 async def until(api: FakeApiServer, predicate: Callable[[], bool]) -> bool:
     """Wait (off the loop, so the client keeps running) for the server to see something."""
     return await asyncio.to_thread(api.wait_for, predicate, 10.0)
-
-
-async def test_initial_value_then_changes(api: FakeApiServer, client: AsyncClient) -> None:
-    api.add_node("gpu-1", {LABEL: "a100"})
-    watcher = NodeLabelWatcher(client, "gpu-1", LABEL, backoff=FAST)
-    async with aclosing(watcher.values()) as values:
-        assert await next_value(values) == "a100"
-        api.set_node_label("gpu-1", LABEL, "ls40")
-        assert await next_value(values) == "ls40"
-        # Other labels changing is not a change of ours; the next value is the next real one.
-        api.set_node_label("gpu-1", "team", "ml")
-        api.set_node_label("gpu-1", LABEL, None)
-        assert await next_value(values) == ""
-        api.set_node_label("gpu-1", LABEL, "a100")
-        assert await next_value(values) == "a100"
-    assert watcher.reconnects == 0
 
 
 async def test_watches_only_its_own_node(api: FakeApiServer, client: AsyncClient) -> None:
@@ -79,35 +66,6 @@ async def test_retries_through_api_errors(api: FakeApiServer, client: AsyncClien
     async with aclosing(watcher.values()) as values:
         assert await next_value(values) == "a"
     assert watcher.reconnects == 3
-
-
-async def test_node_not_there_yet(api: FakeApiServer, client: AsyncClient) -> None:
-    watcher = NodeLabelWatcher(client, "late", LABEL, backoff=FAST)
-    async with aclosing(watcher.values()) as values:
-        assert await next_value(values) == ""
-        pending = asyncio.create_task(next_value(values))
-        assert await until(api, lambda: api.watches_started >= 1)
-        api.add_node("late", {LABEL: "t4"})
-        assert await pending == "t4"
-        api.delete_node("late")
-        assert await next_value(values) == ""
-
-
-async def test_feed_pushes_values_into_the_agent_queue(
-    api: FakeApiServer, client: AsyncClient
-) -> None:
-    api.add_node("gpu-1", {LABEL: "a"})
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    watcher = NodeLabelWatcher(client, "gpu-1", LABEL, backoff=FAST)
-    task = asyncio.create_task(watcher.feed(queue))
-    try:
-        async with asyncio.timeout(10):
-            assert await queue.get() == "a"
-            api.set_node_label("gpu-1", LABEL, "b")
-            assert await queue.get() == "b"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_backoff_grows_and_caps() -> None:

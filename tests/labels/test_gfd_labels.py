@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from label_fixtures import (
     A100_80,
     L40S,
@@ -267,3 +268,19 @@ def test_family_table() -> None:
         (11, 0): "undefined",
     }
     assert {cc: gpu_family(cc) for cc in table} == table
+
+
+@pytest.mark.parametrize(
+    ("machine", "expected"),
+    [
+        ("ThinkSystem SR670 V2 -[7Z22CTO1WW]-", "ThinkSystem-SR670-V2--7Z22CTO1WW"),
+        ("PowerEdge XE9680", "PowerEdge-XE9680"),
+        ("-.-", "unknown"),
+        ("X" * 40 + " " + "Y" * 40, "X" * 40 + "-" + "Y" * 22),
+    ],
+)
+def test_the_machine_label_is_a_valid_label_value(machine: str, expected: str) -> None:
+    """A value the API server refuses (over 63 characters, or not alphanumeric at an end)
+    fails the whole label apply: kube-apiserver 1.36 refused Lenovo's `-[MTM]-` names."""
+    labels = gfd_labels(inventory(gpu(0, T4)), plan(), timestamp=None, machine_type=machine)
+    assert labels["nvidia.com/gpu.machine"] == expected

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from conftest import DoubleKube, RealKube
+import pytest
 from lightkube import AsyncClient
 
+from gpuslice.backends import open_backend
+from gpuslice.core.config import parse_config
+from gpuslice.core.labels import gfd_labels
+from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, PodEvents
+from gpuslice.testing.kubes import DoubleKube, RealKube
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
+MIXED = "version: v1\nflags:\n  migStrategy: mixed\n"
+SHARED = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+    "    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
 
 
 def fixed_clock() -> datetime:
@@ -80,3 +90,33 @@ async def test_a_node_event_outside_default_is_refused(
     kube.namespace(namespace)
     assert not await NodeEvents(client, node, namespace).post("ConfigApplied", "x")
     assert await NodeEvents(client, node, "default").post("ConfigApplied", "x")
+
+
+@pytest.mark.parametrize(
+    ("spec", "config", "machine"),
+    [
+        ("sim:2xh100-80gb", "version: v1\n", "PowerEdge XE9680"),
+        ("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2", MIXED, "p4d.24xlarge"),
+        ("sim:1xt4", SHARED, "ThinkSystem SR670 V2 -[7Z22CTO1WW]-"),
+        ("sim:1xl40s", "version: v1\n", "X" * 40 + " " + "Y" * 40),
+    ],
+    ids=["whole", "mig-mixed", "shared-lenovo", "long-machine"],
+)
+async def test_every_gfd_label_is_a_valid_label(
+    kube: RealKube | DoubleKube, client: AsyncClient, spec: str, config: str, machine: str
+) -> None:
+    """The whole GFD label set of a node, DMI machine names as vendors write them (Lenovo's
+    end in `-[MTM]-`, which sanitised ends in `-`), is taken by the API server as is: a
+    value it refuses fails the whole apply, and the node would carry no label at all."""
+    node = kube.name("gfd")
+    kube.add_node(node)
+    backend = open_backend(spec, environ={})
+    try:
+        inventory = backend.inventory()
+    finally:
+        backend.close()
+    plan = build_plan(inventory, parse_config(config))
+    labels = gfd_labels(inventory, plan, timestamp=1700000000, machine_type=machine)
+    await NodeLabeler(client, node).apply(labels)
+    stored = kube.node(node)["metadata"]["labels"]
+    assert {k: v for k, v in stored.items() if k in labels} == labels

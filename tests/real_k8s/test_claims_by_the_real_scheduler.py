@@ -1,15 +1,30 @@
-"""A claim allocated by the real kube-scheduler from the slices the agent published, then
-prepared by the agent's driver reading it from the real API server."""
+"""Claims allocated by the real kube-scheduler from the slices the agent published, then
+prepared and unprepared by the agent's driver reading them from the real API server: a
+whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
+selector, memory shares (DRAConsumableCapacity), an extended-resource `nvidia.com/gpu` pod
+(DRAExtendedResource: the scheduler makes its claim), a tainted GPU passed over, and the
+kubelet's wipe of the node's slices repaired by the publisher.
+
+No controller-manager and no kubelet run: claims are created directly, each namespace's
+`default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
+pods tolerate the `not-ready` taint and are only bound (enough for the scheduler to
+allocate). Every test has a Node of its own, which its pods select by a label, so no claim
+lands on another test's devices."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-import time
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from lightkube import AsyncClient
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_slices import SlicePublisher
@@ -23,110 +38,422 @@ from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
 from gpuslice.kubelet.state import PlanState
+from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.testing import envtest
 
+Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
-NODE = "dra-sched-1"
 NAMESPACE = "claims"
-GPU_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "gpu.nvidia.com"},
-    "spec": {
-        "selectors": [
-            {"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
-                     "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}
-        ]
-    },
-}  # fmt: skip
+NODE_LABEL = "gpuslice.test/node"
+EXTENDED = "nvidia.com/gpu"
+FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
+NVIDIA = "resource.nvidia.com/v1beta1"
 
 
-def create(plane: envtest.ControlPlane, obj: dict[str, Any], *extra: str) -> None:
-    done = plane.kubectl("create", "--validate=false", *extra, "-f", "-", stdin=json.dumps(obj))
+def _class(name: str, kind: str, **extra: str) -> Json:
+    """A DeviceClass as the chart makes them: this driver's devices of one `type`."""
+    expression = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{kind}'"
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}], **extra},
+    }
+
+
+CLASSES = (
+    _class("gpu.nvidia.com", "gpu"),
+    _class("mig.nvidia.com", "mig"),
+    # the chart's gpu class with dra.deviceClasses.extendedResourceName set; a class of its
+    # own here, so the chart test's `gpu.nvidia.com` is the chart's as rendered
+    _class("gpu-extended.gpuslice.test", "gpu", extendedResourceName=EXTENDED),
+)
+
+
+def shared(strategy: str, replicas: int) -> str:
+    return (
+        f"version: v1\nsharing:\n  {strategy}:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+def create(plane: envtest.ControlPlane, obj: Json) -> None:
+    done = plane.kubectl("create", "--validate=false", "-f", "-", stdin=json.dumps(obj))
     assert done.returncode == 0 or "AlreadyExists" in done.stderr, done.stderr
 
 
-def get(plane: envtest.ControlPlane, *args: str) -> dict[str, Any]:
+def get(plane: envtest.ControlPlane, *args: str) -> Json:
     done = plane.kubectl("get", *args, "-o", "json")
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
 
 
-async def test_a_claim_the_scheduler_allocated_is_prepared(
-    control_plane: envtest.ControlPlane, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def plane(control_plane: envtest.ControlPlane) -> envtest.ControlPlane:
+    """The shared plane with a scheduler, the DeviceClasses, and the test namespace."""
     if not control_plane.scheduler:
         pytest.skip(f"no kube-scheduler in {envtest.ASSETS_ENV}")
-    plane = control_plane
-    create(plane, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    status = {"status": {"allocatable": {"pods": "10", "cpu": "8", "memory": "16Gi"},
-                         "capacity": {"pods": "10", "cpu": "8", "memory": "16Gi"}}}  # fmt: skip
-    patched = plane.kubectl(
-        "patch", "node", NODE, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+    for obj in CLASSES:
+        create(control_plane, obj)
+    create(
+        control_plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )
-    assert patched.returncode == 0, patched.stderr
-    create(plane, GPU_CLASS)
-    create(plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    create(plane, {"apiVersion": "v1", "kind": "ServiceAccount",
-                   "metadata": {"name": "default", "namespace": NAMESPACE}})  # fmt: skip
+    create(control_plane, {"apiVersion": "v1", "kind": "ServiceAccount",
+                           "metadata": {"name": "default", "namespace": NAMESPACE}})  # fmt: skip
+    return control_plane
 
-    backend = open_backend("sim:2xh100-80gb", environ={})
-    try:
-        inventory = backend.inventory()
-    finally:
-        backend.close()
-    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
-    client = make_client(plane.kubeconfig, trust_env=False)
-    try:
-        api = DraApi(client, NODE, DRIVER)
-        await SlicePublisher(api, driver=DRIVER, node=NODE, snapshot=lambda: state.current)\
-            .publish_once()  # fmt: skip
-        create(plane, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c1", "namespace": NAMESPACE},
-            "spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-        })  # fmt: skip
-        create(plane, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p1", "namespace": NAMESPACE},
-            "spec": {
-                "tolerations": [{"operator": "Exists"}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}],
-                "containers": [{"name": "c", "image": "busybox",
-                                "resources": {"claims": [{"name": "gpu"}]}}],
-            },
-        })  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            claim = get(plane, "resourceclaim", "c1", "-n", NAMESPACE)
-            if claim.get("status", {}).get("allocation"):
-                break
-            assert time.monotonic() < deadline, (claim, (plane.workdir / "kube-scheduler.log")
-                                                 .read_text(errors="replace")[-3000:])  # fmt: skip
-            await asyncio.sleep(0.2)
-        [result] = claim["status"]["allocation"]["devices"]["results"]
-        assert (result["driver"], result["pool"]) == (DRIVER, NODE)
-        assert get(plane, "pod", "p1", "-n", NAMESPACE)["spec"]["nodeName"] == NODE
 
-        driver = DraDriver(
-            DriverSettings(DRIVER, NODE, mps_root=str(tmp_path / "mps")),
-            objects=api,
-            checkpoint=CheckpointFile(tmp_path / "checkpoint.json"),
-            cdi=CdiSpecStore(tmp_path / "cdi", CDI_KIND),
-            snapshot=lambda: state.current,
-            boot_id="b",
+class RecordingTimeslice:
+    """Stands in for `nvidia-smi compute-policy`: the intervals the driver set, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
+        self.calls.append((gpu_uuid, interval))
+
+
+@dataclass
+class DraNode:
+    """One Node of the shared plane with this agent's slices, and its driver's files."""
+
+    plane: envtest.ControlPlane
+    name: str
+    state: PlanState
+    client: AsyncClient
+    workdir: Path
+    publisher: SlicePublisher = field(init=False)
+    api: DraApi = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = DraApi(self.client, self.name, DRIVER)
+        self.publisher = SlicePublisher(
+            self.api, driver=DRIVER, node=self.name, snapshot=lambda: self.state.current
         )
-        await driver.load()
-        ref = ClaimRef(NAMESPACE, claim["metadata"]["uid"], "c1")
-        prepared = (await driver.prepare([ref]))[ref.uid]
-        assert prepared.error == ""
-        [device] = prepared.devices
-        assert device.device == result["device"]
-        assert [p.name for p in (tmp_path / "cdi").glob("*.yaml")] == [
-            f"k8s.gpuslice.io-claim_{ref.uid}.yaml"
-        ]
-        assert await driver.unprepare([ref]) == {ref.uid: ""}
-        assert not list((tmp_path / "cdi").glob("*.yaml"))
+
+    def driver(
+        self, *, mps: MpsDaemonManager | None = None, timeslice: RecordingTimeslice | None = None
+    ) -> DraDriver:
+        return DraDriver(
+            DriverSettings(DRIVER, self.name, mps_root=str(self.workdir / "mps")),
+            objects=self.api,
+            checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
+            cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),
+            snapshot=lambda: self.state.current,
+            boot_id="b",
+            mps=mps,
+            timeslice=timeslice,
+        )
+
+    def claim(self, name: str, request: Json, *configs: Json) -> None:
+        """A ResourceClaim of one request `gpu` (`exactly`), with opaque configs."""
+        devices: Json = {"requests": [{"name": "gpu", "exactly": request}]}
+        if configs:
+            devices["config"] = [{"opaque": {"driver": DRIVER, "parameters": c}} for c in configs]
+        create(self.plane, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"{self.name}-{name}", "namespace": NAMESPACE},
+            "spec": {"devices": devices},
+        })  # fmt: skip
+
+    def pod(self, name: str, claim: str | None = None, limits: Json | None = None) -> str:
+        """A pod for this node's label, using claim `claim` or limiting `limits`."""
+        container: Json = {"name": "c", "image": "busybox"}
+        spec: Json = {
+            "nodeSelector": {NODE_LABEL: self.name},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [container],
+        }
+        if claim is not None:
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"{self.name}-{claim}"}]
+            container["resources"] = {"claims": [{"name": "gpu"}]}
+        if limits is not None:
+            container["resources"] = {"limits": limits}
+        pod = f"{self.name}-{name}"
+        meta = {"name": pod, "namespace": NAMESPACE}
+        create(self.plane, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+        return pod
+
+    async def allocated(self, claim: str) -> tuple[Json, ClaimRef]:
+        """The claim once the scheduler allocated it (its full name), and its ref."""
+        name = claim if claim.startswith(self.name) else f"{self.name}-{claim}"
+        async with asyncio.timeout(30):
+            while True:
+                obj = await self.api.get_claim(NAMESPACE, name)
+                if (obj.get("status") or {}).get("allocation"):
+                    return obj, ClaimRef(NAMESPACE, obj["metadata"]["uid"], name)
+                await asyncio.sleep(0.1)
+
+    def scheduler_log(self) -> str:
+        return (self.plane.workdir / "kube-scheduler.log").read_text(errors="replace")[-3000:]
+
+    def cdi_env(self, uid: str, device: str) -> dict[str, str]:
+        spec = yaml.safe_load(
+            (self.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml").read_text()
+        )
+        entry = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
+        return dict(e.split("=", 1) for e in entry["containerEdits"]["env"])
+
+    def cdi_files(self) -> list[str]:
+        root = self.workdir / "cdi"
+        return sorted(p.name for p in root.glob("*.yaml")) if root.exists() else []
+
+
+_NODES = itertools.count()
+
+
+@pytest.fixture
+async def make_node(
+    plane: envtest.ControlPlane, sock_dir: Path
+) -> AsyncIterator[Callable[[str, str], Awaitable[DraNode]]]:
+    """A new Node (schedulable: allocatable pods, cpu, memory) on the shared plane, with the
+    slices the agent publishes for the simulated `spec` under `config`."""
+    clients: list[AsyncClient] = []
+
+    async def make(spec: str, config: str = "version: v1\n") -> DraNode:
+        name = f"dra-sched-{next(_NODES)}"
+        create(plane, {"apiVersion": "v1", "kind": "Node",
+                       "metadata": {"name": name, "labels": {NODE_LABEL: name}}})  # fmt: skip
+        status = {"status": {"allocatable": {"pods": "10", "cpu": "8", "memory": "16Gi"},
+                             "capacity": {"pods": "10", "cpu": "8", "memory": "16Gi"}}}  # fmt: skip
+        patched = plane.kubectl(
+            "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+        )
+        assert patched.returncode == 0, patched.stderr
+        backend = open_backend(spec, environ={})
+        try:
+            inventory = backend.inventory()
+        finally:
+            backend.close()
+        state = PlanState(build_plan(inventory, parse_config(config)), inventory)
+        client = make_client(plane.kubeconfig, trust_env=False)
+        clients.append(client)
+        node = DraNode(plane, name, state, client, sock_dir / name)
+        node.workdir.mkdir()
+        assert (await node.publisher.publish_once()).create
+        return node
+
+    try:
+        yield make
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
+
+
+@pytest.fixture
+async def mps_manager() -> AsyncIterator[MpsDaemonManager]:
+    """MPS control daemons as the agent runs them, the control program a stand-in."""
+    manager = MpsDaemonManager(
+        [],
+        ControlProgram.factory(FAKE_MPS),
+        timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        yield manager
+    finally:
+        stop.set()
+        await task
+
+
+GPU = {"deviceClassName": "gpu.nvidia.com"}
+
+
+async def test_a_whole_gpu_is_prepared_and_unprepared(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    node = await make_node("sim:2xh100-80gb")
+    node.claim("c1", GPU)
+    pod = node.pod("p1", "c1")
+    claim, ref = await node.allocated("c1")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, node.name)
+    assert "shareID" not in result
+    assert get(node.plane, "pod", pod, "-n", NAMESPACE)["spec"]["nodeName"] == node.name
+    assert claim["status"]["reservedFor"][0]["name"] == pod
+
+    driver = node.driver()
+    await driver.load()
+    prepared = (await driver.prepare([ref]))[ref.uid]
+    assert prepared.error == ""
+    [device] = prepared.devices
+    assert device.device == result["device"]
+    assert node.cdi_files() == [f"k8s.gpuslice.io-claim_{ref.uid}.yaml"]
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.cdi_files() == []
+
+
+async def test_time_slicing_sets_the_claims_interval_and_resets_it(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """NVIDIA's GpuConfig, opaque to the API server, stored and handed back as written."""
+    node = await make_node("sim:1xh100-80gb")
+    sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    config = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing}
+    node.claim("ts", GPU, config)
+    node.pod("p", "ts")
+    claim, ref = await node.allocated("ts")
+    [entry] = claim["status"]["allocation"]["devices"]["config"]
+    assert entry["opaque"]["parameters"] == config
+    assert entry["source"] == "FromClaim"
+    setter = RecordingTimeslice()
+    driver = node.driver(timeslice=setter)
+    await driver.load()
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    gpu = node.state.current.inventory.gpus[0].uuid
+    assert setter.calls == [(gpu, 3)]
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert setter.calls == [(gpu, 3), (gpu, 0)]
+
+
+async def test_mps_shares_of_one_gpu_go_to_two_claims_and_one_daemon(
+    make_node: Callable[..., Awaitable[DraNode]], mps_manager: MpsDaemonManager
+) -> None:
+    """The node's config shares its one GPU two ways by MPS: the scheduler gives each of
+    two claims one share of the same device (consumable capacity), and both run on one
+    MPS daemon with half the threads and half the memory each."""
+    node = await make_node("sim:1xh100-80gb", shared("mps", 2))
+    for name in ("a", "b"):
+        node.claim(name, GPU)
+        node.pod(name, name)
+    (a, ref_a), (b, ref_b) = [await node.allocated(n) for n in ("a", "b")]
+    [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
+    assert ra["device"] == rb["device"] == "gpu-0"
+    assert ra["shareID"] != rb["shareID"]
+    memory_mib = node.state.current.inventory.gpus[0].memory_mib
+    assert ra["consumedCapacity"] == {"shares": "1", "memory": f"{memory_mib // 2}Mi"}
+
+    driver = node.driver(mps=mps_manager)
+    await driver.load()
+    results = await driver.prepare([ref_a, ref_b])
+    assert all(r.error == "" for r in results.values()), results
+    assert len(mps_manager.specs) == 1
+    env = node.cdi_env(ref_a.uid, "gpu-0")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={memory_mib // 2}M"
+    assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
+    assert mps_manager.specs == ()
+
+
+async def test_a_mig_device_picked_by_a_cel_selector(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    node = await make_node("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    profile = f"device.attributes['{DRIVER}'].profile == '2g.10gb'"
+    selectors = [{"cel": {"expression": profile}}]
+    node.claim("mig", {"deviceClassName": "mig.nvidia.com", "selectors": selectors})
+    node.pod("p", "mig")
+    claim, ref = await node.allocated("mig")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-0-mig-2g10gb-14-2"
+    driver = node.driver()
+    await driver.load()
+    prepared = (await driver.prepare([ref]))[ref.uid]
+    assert prepared.error == ""
+    env = node.cdi_env(ref.uid, result["device"])
+    [gpu] = node.state.current.inventory.gpus
+    [mig] = [m for m in gpu.mig_devices if m.profile == "2g.10gb"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+
+
+async def test_memory_shares_are_what_the_claims_ask_for(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """A GPU time-sliced four ways offers consumable memory: a claim asking for 30Gi and
+    one asking for nothing (the default, a quarter) share it, each told its own size."""
+    node = await make_node("sim:1xh100-80gb", shared("timeSlicing", 4))
+    node.claim("big", {**GPU, "capacity": {"requests": {"memory": "30Gi"}}})
+    node.claim("small", GPU)
+    node.pod("big", "big")
+    node.pod("small", "small")
+    (big, ref_big), (small, ref_small) = [await node.allocated(n) for n in ("big", "small")]
+    [rbig], [rsmall] = (c["status"]["allocation"]["devices"]["results"] for c in (big, small))
+    memory_mib = node.state.current.inventory.gpus[0].memory_mib
+    assert rbig["consumedCapacity"] == {"shares": "1", "memory": "30Gi"}
+    assert rsmall["consumedCapacity"] == {"shares": "1", "memory": f"{memory_mib // 4}Mi"}
+    driver = node.driver()
+    await driver.load()
+    results = await driver.prepare([ref_big, ref_small])
+    assert all(r.error == "" for r in results.values()), results
+    assert node.cdi_env(ref_big.uid, "gpu-0")["GPUSLICE_MEMORY_LIMIT_MIB"] == str(30 * 1024)
+    assert node.cdi_env(ref_small.uid, "gpu-0")["GPUSLICE_GPU_FRACTION"] == "0.25"
+    assert await driver.unprepare([ref_big, ref_small]) == {ref_big.uid: "", ref_small.uid: ""}
+    assert node.cdi_files() == []
+
+
+async def test_an_extended_resource_pod_gets_a_claim_the_scheduler_made(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """`resources.limits: nvidia.com/gpu: 1` on a node with no device plugin: the class
+    with that `extendedResourceName` serves it, the scheduler writes the claim."""
+    node = await make_node("sim:2xh100-80gb")
+    pod = node.pod("ext", limits={EXTENDED: "1"})
+    async with asyncio.timeout(30):
+        while True:
+            status = get(node.plane, "pod", pod, "-n", NAMESPACE).get("status") or {}
+            if status.get("extendedResourceClaimStatus"):
+                break
+            await asyncio.sleep(0.1)
+    claim_name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+    claim, ref = await node.allocated(claim_name)
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, node.name)
+    driver = node.driver()
+    await driver.load()
+    prepared = (await driver.prepare([ref]))[ref.uid]
+    assert prepared.error == ""
+    assert [d.device for d in prepared.devices] == [result["device"]]
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.cdi_files() == []
+
+
+async def test_a_tainted_gpu_is_passed_over(make_node: Callable[..., Awaitable[DraNode]]) -> None:
+    """The first GPU lost: its NoSchedule taint keeps the scheduler to the second."""
+    node = await make_node("sim:2xh100-80gb")
+    lost = node.state.current.inventory.gpus[0].uuid
+    node.state.publish(unhealthy=frozenset({lost}))
+    assert (await node.publisher.publish_once()).update
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+
+
+async def test_the_kubelets_wipe_of_the_slices_is_repaired(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """The kubelet deletes every slice of its node when it starts (one DeleteCollection by
+    `spec.nodeName`); the publisher, its plan unchanged, puts them back at its next
+    resync, and the scheduler allocates from them."""
+    node = await make_node("sim:2xh100-80gb")
+    before = await node.api.list_slices()
+    node.publisher.resync_s = 0.2
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.publisher.run(stop, node.state))
+    try:
+        wiped = node.plane.kubectl(
+            "delete", "--raw",
+            f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node.name}",
+        )  # fmt: skip
+        assert wiped.returncode == 0, wiped.stderr
+        async with asyncio.timeout(20):
+            while True:
+                after = await node.api.list_slices()
+                if after and after != before:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await task
+    assert {o["metadata"]["name"] for o in after}.isdisjoint(
+        o["metadata"]["name"] for o in before
+    ), "new objects"
+    assert [o["spec"]["devices"] for o in after] == [o["spec"]["devices"] for o in before]
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == node.name

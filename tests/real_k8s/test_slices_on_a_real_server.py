@@ -1,23 +1,25 @@
-"""ResourceSlices published by the agent's own publisher to a real kube-apiserver (DRA's
-gates on): the server accepts them as written (attributes, capacities, MIG devices, shared
-GPUs' consumable capacity), and what it stores reads back as what the agent wants, so the
-next publish writes nothing (a spelling the server changed would republish forever)."""
+"""ResourceSlices published by the agent's own publisher, to the double and to a real
+kube-apiserver (DRA's gates on) alike: the server accepts them as written (attributes,
+capacities, MIG devices, shared GPUs' consumable capacity, health taints), and what it
+stores reads back as what the agent wants, so the next publish writes nothing (a spelling
+the server changed would republish forever). The slices belong to their Node (an owner
+reference with its UID) and carry the generation the server keeps."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import uuid
 
 import pytest
 
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
+from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
 from gpuslice.kubelet.state import PlanState
-from gpuslice.testing import envtest
+from gpuslice.testing.kubes import Kube
 
 DRIVER = "gpu.nvidia.com"
 SHARED = (
@@ -33,23 +35,21 @@ SHARED = (
         ("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2", "version: v1\n", 4),
         ("sim:1xh100-80gb", SHARED, 1),
     ],
+    ids=["whole", "mig", "shared"],
 )
 async def test_the_server_takes_the_slices_and_a_republish_writes_nothing(
-    control_plane: envtest.ControlPlane, spec: str, config: str, expected: int
+    kube: Kube, spec: str, config: str, expected: int
 ) -> None:
-    node = "dra-" + hashlib.sha256((spec + config).encode()).hexdigest()[:10]
-    created = control_plane.kubectl(
-        "create", "--validate=false", "-f", "-",
-        stdin=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
+    node = kube.name(f"dra-{spec.split(':')[1][:9].replace('-', '')}-{expected}")
+    node_uid = kube.add_node(node)["metadata"]["uid"]
+    uuid.UUID(node_uid)  # the real server's UIDs are RFC 4122 UUIDs; so are the double's
     backend = open_backend(spec, environ={})
     try:
         inventory = backend.inventory()
     finally:
         backend.close()
     state = PlanState(build_plan(inventory, parse_config(config)), inventory)
-    client = make_client(control_plane.kubeconfig, trust_env=False)
+    client = make_client(kube.kubeconfig, trust_env=False)
     try:
         api = DraApi(client, node, DRIVER)
         publisher = SlicePublisher(api, driver=DRIVER, node=node, snapshot=lambda: state.current)
@@ -59,6 +59,10 @@ async def test_the_server_takes_the_slices_and_a_republish_writes_nothing(
         devices = [d for s in stored for d in s["spec"]["devices"]]
         assert len(devices) == expected
         assert all(s["spec"]["nodeName"] == node for s in stored)
+        for obj in stored:
+            [owner] = obj["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", node, node_uid)
+            assert obj["metadata"]["generation"] == 1
         for device in devices:
             assert device["attributes"]["uuid"]["string"].startswith(("GPU-", "MIG-"))
         if config == SHARED:
@@ -68,5 +72,45 @@ async def test_the_server_takes_the_slices_and_a_republish_writes_nothing(
         again = SlicePublisher(api, driver=DRIVER, node=node, snapshot=lambda: state.current)
         second = await again.publish_once()
         assert (second.create, second.update, second.delete) == ((), (), ())
+    finally:
+        await client.close()
+
+
+async def test_health_taints_are_stored_as_published(kube: Kube) -> None:
+    """A lost GPU and one with an XID become NoSchedule taints (DRADeviceTaints); the
+    stored taints, `timeAdded` included, read back as the publisher wants them."""
+    node = kube.name("dra-taints")
+    kube.add_node(node)
+    backend = open_backend("sim:3xh100-80gb", environ={})
+    try:
+        inventory = backend.inventory()
+    finally:
+        backend.close()
+    lost, xid = inventory.gpus[0].uuid, inventory.gpus[1].uuid
+    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
+    client = make_client(kube.kubeconfig, trust_env=False)
+    try:
+        api = DraApi(client, node, DRIVER)
+        publisher = SlicePublisher(
+            api, driver=DRIVER, node=node, snapshot=lambda: state.current, xids=lambda: {xid: 79}
+        )
+        await publisher.publish_once()
+        state.publish(unhealthy=frozenset({lost, xid}))
+        changes = await publisher.publish_once()
+        assert changes.update
+        assert not changes.create
+        [stored] = await api.list_slices()
+        assert stored["metadata"]["generation"] == 2
+        taints = {d["name"]: d.get("taints", []) for d in stored["spec"]["devices"]}
+        assert [(t["key"], t.get("value"), t["effect"]) for t in taints["gpu-0"]] == [
+            (f"{DRIVER}/gpu-lost", None, "NoSchedule")
+        ]
+        assert [(t["key"], t.get("value"), t["effect"]) for t in taints["gpu-1"]] == [
+            (f"{DRIVER}/xid", "79", "NoSchedule")
+        ]
+        assert taints["gpu-2"] == []
+        wanted = publisher.wanted_devices(state.current)
+        replan = plan_slices([stored], wanted, driver=DRIVER, node=node, node_uid="")
+        assert replan.empty, "the stored taints differ from the published ones"
     finally:
         await client.close()

@@ -142,6 +142,9 @@ class DraDriver:
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
+        self._leaving: set[str] = set()
+        """Claims being unprepared: their MPS daemons count as used by nobody, so of two
+        claims of one daemon unprepared together (one kubelet call) the later stops it."""
         self._claim_locks = KeyedLocks()
         """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
         self._gpu_locks = KeyedLocks()
@@ -591,13 +594,17 @@ class DraDriver:
             # success either way, after removing anything left under this claim's UID
             await self._clean_unrecorded(ref.uid)
             return ""
-        await self._undo(ref.uid, list(claim.applied))
-        del self._claims[ref.uid]
+        self._leaving.add(ref.uid)
         try:
-            await self._write()
-        except OSError as exc:
-            self._claims[ref.uid] = claim
-            return f"ResourceClaim {ref.namespace}/{ref.name}: writing the checkpoint: {exc}"
+            await self._undo(ref.uid, list(claim.applied))
+            del self._claims[ref.uid]
+            try:
+                await self._write()
+            except OSError as exc:
+                self._claims[ref.uid] = claim
+                return f"ResourceClaim {ref.namespace}/{ref.name}: writing the checkpoint: {exc}"
+        finally:
+            self._leaving.discard(ref.uid)
         log.info("dra-unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
         return ""
 
@@ -659,7 +666,7 @@ class DraDriver:
         used = {
             a.mps_key
             for uid, c in self._claims.items()
-            if uid != claim_uid
+            if uid != claim_uid and uid not in self._leaving
             for a in c.applied
             if a.mps_key
         }

@@ -13,7 +13,10 @@ replica counts, and several advertised resources may share one original name):
   carrying it is not renamed;
 * `sharing-strategy` is the plan's strategy of that resource (so MPS with one replica, which
   gpuslice allows, reads `mps`), `none` when nothing in the group is shared;
-* `count` is the number of physical devices of the labelled model in the group.
+* `count` is the number of physical devices of the labelled model in the group;
+* every value is made a valid label value (at most 63 characters, alphanumeric at both
+  ends): the API server refuses a whole apply for one bad value, and a DMI machine name
+  such as Lenovo's `ThinkSystem SR670 V2 -[7Z22CTO1WW]-` sanitises to one ending in `-`.
 """
 
 from __future__ import annotations
@@ -32,12 +35,20 @@ GPU_RESOURCE = "nvidia.com/gpu"
 _UNSAFE = re.compile(r"[^A-Za-z0-9\-_. ]")
 _SPACES = re.compile(r"\s+")
 _MIG_ONLY = ("multiprocessors", "slices.", "engines.")
+_EDGES = "-_."
+LABEL_VALUE_MAX = 63
 
 
 def sanitise(value: str) -> str:
     """GFD's label-value cleaning: drop characters outside `[A-Za-z0-9-_. ]`, then turn each
     whitespace run into one `-` (`Tesla T4` -> `Tesla-T4`)."""
     return _SPACES.sub("-", _UNSAFE.sub("", value).strip())
+
+
+def label_value(value: str) -> str:
+    """`value` as a valid Kubernetes label value: cut to 63 characters and trimmed of the
+    `-`, `_` and `.` a valid value may not begin or end with (unchanged when valid)."""
+    return value[:LABEL_VALUE_MAX].strip(_EDGES)
 
 
 def gpu_family(compute_capability: tuple[int, int]) -> str:
@@ -83,7 +94,7 @@ def gfd_labels(
     labels: dict[str, str] = {}
     if timestamp is not None:
         labels[PREFIX + "gfd.timestamp"] = str(timestamp)
-    labels[PREFIX + "gpu.machine"] = sanitise(machine_type) or "unknown"
+    labels[PREFIX + "gpu.machine"] = label_value(sanitise(machine_type)) or "unknown"
     labels.update(_driver_labels(inventory))
     labels[PREFIX + "mig.capable"] = _bool(any(g.mig_capable for g in inventory.gpus))
     uses_mps = any(r.strategy == "mps" for r in plan.resources)
@@ -98,7 +109,7 @@ def gfd_labels(
             if key.removeprefix(GPU_RESOURCE + ".").startswith(_MIG_ONLY):
                 del labels[key]
         labels.update(_invalid_single(inventory))
-    return labels
+    return {key: label_value(value) for key, value in labels.items()}
 
 
 def _bool(value: bool) -> str:

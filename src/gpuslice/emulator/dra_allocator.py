@@ -1064,7 +1064,9 @@ def _allocate_on(
     if picks is None:
         raise AllocationError(f"{label}: {search.failure[1] or 'the constraints cannot all hold'}")
     allocation: Json = {"devices": {"results": [_result(p, share_id) for p in picks]}}
-    allocation["devices"]["config"] = _configs(picks, by_name, devices.get("config") or ())
+    configs = _configs(picks, by_name, devices.get("config") or ())
+    if configs:  # as kube-scheduler 1.36 writes it: no `config` key when there is none
+        allocation["devices"]["config"] = configs
     local = sorted({p.device.node for p in picks if p.device.node})
     if local:
         allocation["nodeSelector"] = {

@@ -5,6 +5,13 @@ delivered at once (unset reads as ""), later values only when they change, and a
 node reads as "". Unlike an informer, errors never end the watch: any failure (API server
 down, connection cut, 410 Gone) is logged and retried with capped exponential backoff,
 re-reading the node so a change made while disconnected is not missed.
+
+As an informer does, the watch starts from the resourceVersion of a *list* (the store's
+current revision), not from the Node's own resourceVersion: a Node unchanged for a while
+has a version older than the API server's watch cache holds (always so right after the
+API server restarts), and a watch from it is answered 410 Gone at once, every time, until
+the Node changes (seen on kube-apiserver 1.36: a GET and a failed watch every backoff step,
+which a successful GET reset to its shortest).
 """
 
 from __future__ import annotations
@@ -54,8 +61,9 @@ class NodeLabelWatcher:
         while True:
             try:
                 async with aclosing(self._one_watch()) as stream:
-                    async for value in stream:
-                        delays = self._backoff.delays()
+                    async for value, watched in stream:
+                        if watched:  # only a working watch proves the trouble is over
+                            delays = self._backoff.delays()
                         if value != last:
                             last = value
                             yield value
@@ -72,28 +80,23 @@ class NodeLabelWatcher:
                 log.warning("node-watch-failed", node=self._node, error=str(exc))
             await asyncio.sleep(next(delays))
 
-    async def _one_watch(self) -> AsyncGenerator[str, None]:
-        """Read the node, then stream its changes from that resourceVersion."""
-        try:
-            node = await self._client.get(Node, self._node)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+    async def _one_watch(self) -> AsyncGenerator[tuple[str, bool], None]:
+        """List the node (by name: none is ""), then stream its changes from the list's
+        resourceVersion; each value comes with whether the watch delivered it."""
+        listed = self._client.list(Node, fields={"metadata.name": self._node})
+        nodes = [node async for node in listed]
+        if not nodes:
             log.warning("node-not-found", node=self._node)
-            yield ""
-            version = None
-        else:
-            yield self._value(node)
-            version = node.metadata.resourceVersion if node.metadata is not None else None
+        yield (self._value(nodes[0]) if nodes else ""), False
         events = self._client.watch(
             Node,
             fields={"metadata.name": self._node},
-            resource_version=version,
+            resource_version=listed.resourceVersion,
             server_timeout=self._server_timeout_s,
         )
         try:
             async for kind, obj in events:
-                yield "" if kind == "DELETED" else self._value(obj)
+                yield ("" if kind == "DELETED" else self._value(obj)), True
         finally:
             # lightkube's watch is an async generator: close its HTTP stream now, not at GC
             aclose = getattr(events, "aclose", None)

@@ -7,7 +7,8 @@ resourceVersion, `410 Gone` for a compacted version, server-side timeouts).
 
 Served:
 * `GET/PATCH /api/v1/nodes/<name>` (merge, strategic-merge treated as merge, JSON patch, and
-  server-side apply of labels: each field manager owns the labels it applied);
+  server-side apply of labels: each field manager owns the labels it applied; a patch
+  leaving an invalid label key or value is refused whole, 422, as the real server does);
 * `GET /api/v1/nodes[?fieldSelector=metadata.name=<n>][&watch=true]` (list or watch);
 * `GET /api/v1/pods` and `GET /api/v1/namespaces/<ns>/pods` (list or watch), field
   selectors on `spec.nodeName`, `metadata.name`, `metadata.namespace` (`,` joins them);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import secrets
 import socket
 import threading
@@ -55,6 +57,36 @@ Json = dict[str, Any]
 HISTORY_LIMIT = 1000
 """Watch events kept for replay; older resourceVersions get `410 Gone`, as after etcd
 compaction."""
+
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_problem(labels: Mapping[str, object]) -> str | None:
+    """Why the real API server refuses these labels (422), or None: a key is an optional
+    DNS-subdomain prefix and `/` and a name of at most 63 characters, a value at most 63
+    characters; names and values are alphanumeric at both ends with `-`, `_`, `.` inside."""
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (
+            len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+        ):
+            return f'metadata.labels: Invalid value: "{key}": not a valid label key'
+        if not isinstance(value, str):
+            return f"metadata.labels: Invalid value: {value!r}: a label value is a string"
+        if len(value) > 63:
+            return f'metadata.labels: Invalid value: "{value}": must be no more than 63 characters'
+        if not _LABEL_VALUE.match(value):
+            return (
+                f'metadata.labels: Invalid value: "{value}": a valid label must be an empty '
+                "string or consist of alphanumeric characters, '-', '_' or '.', and must "
+                "start and end with an alphanumeric character"
+            )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +216,7 @@ class FakeApiServer:
                 "kind": "Node",
                 "metadata": {
                     "name": name,
-                    "uid": f"node-{secrets.token_hex(8)}",
+                    "uid": str(uuid.uuid4()),  # as the real server: an RFC 4122 UUID
                     "labels": dict(labels or {}),
                     "annotations": {},
                     "creationTimestamp": _now(),
@@ -253,10 +285,13 @@ class FakeApiServer:
 
     def set_pod_containers(self, namespace: str, name: str, containers: Mapping[str, str]) -> None:
         """Replace the pod's container statuses (a restart gives a container a new ID),
-        emitting a MODIFIED watch event. Values as for `add_pod`."""
+        emitting a MODIFIED watch event. Values as for `add_pod`; the names must be the
+        pod's containers: a pod's container list never changes on the real server."""
         with self._cond:
             pod = self._pods[(namespace, name)]
-            pod["spec"]["containers"] = [{"name": c, "image": "cuda:test"} for c in containers]
+            names = {c["name"] for c in pod["spec"]["containers"]}
+            if not set(containers) <= names:
+                raise ValueError(f"pod {namespace}/{name} has containers {sorted(names)} only")
             _set_container_statuses(pod, containers)
             self._record("MODIFIED", pod)
 
@@ -356,7 +391,9 @@ class FakeApiServer:
 
     def _put_resource(self, plural: str, namespace: str, obj: Json) -> Json:
         """Store `obj` (owned by the store from here on) with a new resourceVersion; a new
-        object gets a UID and a creation time, a replaced one keeps its UID."""
+        object gets a UID, a creation time and `metadata.generation` 1, a replaced one
+        keeps its UID and its generation goes up when its spec changed (as on the real
+        server; a status write leaves it)."""
         with self._cond:
             meta = obj.setdefault("metadata", {})
             key = (plural, namespace, meta["name"])
@@ -364,9 +401,13 @@ class FakeApiServer:
             if old is not None:
                 meta["uid"] = old["metadata"]["uid"]
                 meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+                generation = int(old["metadata"].get("generation", 1))
+                changed = obj.get("spec") != old.get("spec")
+                meta["generation"] = generation + 1 if changed else generation
             else:
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", _now())
+                meta["generation"] = 1
             if namespace:
                 meta["namespace"] = namespace
             obj.setdefault("apiVersion", "resource.k8s.io/v1")
@@ -712,7 +753,7 @@ class _Handler(BaseHTTPRequestHandler):
                 message = f'{plural}.resource.k8s.io "{meta["name"]}" already exists'
                 self._send(409, _status(409, "AlreadyExists", message))
                 return
-            for server_set in ("resourceVersion", "uid", "creationTimestamp"):
+            for server_set in ("resourceVersion", "uid", "creationTimestamp", "generation"):
                 meta.pop(server_set, None)
             if plural == "resourceclaims":
                 obj.pop("status", None)  # status is written through /status only
@@ -803,9 +844,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(405, _status(405, "MethodNotAllowed", method))
                 return
             if self.headers.get("Content-Type", "").startswith("application/apply-patch"):
-                patched = self._server_side_apply(node, body)
+                applied = json.loads(body or b"{}")
+                problem = label_problem((applied.get("metadata") or {}).get("labels") or {})
+                if problem is None:
+                    patched = self._server_side_apply(node, body)
             else:
                 patched = self._apply_patch(node, body)
+                problem = label_problem(patched["metadata"].get("labels") or {})
+            if problem is not None:  # as the real server: the whole patch is refused
+                self._send(422, _status(422, "Invalid", f'Node "{name}" is invalid: {problem}'))
+                return
             patched["metadata"]["name"] = name
             patched["metadata"]["uid"] = node["metadata"]["uid"]
             api._nodes[name] = patched
@@ -985,7 +1033,7 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                     return
                 meta["namespace"] = namespace
-                meta["uid"] = secrets.token_hex(8)
+                meta["uid"] = str(uuid.uuid4())
                 meta["creationTimestamp"] = _now()
                 api._events[(namespace, meta["name"])] = event
                 api._bump(event)

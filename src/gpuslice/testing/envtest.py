@@ -74,6 +74,8 @@ class ControlPlane:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     scheduler: bool = False
     """A kube-scheduler runs too (the assets hold one)."""
+    apiserver_command: list[str] = field(default_factory=list)
+    """How kube-apiserver was started, so `restart_apiserver` starts it the same way."""
 
     @property
     def url(self) -> str:
@@ -102,11 +104,27 @@ class ControlPlane:
     def log(self) -> str:
         return (self.workdir / "kube-apiserver.log").read_text(errors="replace")[-4000:]
 
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver and start it again with the same flags (same port, same
+        etcd), as after a crash: open watches are cut, the watch cache starts afresh (a
+        watch from an older resourceVersion is 410 Gone), the data stays. Killed rather
+        than stopped: a graceful stop waits for open watches to drain, several seconds.
+        Returns once `/readyz` answers 200 again."""
+        [index] = [i for i, p in enumerate(self.processes) if p.args == self.apiserver_command]
+        self.processes[index].kill()
+        self.processes[index].wait(10)
+        self.processes[index] = _spawn(
+            self.apiserver_command, self.workdir / "kube-apiserver.log", append=True
+        )
+        _wait_ready(self)
+
     def stop(self) -> None:
+        """Stop each process and wait for it, the last started first: kube-apiserver's
+        graceful shutdown writes to etcd, and with etcd stopped alongside it waited out
+        the 10 s here every time."""
         for proc in reversed(self.processes):
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self.processes):
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -138,15 +156,25 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
+def _spawn(command: list[str], log: Path, *, append: bool = False) -> subprocess.Popen[bytes]:
+    with log.open("ab" if append else "wb") as out:
         return subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
 
 
-def start(bin_dir: Path, workdir: Path) -> ControlPlane:
-    """Start etcd and kube-apiserver in `workdir`; returns once `/readyz` answers 200."""
+def _wait_ready(plane: ControlPlane) -> None:
+    deadline = time.monotonic() + READY_S
+    while not _ready(plane.url):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in plane.processes):
+            raise RuntimeError(f"kube-apiserver never became ready:\n{plane.log()}")
+        time.sleep(0.2)
+
+
+def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPlane:
+    """Start etcd and kube-apiserver (and kube-scheduler, when `scheduler` and the assets
+    hold one) in `workdir`; returns once `/readyz` answers 200. Tests that need no
+    scheduler leave it out: one process less on a small machine."""
     key, cert = workdir / "sa.key", workdir / "sa.crt"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
@@ -169,29 +197,23 @@ def start(bin_dir: Path, workdir: Path) -> ControlPlane:
                 workdir / "etcd.log",
             )
         )  # fmt: skip
-        plane.processes.append(
-            _spawn(
-                [str(bin_dir / "kube-apiserver"),
-                 "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-                 "--bind-address", "127.0.0.1", "--secure-port", str(api_port),
-                 "--cert-dir", str(workdir / "certs"),
-                 "--service-account-key-file", str(cert),
-                 "--service-account-signing-key-file", str(key),
-                 "--service-account-issuer", "https://envtest.gpuslice.invalid",
-                 "--token-auth-file", str(workdir / "tokens.csv"),
-                 "--authorization-mode", "RBAC",
-                 "--service-cluster-ip-range", "10.0.0.0/24",
-                 "--feature-gates", GATES],
-                workdir / "kube-apiserver.log",
-            )
-        )  # fmt: skip
+        plane.apiserver_command = [
+            str(bin_dir / "kube-apiserver"),
+            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--secure-port", str(api_port),
+            "--cert-dir", str(workdir / "certs"),
+            "--service-account-key-file", str(cert),
+            "--service-account-signing-key-file", str(key),
+            "--service-account-issuer", "https://envtest.gpuslice.invalid",
+            "--token-auth-file", str(workdir / "tokens.csv"),
+            "--authorization-mode", "RBAC",
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--feature-gates", GATES,
+        ]  # fmt: skip
+        plane.processes.append(_spawn(plane.apiserver_command, workdir / "kube-apiserver.log"))
         _write_kubeconfig(plane.kubeconfig, plane.url)
-        deadline = time.monotonic() + READY_S
-        while not _ready(plane.url):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in plane.processes):
-                raise RuntimeError(f"kube-apiserver never became ready:\n{plane.log()}")
-            time.sleep(0.2)
-        if (bin_dir / "kube-scheduler").is_file():
+        _wait_ready(plane)
+        if scheduler and (bin_dir / "kube-scheduler").is_file():
             # DRA allocation is the scheduler's: claims of pods it places get their devices
             plane.processes.append(
                 _spawn(
@@ -209,11 +231,12 @@ def start(bin_dir: Path, workdir: Path) -> ControlPlane:
 
 
 @contextlib.contextmanager
-def running() -> Iterator[ControlPlane]:
-    """A control plane for the duration of the block (EnvtestUnavailable without binaries)."""
+def running(*, scheduler: bool = True) -> Iterator[ControlPlane]:
+    """A control plane for the duration of the block (EnvtestUnavailable without binaries);
+    `scheduler` is `start`'s."""
     bin_dir = assets()
     with tempfile.TemporaryDirectory(prefix="gs-envtest-") as tmp:
-        plane = start(bin_dir, Path(tmp))
+        plane = start(bin_dir, Path(tmp), scheduler=scheduler)
         try:
             yield plane
         finally:
