@@ -114,8 +114,10 @@ def test_rbac_reads_nodes_and_patches_only_in_api_mode() -> None:
         rules = one(result, "ClusterRole")["rules"]
         return {v for r in rules if "nodes" in r["resources"] for v in r["verbs"]}
 
-    assert node_verbs(render()) == {"get", "watch"}, "its own Node by name: never a list"
-    assert node_verbs(render(labels={"mode": "api"})) == {"get", "watch", "patch"}
+    # its own Node by name: listed from the watch cache, then watched; never patched
+    # outside api mode
+    assert node_verbs(render()) == {"get", "list", "watch"}
+    assert node_verbs(render(labels={"mode": "api"})) == {"get", "list", "watch", "patch"}
     rules = one(render(), "ClusterRole")["rules"]
     assert not [r for r in rules if "events" in r["resources"]], "events: a Role (privilege tests)"
 

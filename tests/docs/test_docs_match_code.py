@@ -34,7 +34,8 @@ def table_rows(doc: Path, heading: str) -> list[list[str]]:
 
 
 def plugin_options() -> dict[str, click.Option]:
-    command = main.commands["plugin"]
+    command = main.get_command(click.Context(main), "plugin")  # subcommands load lazily
+    assert command is not None
     return {
         opt: p
         for p in command.params

@@ -227,8 +227,10 @@ async def test_relists_when_the_watch_resumes_from_a_compacted_version(
 ) -> None:
     caplog.set_level(logging.INFO, logger="gpuslice.k8s.pods")
     api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
-    # Whether the watch starts after the compaction or lightkube resumes it after the 1 s
-    # server timeout, it asks for the list's version, which compaction dropped: 410 Gone.
+    # A server that sends no bookmarks (the API allows it): whether the watch starts after
+    # the compaction or lightkube resumes it after the 1 s server timeout, it asks for the
+    # list's version, which compaction dropped: 410 Gone.
+    api.bookmarks = False
     pods = NodePods(client, NODE, backoff=FAST, server_timeout_s=1)
     async with running(pods):
         await until(pods, lambda: pods.lists >= 1)
@@ -241,6 +243,27 @@ async def test_relists_when_the_watch_resumes_from_a_compacted_version(
         await until(pods, lambda: pods.uid_map() == {})
     assert "event=pod-watch-expired" in caplog.text
     assert pods.reconnects >= 1
+
+
+async def test_bookmarks_keep_an_idle_watch_from_relisting(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    """Other nodes' pods move the server's version on while this node's watch sees nothing;
+    the bookmark before each server timeout carries the watch's version forward, so a
+    compaction does not make it list again."""
+    api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
+    pods = NodePods(client, NODE, backoff=FAST, server_timeout_s=1)
+    async with running(pods):
+        await until(pods, lambda: pods.lists >= 1)
+        api.add_pod("other", "x", UID_B, "gpu-2", {"main": ID_2})
+        started = api.watches_started
+        await server_sees(api, lambda: api.watches_started >= started + 1)  # resumed once
+        api.compact()
+        await server_sees(api, lambda: api.watches_started >= started + 2)  # and again
+        api.delete_pod("ml", "a")
+        await until(pods, lambda: pods.uid_map() == {})
+        assert pods.lists == 1
+        assert pods.reconnects == 0
 
 
 async def test_retries_through_api_errors(api: FakeApiServer, client: AsyncClient) -> None:

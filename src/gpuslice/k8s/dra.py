@@ -7,27 +7,21 @@ and this node's ResourceSlices of this driver are listed, created, replaced and 
 It implements `ports.DraObjects`; 404 and 409 become the port's exceptions, 410 on a watch
 `DraExpired`.
 
-The slices are watched with bookmarks (`allowWatchBookmarks`), which lightkube's `watch()`
-does not ask for: without them a watch that saw no change of this node's slices resumes,
-after the server ends it, from the version of its start, which the server may have compacted
-away meanwhile (410 Gone, then a LIST). The request is built with lightkube's own request
-builder and streamed by its own watch loop, which resumes from the last version seen
-(bookmarks included) when the server closes the stream.
+The slices are listed from the watch cache and watched with bookmarks (`k8s.streams`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import Generic
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from gpuslice.k8s.streams import list_from_cache, watch_from
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
 
 Json = dict[str, Any]
@@ -78,41 +72,18 @@ class DraApi:
         return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
 
     async def listed_slices(self) -> SliceListing:
-        """Listed from the API server's watch cache (`resourceVersion=0`), as informers
-        list: cheaper than a read from etcd, and the version it returns is one the cache
-        has reached, so the watch that follows starts at once. A version read from etcd can
-        be ahead of the cache, which then holds the watch until its progress catches up
-        (with an etcd that sends no progress notifications, until the next slice write
-        anywhere in the cluster) and fails it with "Too large resource version"."""
-        request = self._client._client.prepare_request(
-            "list",
-            res=ResourceSlice,
-            params={"resourceVersion": "0", "fieldSelector": self._selector()},
-        )
-        listing = self._client._client.list(request)
-        items = [_plain(s) async for s in listing]
-        return SliceListing(items, str(listing.resourceVersion))
+        """From the watch cache (`k8s.streams`): the version it returns is one a watch can
+        start from at once."""
+        items, version = await list_from_cache(self._client, ResourceSlice, fields=self._selector())
+        return SliceListing([_plain(s) for s in items], version)
 
     async def watch_slices(self, resource_version: str) -> AsyncIterator[SliceEvent]:
-        # lightkube's own request builder and watch loop (its AsyncClient.watch() cannot
-        # ask for bookmarks)
-        request = self._client._client.prepare_request(
-            "list",
-            res=ResourceSlice,
-            watch=True,
-            params={
-                "resourceVersion": resource_version,
-                "allowWatchBookmarks": "true",
-                "fieldSelector": self._selector(),
-            },
+        events = watch_from(
+            self._client, ResourceSlice, resource_version, fields=self._selector(), as_dicts=True
         )
-        # decoded as plain dicts: a BOOKMARK is a slice with only metadata, which the typed
-        # model refuses (no `spec`)
-        plain: Any = Generic
-        events = self._client._client.watch(dataclasses.replace(request, response_type=plain))
         try:
             async for kind, obj in events:
-                yield SliceEvent(str(kind), dict(obj.to_dict()))
+                yield SliceEvent(kind, dict(obj.to_dict()))
         except ApiError as exc:
             code = getattr(exc.status, "code", None)
             message = str(getattr(exc.status, "message", "") or "")

@@ -12,7 +12,9 @@ a cut stream, an API error or `410 Gone` (history compacted while the watch was 
 re-lists, so a pod added or deleted while disconnected is not missed. Failures back off.
 The accessors are plain functions over the last complete view, safe to call at any time;
 they answer None until the first list succeeded, so "no API access" is not read as "no
-pods".
+pods". The list is served by the watch cache and the watch asks for bookmarks
+(`k8s.streams`): at rest nothing is listed, and the server's periodic end of a watch is
+resumed from a recent version.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from lightkube import ALL_NS, ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from gpuslice.core.cgroups import ContainerId, PodUid
+from gpuslice.k8s.streams import BOOKMARK, list_from_cache, watch_from
 from gpuslice.k8s.watching import Backoff
 from gpuslice.logs import get_logger
 
@@ -186,27 +189,29 @@ class NodePods:
     async def _list_then_watch(self) -> AsyncGenerator[None, None]:
         """List the node's pods, replace the cache, then apply watch events from the list's
         resourceVersion. Yields after each watch event (progress)."""
-        listing = self._client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": self._node})
+        selector = f"spec.nodeName={self._node}"
+        pods, version = await list_from_cache(self._client, Pod, namespace=ALL_NS, fields=selector)
         fresh: dict[PodUid, PodEntry] = {}
-        async for pod in listing:
+        for pod in pods:
             entry = pod_entry(pod)
             if entry is not None:
                 fresh[entry.uid] = entry
-        version = listing.resourceVersion
         self._pods = fresh
         self.lists += 1
         self._publish()
         log.info("pods-listed", node=self._node, pods=len(fresh))
-        events = self._client.watch(
+        events = watch_from(
+            self._client,
             Pod,
+            version,
             namespace=ALL_NS,
-            fields={"spec.nodeName": self._node},
-            resource_version=version,
-            server_timeout=self._server_timeout_s,
+            fields=selector,
+            server_timeout_s=self._server_timeout_s,
         )
         try:
             async for kind, pod in events:
-                self._apply(kind, pod)
+                if kind != BOOKMARK:
+                    self._apply(kind, pod)
                 yield
         except ApiError as exc:
             if exc.status.code == 410:

@@ -11,7 +11,9 @@ current revision), not from the Node's own resourceVersion: a Node unchanged for
 has a version older than the API server's watch cache holds (always so right after the
 API server restarts), and a watch from it is answered 410 Gone at once, every time, until
 the Node changes (seen on kube-apiserver 1.36: a GET and a failed watch every backoff step,
-which a successful GET reset to its shortest).
+which a successful GET reset to its shortest). The list is served by the watch cache and
+the watch asks for bookmarks (`k8s.streams`), so an idle Node's watch resumes from a recent
+version and a node at rest sends no LIST.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the kubelet side
+from gpuslice.k8s.streams import BOOKMARK, list_from_cache, watch_from
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -83,25 +86,26 @@ class NodeLabelWatcher:
     async def _one_watch(self) -> AsyncGenerator[tuple[str, bool], None]:
         """List the node (by name: none is ""), then stream its changes from the list's
         resourceVersion; each value comes with whether the watch delivered it."""
-        listed = self._client.list(Node, fields={"metadata.name": self._node})
-        nodes = [node async for node in listed]
+        selector = f"metadata.name={self._node}"
+        nodes, version = await list_from_cache(self._client, Node, fields=selector)
         if not nodes:
             log.warning("node-not-found", node=self._node)
         yield (self._value(nodes[0]) if nodes else ""), False
-        events = self._client.watch(
+        events = watch_from(
+            self._client,
             Node,
-            fields={"metadata.name": self._node},
-            resource_version=listed.resourceVersion,
-            server_timeout=self._server_timeout_s,
+            version,
+            fields=selector,
+            server_timeout_s=self._server_timeout_s,
         )
         try:
             async for kind, obj in events:
+                if kind == BOOKMARK:
+                    continue  # the version moved on; nothing about the Node did
                 yield ("" if kind == "DELETED" else self._value(obj)), True
         finally:
-            # lightkube's watch is an async generator: close its HTTP stream now, not at GC
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            # close the HTTP stream now, not at GC
+            await events.aclose()
 
     async def feed(self, queue: asyncio.Queue[str]) -> None:
         """Push every value into `queue` (what the agent's reload loop reads)."""

@@ -143,6 +143,9 @@ class FakeApiServer:
         self._sockets: set[socket.socket] = set()
         self.requests: list[RecordedRequest] = []
         self.watches_started = 0
+        self.bookmarks = True
+        """Send a BOOKMARK before a watch's timeout ends it, when the client asks for them
+        (off: a server that sends none, which the API allows)."""
         self.evictions: list[tuple[str, str]] = []
         """(namespace, pod) of each eviction the API accepted, in order."""
         self.block_evictions = False
@@ -991,7 +994,7 @@ class _Handler(BaseHTTPRequestHandler):
             for change in changes:
                 self._chunk({"type": change.type, "object": change.obj})
             if deadline is not None and time.monotonic() >= deadline:
-                if query.get("allowWatchBookmarks") == "true":
+                if query.get("allowWatchBookmarks") == "true" and api.bookmarks:
                     # as the real server does before it ends a watch: the version reached,
                     # so the client resumes from there, not from its stale start
                     self._chunk({"type": "BOOKMARK", "object": _bookmark(kind, position)})
