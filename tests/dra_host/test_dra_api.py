@@ -187,7 +187,7 @@ def test_scopes_and_unknown_paths_are_refused(api: FakeApiServer) -> None:
     assert http(api, "POST", f"{base}/resourceclaims", {"metadata": {"name": "x"}})[0] == 405
     assert http(api, "GET", f"{base}/resourceclaims/x")[0] == 404
     assert http(api, "GET", f"{base}/resourceslices?fieldSelector=spec.pool.name=n1")[0] == 400
-    assert http(api, "GET", f"{base}/resourceslices?watch=true")[0] == 400
+    assert http(api, "GET", f"{base}/resourceclaims?watch=true")[0] == 400  # slices only
     assert http(api, "GET", f"{base}/podschedulingcontexts")[0] == 404
     code, body = http(api, "POST", f"{base}/resourceslices", {"metadata": {}, "spec": {}})
     assert (code, body["reason"]) == (422, "Invalid")
