@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from lightkube import AsyncClient
 from prometheus_client import CollectorRegistry
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
@@ -41,17 +41,6 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME, CheckpointFile, boot_id
 from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
-from gpuslice.k8s import (
-    AgentPod,
-    NodeEvents,
-    NodeLabeler,
-    NodeLabelWatcher,
-    NodePods,
-    PodEvents,
-    PodEvictor,
-    make_client,
-)
-from gpuslice.k8s.dra import DraApi
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
@@ -67,6 +56,13 @@ from gpuslice.mps import (
 )
 from gpuslice.podresources import PodResourcesClient
 from gpuslice.ports import DraObjects
+
+if TYPE_CHECKING:
+    # The Kubernetes client (lightkube, httpx: about 11 MiB resident) is imported only
+    # where the agent talks to an API server: a device plugin without one never loads it.
+    from lightkube import AsyncClient
+
+    from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, NodePods
 
 log = get_logger("gpuslice.agent")
 _GUARD_MODES: tuple[GuardMode, ...] = ("off", "observe", "enforce")
@@ -321,8 +317,26 @@ def wire_probes(
     return server
 
 
+def _evictor(client: AsyncClient | None) -> Callable[[str, str], Awaitable[bool]] | None:
+    if client is None:
+        return None
+    from gpuslice.k8s import PodEvictor
+
+    return PodEvictor(client).evict
+
+
+def _pod_events(client: AsyncClient | None, settings: AgentSettings) -> Any:
+    if client is None:
+        return None
+    from gpuslice.k8s import PodEvents
+
+    return PodEvents(client, settings.node_name, agent=agent_pod(settings)).post
+
+
 def agent_pod(settings: AgentSettings) -> AgentPod | None:
     """The agent's own Pod, which its Events are about; None outside a pod."""
+    from gpuslice.k8s import AgentPod
+
     if not settings.pod_name:
         return None
     uid = own_pod_uid()
@@ -370,12 +384,8 @@ def wire_guard(
         interval_s=guard_settings.interval_s,
         action=guard_settings.action,
         signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid()),
-        evict=PodEvictor(client).evict if client is not None else None,
-        post_event=(
-            PodEvents(client, settings.node_name, agent=agent_pod(settings)).post
-            if client is not None
-            else None
-        ),
+        evict=_evictor(client),
+        post_event=_pod_events(client, settings),
     )
     agent.hooks.services.append(guard.run)
     if run_pods and pods is not None:
@@ -496,6 +506,15 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     try:
         labels: asyncio.Queue[str] | None = None
         if settings.node_name:
+            from gpuslice.k8s import (
+                NodeEvents,
+                NodeLabeler,
+                NodeLabelWatcher,
+                NodePods,
+                make_client,
+            )
+            from gpuslice.k8s.dra import DraApi
+
             client = make_client(settings.kubeconfig)
             labels = asyncio.Queue()
             watcher = NodeLabelWatcher(client, settings.node_name, settings.node_label)
