@@ -239,7 +239,9 @@ def agents(verb: str, resource: str) -> bool:
     claim status and bindings."""
     if resource == "resourceslices":
         return True
-    return resource in ("resourceclaims", "nodes") and verb in ("GET", "LIST", "WATCH")
+    if resource == "resourceclaims":
+        return verb in ("GET", "LIST")  # the workers' claim watches play the kubelets
+    return resource == "nodes" and verb in ("GET", "LIST", "WATCH")
 
 
 class Window:
