@@ -18,6 +18,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
+from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -65,8 +66,14 @@ class DraApi:
         return str(node.metadata.uid) if node.metadata is not None else ""
 
     async def list_slices(self) -> list[Json]:
-        """This node's slices of this driver (the kubelet wipes the same selection)."""
-        return (await self.listed_slices()).items
+        """This node's slices of this driver (the kubelet wipes the same selection), read
+        consistently: used after a write lost a race, where a cached view could be the very
+        version that lost."""
+        fields: dict[str, str | BinaryOperator | SequenceOperator] = {
+            "spec.nodeName": self.node_name,
+            "spec.driver": self.driver,
+        }
+        return [_plain(s) async for s in self._client.list(ResourceSlice, fields=fields)]
 
     def _selector(self) -> str:
         return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
