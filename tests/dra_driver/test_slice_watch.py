@@ -72,9 +72,11 @@ async def running() -> AsyncIterator[Running]:
 
 
 async def until(ok: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(10):
-        while not ok():
-            await asyncio.sleep(0.02)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not ok():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def test_a_wipe_is_repaired_from_the_watch_without_a_list(running: Running) -> None:
