@@ -19,6 +19,7 @@ from gpuslice.cli.common import console
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.advise import (
+    POD_MEMORY,
     Advice,
     AdviseError,
     History,
@@ -85,6 +86,11 @@ def load_history(
             type(s)(s.name, s.labels, [(t, v) for t, v in s.points if begin <= t <= stop])
             for s in series
         ]
+    if not any(s.name == POD_MEMORY and s.points for s in series):
+        raise AdviseError(
+            f"{samples}: no {POD_MEMORY} series in the range (with timestamps): this is not "
+            "gpuslice's exporter's history"
+        )
     step_or_none = parse_duration(step, "--step") if step else scrape_interval(series)
     if step_or_none is None:
         raise AdviseError(

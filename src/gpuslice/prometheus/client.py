@@ -4,8 +4,9 @@ Per-pod memory and SM use come from `query_range` at the scrape interval, one qu
 metric for every pod at once (a request per pod would not scale to a fleet), cut into
 time chunks of at most `MAX_POINTS` points because Prometheus refuses a range of more
 than 11,000 points per series. Each point is `max_over_time(...[step])`: the largest
-sample in the step before it, so a pod's series ends at its last scrape instead of
-lingering for Prometheus's 5-minute lookback, and a peak between two steps is kept. The
+sample in the step before it (a millisecond short, so one scrape counts once), so a pod's
+series ends at its last scrape instead of lingering for Prometheus's 5-minute lookback,
+and a peak between two steps is kept. The
 GPUs' model and memory (`DCGM_FI_DEV_FB_*`, `modelName`) and the replicas the pods held
 (`gpuslice_pod_entitled_sm_fraction`) are one instant query each.
 """
@@ -80,7 +81,9 @@ class PrometheusReader:
     def series(self, window: Window) -> list[RawSeries]:
         """Every series `advise` reads, over the window."""
         out: list[RawSeries] = []
-        step = _duration(window.step_s)
+        # A millisecond short of the step: Prometheus 2's range selectors include both
+        # ends, and a sample exactly one step back belongs to the previous point.
+        step = _duration(window.step_s - 0.001)
         for name, query in RANGE_QUERIES.items():
             merged: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
             for start, end in chunks(window):

@@ -58,7 +58,9 @@ class Workload:
         return f"GPU-{self.model}-{self.hostname}-{gpu:04d}"
 
 
-def six_pods_and_a_leaker(end: float, *, points: int = 480, step_s: float = 15.0) -> Workload:
+def six_pods_and_a_leaker(
+    end: float, *, points: int = 480, step_s: float = 15.0, hostname: str = "node-1"
+) -> Workload:
     """Six pods peaking at 9 GiB and one leaker on two H100s run at replicas 4: advise
     should say replicas 8 (81559 MiB / 8 holds 9 GiB + 10 %, / 9 does not) and name
     the leaker."""
@@ -66,13 +68,15 @@ def six_pods_and_a_leaker(end: float, *, points: int = 480, step_s: float = 15.0
         SynthPod(f"train-{i}", i % 2, "bursty" if i % 2 else "steady", 9 * 1024) for i in range(6)
     ]
     pods.append(SynthPod("leaky", 1, "leaker", 30 * 1024))
-    return Workload("h100-80gb", 2, 4, tuple(pods), points, step_s, end)
+    return Workload("h100-80gb", 2, 4, tuple(pods), points, step_s, end, hostname)
 
 
-def idle_node(end: float, *, points: int = 240, step_s: float = 15.0) -> Workload:
+def idle_node(
+    end: float, *, points: int = 240, step_s: float = 15.0, hostname: str = "node-2"
+) -> Workload:
     """Four pods on two L40S that hold replicas and never touch the GPU."""
     pods = tuple(SynthPod(f"notebook-{i}", i % 2, "idle", 0) for i in range(4))
-    return Workload("l40s", 2, 2, pods, points, step_s, end)
+    return Workload("l40s", 2, 2, pods, points, step_s, end, hostname)
 
 
 def fleet(
@@ -166,16 +170,19 @@ def _series(w: Workload, seed: int) -> Iterator[_Series]:
         yield _Series("DCGM_FI_DEV_FB_FREE", labels, 0, [model.memory_mib - u for u in used])
 
 
-def write_openmetrics(w: Workload, out: TextIO, *, seed: int = 0) -> None:
-    """The workload's series as OpenMetrics text, families in order, `# EOF` last."""
-    by_family: dict[str, list[_Series]] = {}
-    for s in _series(w, seed):
-        by_family.setdefault(s.name, []).append(s)
-    start = w.start
+def write_openmetrics(workloads: Sequence[Workload], out: TextIO, *, seed: int = 0) -> None:
+    """The workloads' series as one OpenMetrics text (each family once, as the format
+    requires), `# EOF` last. Give each workload its own `hostname`: GPU UUIDs are made
+    from it."""
+    by_family: dict[str, list[tuple[Workload, _Series]]] = {}
+    for n, w in enumerate(workloads):
+        for s in _series(w, seed + n):
+            by_family.setdefault(s.name, []).append((w, s))
     for name, series in by_family.items():
         out.write(f"# TYPE {name} gauge\n")
-        for s in series:
+        for w, s in series:
             head = f"{name}{{{s.labels}}} "
+            start = w.start
             out.writelines(
                 f"{head}{v!r} {start + (s.start + i) * w.step_s:.3f}\n"
                 for i, v in enumerate(s.values)

@@ -4,6 +4,7 @@ from gpuslice.core.advise.advice import Advice, ModelAdvice, advise
 from gpuslice.core.advise.configs import NamedConfig, named_configs
 from gpuslice.core.advise.durations import parse_duration
 from gpuslice.core.advise.history import (
+    POD_MEMORY,
     SERIES_READ,
     AdviseError,
     History,
@@ -13,6 +14,7 @@ from gpuslice.core.advise.history import (
 from gpuslice.core.advise.report import advice_to_dict
 
 __all__ = [
+    "POD_MEMORY",
     "SERIES_READ",
     "Advice",
     "AdviseError",
