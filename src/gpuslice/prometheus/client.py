@@ -69,6 +69,37 @@ def chunks(window: Window) -> list[tuple[float, float]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    name: str
+    """The metric the answer's series are (the functions drop `__name__`)."""
+    path: str
+    params: Mapping[str, str]
+
+
+def requests_for(window: Window) -> list[Request]:
+    """Every request `series` makes for a window, in order: a range query per metric and
+    time chunk, then the instant queries."""
+    out = []
+    # A millisecond short of the step: Prometheus 2's range selectors include both ends,
+    # and a sample exactly one step back belongs to the previous point.
+    step = _duration(window.step_s - 0.001)
+    for name, query in RANGE_QUERIES.items():
+        for start, end in chunks(window):
+            params = {
+                "query": query.format(step=step),
+                "start": f"{start:.3f}",
+                "end": f"{end:.3f}",
+                "step": f"{window.step_s:g}",
+            }
+            out.append(Request(name, "/api/v1/query_range", params))
+    rng = _duration(window.seconds)
+    for name, query in INSTANT_QUERIES.items():
+        params = {"query": query.format(range=rng), "time": f"{window.end:.3f}"}
+        out.append(Request(name, "/api/v1/query", params))
+    return out
+
+
 class PrometheusReader:
     def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
         if not url.startswith(("http://", "https://")):
@@ -80,50 +111,24 @@ class PrometheusReader:
 
     def series(self, window: Window) -> list[RawSeries]:
         """Every series `advise` reads, over the window."""
-        out: list[RawSeries] = []
-        # A millisecond short of the step: Prometheus 2's range selectors include both
-        # ends, and a sample exactly one step back belongs to the previous point.
-        step = _duration(window.step_s - 0.001)
-        for name, query in RANGE_QUERIES.items():
-            merged: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
-            for start, end in chunks(window):
-                for labels, points in self.query_range(
-                    query.format(step=step), start, end, window.step_s
-                ):
-                    merged.setdefault(tuple(sorted(labels.items())), []).extend(points)
-            out.extend(RawSeries(name, dict(k), v) for k, v in merged.items())
-        rng = _duration(window.seconds)
-        for name, query in INSTANT_QUERIES.items():
-            for labels, points in self.query(query.format(range=rng), window.end):
-                out.append(RawSeries(name, labels, points))
-        return out
+        merged: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
+        for request in requests_for(window):
+            for r in self._get(request.path, request.params):
+                labels = tuple(sorted(dict(r.get("metric", {})).items()))
+                points = merged.setdefault((request.name, labels), [])
+                if "values" in r:
+                    points.extend((float(t), float(v)) for t, v in r["values"])
+                elif "value" in r:
+                    points.append((float(r["value"][0]), float(r["value"][1])))
+        return [RawSeries(name, dict(labels), pts) for (name, labels), pts in merged.items()]
 
-    def query_range(
-        self, query: str, start: float, end: float, step_s: float
-    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
-        data = self._get(
-            "/api/v1/query_range",
-            {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"},
-        )
-        return [
-            (dict(r.get("metric", {})), [(float(t), float(v)) for t, v in r.get("values", [])])
-            for r in data
-        ]
-
-    def query(
-        self, query: str, at: float
-    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
-        data = self._get("/api/v1/query", {"query": query, "time": f"{at:.3f}"})
-        return [
-            (dict(r.get("metric", {})), [(float(r["value"][0]), float(r["value"][1]))])
-            for r in data
-            if "value" in r
-        ]
+    def url_of(self, request: Request) -> str:
+        return f"{self.url}{request.path}?{urllib.parse.urlencode(request.params)}"
 
     def _get(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
         """The `result` list of a successful answer (JSON, hence Any)."""
         where = f"Prometheus at {self.url}"
-        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        url = self.url_of(Request("", path, params))
         self.requests += 1
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as response:

@@ -89,9 +89,9 @@ def fleet(
     points = int(days * 86400 / step_s) + 1
     made: list[SynthPod] = []
     busy: list[list[int]] = []  # per GPU: end indices of its pods
-    starts = sorted(rng.randrange(0, points - 1) for _ in range(pods))
+    starts = sorted(rng.randrange(0, points - 8) for _ in range(pods))
     for i, start in enumerate(starts):
-        life = max(8, min(points - start, int(rng.uniform(3600, 86400) / step_s)))
+        life = min(points - start, max(8, int(rng.uniform(3600, 86400) / step_s)))
         gpu = next(
             (g for g, ends in enumerate(busy) if sum(1 for e in ends if e >= start) < replicas),
             len(busy),

@@ -17,7 +17,7 @@ start times, though sharing more densely would also have started some earlier.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuslice.core.advise.history import MIB, PodTrace
 from gpuslice.core.gpumemory import GpuMemoryModel, RecordedDemand
@@ -54,11 +54,20 @@ def replay_params(step_s: float) -> GuardParams:
 
 
 def replay(
-    traces: Sequence[PodTrace], memory_mib: int, replicas: int, step_s: float
+    traces: Sequence[PodTrace],
+    memory_mib: int,
+    replicas: int,
+    step_s: float,
+    *,
+    skip_quiet: bool = True,
 ) -> ReplayOutcome:
+    """`skip_quiet=False` shows every GPU to the policy at every poll, as the agent does;
+    the default leaves out the GPUs where it provably decides nothing (`_quiet`), which
+    gives the same outcome (tested) in a fraction of the time."""
     ordered = sorted(traces, key=lambda t: (t.first, t.key, t.gpu_uuid))
-    gpus, oom_off, _ = _run(ordered, memory_mib, replicas, step_s, None)
-    _, oom_on, stopped = _run(ordered, memory_mib, replicas, step_s, replay_params(step_s))
+    gpus, oom_off, _ = _run(ordered, memory_mib, replicas, step_s, None, skip_quiet)
+    params = replay_params(step_s)
+    _, oom_on, stopped = _run(ordered, memory_mib, replicas, step_s, params, skip_quiet)
     return ReplayOutcome(
         replicas=replicas,
         gpus=gpus,
@@ -66,6 +75,19 @@ def replay(
         oom_without_guard=_names(ordered, oom_off),
         stopped_by_guard=_names(ordered, stopped),
         oom_with_guard=_names(ordered, oom_on),
+    )
+
+
+def _quiet(gpu: GpuMemory, tenants: Sequence[Tenant], state: GuardState, reserve: int) -> bool:
+    """Whether the policy provably decides nothing about this GPU at this poll, and keeps
+    nothing about it but its tenants' usage: no tenant over its share (only those are
+    reported, projected or reclaimed), not under pressure since an earlier poll, and its
+    free memory at or above the reserve (with no borrower, the projection is the free
+    memory itself)."""
+    return (
+        gpu.uuid not in state.pressure_since
+        and gpu.free_bytes >= reserve
+        and all(t.used_bytes <= t.share_bytes for t in tenants)
     )
 
 
@@ -88,6 +110,7 @@ def _run(
     replicas: int,
     step_s: float,
     params: GuardParams | None,
+    skip_quiet: bool,
 ) -> tuple[int, set[int], set[int]]:
     """(GPUs opened, pids dead of OOM, pids stopped by the guard); a pid is an index
     into `traces`."""
@@ -135,19 +158,33 @@ def _run(
                 holders[gpu].discard(pid)
         if params is None or not where:
             continue
-        tenants = []
-        for pid, gpu in where.items():
-            used = models[gpu].usage(pid) or 0
-            t = traces[pid]
-            key = ContainerKey(t.key.namespace, t.key.pod, f"{t.key.container}#{pid}")
-            tenants.append(Tenant(key, str(gpu), "time-slicing", share, used * MIB, (pid,)))
-        views = [
-            GpuMemory(str(i), i, memory_mib * MIB, m.free_mib * MIB)
-            for i, m in enumerate(models)
-            if holders[i]
-        ]
+        reserve = params.reserve.of(memory_mib * MIB)
+        tenants: list[Tenant] = []
+        views: list[GpuMemory] = []
+        quiet: list[Tenant] = []
+        for gpu, model in enumerate(models):
+            if not holders[gpu]:
+                continue
+            mine = []
+            for pid in sorted(holders[gpu]):
+                t = traces[pid]
+                key = ContainerKey(t.key.namespace, t.key.pod, f"{t.key.container}#{pid}")
+                used = (model.usage(pid) or 0) * MIB
+                mine.append(Tenant(key, str(gpu), "time-slicing", share, used, (pid,)))
+            view = GpuMemory(str(gpu), gpu, memory_mib * MIB, model.free_mib * MIB)
+            if skip_quiet and _quiet(view, mine, state, reserve):
+                quiet.extend(mine)
+                continue
+            tenants.extend(mine)
+            views.append(view)
         ev = evaluate(views, tenants, state, params, now)
         state = ev.state
+        if quiet:
+            # What `evaluate` would have kept of the quiet GPUs: their tenants' usage,
+            # from which the next poll measures growth.
+            seen = dict(state.last_used)
+            seen.update({(t.key, t.gpu_uuid): (now, t.used_bytes) for t in quiet})
+            state = replace(state, last_used=seen)
         for d in ev.decisions:
             if d.kind in ("reclaim", "escalate") and d.enforced:
                 pid = d.pids[0]
