@@ -90,7 +90,7 @@ def main() -> None:
         size_mb = (work / "fleet.om").stat().st_size / 1e6
         t_gen = time.perf_counter() - t
         t = time.perf_counter()
-        promserver.create_blocks(work / "fleet.om", work / "tsdb")
+        promserver.create_blocks(work / "fleet.om", work / "tsdb", max_block_hours=24)
         t_load = time.perf_counter() - t
         (work / "fleet.om").unlink()
         samples = sum((p.samples or workload.points - p.start) for p in workload.pods)

@@ -1,4 +1,6 @@
-"""Facts about real GPU models, as NVML reports them, for the simulated backend.
+"""Facts about real GPU models, as NVML reports them, for the simulated backend and for
+`gpuslice advise` (pure data, hence in the core: advise sizes MIG layouts and reads a
+model's memory from the same tables the simulator places and reports them with).
 
 The simulator is only useful if the numbers it reports are the ones a real node reports:
 the product name feeds the `nvidia.com/gpu.product` label, memory feeds the labels and the

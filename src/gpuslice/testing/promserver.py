@@ -28,10 +28,21 @@ def missing() -> str | None:
     return None
 
 
-def create_blocks(openmetrics: Path, tsdb: Path) -> None:
+def create_blocks(openmetrics: Path, tsdb: Path, *, max_block_hours: int = 0) -> None:
+    """`max_block_hours` above 2 makes fewer, longer blocks: promtool reads the whole
+    file once per block it writes, so a week in 2-hour blocks reads it 84 times."""
     tsdb.mkdir(parents=True, exist_ok=True)
+    longer = [f"--max-block-duration={max_block_hours}h"] if max_block_hours > 2 else []
     subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(tsdb)],
+        [
+            "promtool",
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            *longer,
+            str(openmetrics),
+            str(tsdb),
+        ],
         check=True,
         capture_output=True,
         timeout=600,
