@@ -255,3 +255,11 @@ def test_leaving_quiet_gpus_out_of_the_poll_changes_no_outcome(seed: int, replic
     assert fast == full
     if replicas == 12:
         assert full.stopped_by_guard  # the comparison covers the guard acting
+
+
+def test_a_recorded_demand_asks_for_what_was_scraped_then() -> None:
+    from gpuslice.core.gpumemory import RecordedDemand
+
+    demand = RecordedDemand((100, 200, 300), STEP)
+    asked = [demand.wanted_mib(age) for age in (0.0, 14.9, 15.0, 29.0, 30.0, 1000.0)]
+    assert asked == [100, 100, 200, 200, 300, 300]

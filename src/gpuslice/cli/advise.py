@@ -23,6 +23,7 @@ from gpuslice.core.advise import (
     Advice,
     AdviseError,
     History,
+    RawSeries,
     advice_to_dict,
     advise,
     build_history,
@@ -83,7 +84,7 @@ def load_history(
         stop = last if end is None else end
         begin = stop - parse_duration(since, "--since") if since is not None else float("-inf")
         series = [
-            type(s)(s.name, s.labels, [(t, v) for t, v in s.points if begin <= t <= stop])
+            RawSeries(s.name, s.labels, [(t, v) for t, v in s.points if begin <= t <= stop])
             for s in series
         ]
     if not any(s.name == POD_MEMORY and s.points for s in series):

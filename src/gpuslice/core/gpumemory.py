@@ -74,10 +74,13 @@ class RecordedDemand:
     step_s: float
 
     def wanted_mib(self, age_s: float) -> int:
-        if not self.mib:
+        mib = self.mib
+        if not mib:
             return 0
-        index = min(len(self.mib) - 1, max(0, int(age_s / self.step_s + 1e-9)))
-        return self.mib[index]
+        index = int(age_s / self.step_s + 1e-9)
+        if index >= len(mib):
+            return mib[-1]
+        return mib[index] if index >= 0 else mib[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +111,15 @@ class GpuMemoryModel:
     now: float | None = None
     procs: dict[int, _Proc] = field(default_factory=dict)
     deaths: list[OomDeath] = field(default_factory=list)
+    _procs_mib: int = field(default=0, init=False, repr=False)
+    """Sum of `procs`' usage, kept as they change: a replay of a week asks for the free
+    memory millions of times."""
+    _order: list[int] | None = field(default=None, init=False, repr=False)
+    """`procs` in allocation order, until a process starts or ends."""
 
     @property
     def used_mib(self) -> int:
-        return self.fixed_mib + sum(p.used_mib for p in self.procs.values())
+        return self.fixed_mib + self._procs_mib
 
     @property
     def free_mib(self) -> int:
@@ -120,12 +128,17 @@ class GpuMemoryModel:
     def start(self, pid: int, allocation: Demand, now: float) -> OomDeath | None:
         """A process starts: its initial allocation succeeds, or it dies at once."""
         self.advance(now)
+        self.stop(pid)
         self.procs[pid] = _Proc(allocation, now)
+        self._order = None
         return self._allocate(pid, now)
 
     def stop(self, pid: int) -> None:
         """The process exited (or was killed): its memory is free again."""
-        self.procs.pop(pid, None)
+        proc = self.procs.pop(pid, None)
+        if proc is not None:
+            self._procs_mib -= proc.used_mib
+            self._order = None
 
     def usage(self, pid: int) -> int | None:
         proc = self.procs.get(pid)
@@ -140,7 +153,9 @@ class GpuMemoryModel:
         t = self.now
         while t < now:
             t = min(now, t + self.step_s)
-            for pid in sorted(self.procs, key=lambda p: (self.procs[p].started_at, p)):
+            if self._order is None:
+                self._order = sorted(self.procs, key=lambda p: (self.procs[p].started_at, p))
+            for pid in self._order.copy():
                 death = self._allocate(pid, t)
                 if death is not None:
                     died.append(death)
@@ -153,12 +168,14 @@ class GpuMemoryModel:
         delta = wanted - proc.used_mib
         if delta <= 0:
             proc.used_mib = wanted
+            self._procs_mib += delta
             return None
         free = self.free_mib
         if delta > free:
-            del self.procs[pid]
+            self.stop(pid)
             death = OomDeath(pid, t, wanted, free)
             self.deaths.append(death)
             return death
         proc.used_mib = wanted
+        self._procs_mib += delta
         return None

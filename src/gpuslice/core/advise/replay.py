@@ -78,7 +78,9 @@ def replay(
     )
 
 
-def _quiet(gpu: GpuMemory, tenants: Sequence[Tenant], state: GuardState, reserve: int) -> bool:
+def _quiet(
+    gpu: GpuMemory, used: Sequence[int], share: int, state: GuardState, reserve: int
+) -> bool:
     """Whether the policy provably decides nothing about this GPU at this poll, and keeps
     nothing about it but its tenants' usage: no tenant over its share (only those are
     reported, projected or reclaimed), not under pressure since an earlier poll, and its
@@ -87,7 +89,7 @@ def _quiet(gpu: GpuMemory, tenants: Sequence[Tenant], state: GuardState, reserve
     return (
         gpu.uuid not in state.pressure_since
         and gpu.free_bytes >= reserve
-        and all(t.used_bytes <= t.share_bytes for t in tenants)
+        and all(u <= share for u in used)
     )
 
 
@@ -126,6 +128,15 @@ def _run(
     begin = traces[0].first
     end = max(t.last for t in traces)
     pending = 0
+    leaving: dict[int, list[int]] = {}
+    for pid, t in enumerate(traces):
+        leaving.setdefault(t.last + 1, []).append(pid)
+    # Unique per trace: a container seen on two GPUs, or twice, is two tenants here.
+    keys = [
+        ContainerKey(t.key.namespace, t.key.pod, f"{t.key.container}#{pid}")
+        for pid, t in enumerate(traces)
+    ]
+    reserve = 0 if params is None else params.reserve.of(memory_mib * MIB)
 
     def leave(pid: int) -> None:
         gpu = where.pop(pid)
@@ -134,8 +145,9 @@ def _run(
 
     for k in range(begin, end + 2):
         now = k * step_s
-        for pid in [p for p in where if traces[p].last < k]:
-            leave(pid)
+        for pid in leaving.pop(k, ()):
+            if pid in where:
+                leave(pid)
         for gpu, model in enumerate(models):
             for death in model.advance(now):
                 dead.add(death.pid)
@@ -158,33 +170,32 @@ def _run(
                 holders[gpu].discard(pid)
         if params is None or not where:
             continue
-        reserve = params.reserve.of(memory_mib * MIB)
         tenants: list[Tenant] = []
         views: list[GpuMemory] = []
-        quiet: list[Tenant] = []
+        quiet: dict[tuple[ContainerKey, str], tuple[float, int]] = {}
         for gpu, model in enumerate(models):
             if not holders[gpu]:
                 continue
-            mine = []
-            for pid in sorted(holders[gpu]):
-                t = traces[pid]
-                key = ContainerKey(t.key.namespace, t.key.pod, f"{t.key.container}#{pid}")
-                used = (model.usage(pid) or 0) * MIB
-                mine.append(Tenant(key, str(gpu), "time-slicing", share, used, (pid,)))
+            pids = sorted(holders[gpu])
+            used = [(model.usage(pid) or 0) * MIB for pid in pids]
             view = GpuMemory(str(gpu), gpu, memory_mib * MIB, model.free_mib * MIB)
-            if skip_quiet and _quiet(view, mine, state, reserve):
-                quiet.extend(mine)
+            if skip_quiet and _quiet(view, used, share, state, reserve):
+                quiet.update(
+                    {(keys[p], view.uuid): (now, u) for p, u in zip(pids, used, strict=True)}
+                )
                 continue
-            tenants.extend(mine)
+            tenants.extend(
+                Tenant(keys[p], view.uuid, "time-slicing", share, u, (p,))
+                for p, u in zip(pids, used, strict=True)
+            )
             views.append(view)
         ev = evaluate(views, tenants, state, params, now)
         state = ev.state
         if quiet:
             # What `evaluate` would have kept of the quiet GPUs: their tenants' usage,
             # from which the next poll measures growth.
-            seen = dict(state.last_used)
-            seen.update({(t.key, t.gpu_uuid): (now, t.used_bytes) for t in quiet})
-            state = replace(state, last_used=seen)
+            quiet.update(state.last_used)
+            state = replace(state, last_used=quiet)
         for d in ev.decisions:
             if d.kind in ("reclaim", "escalate") and d.enforced:
                 pid = d.pids[0]
