@@ -117,7 +117,8 @@ class PrometheusReader:
                 labels = tuple(sorted(dict(r.get("metric", {})).items()))
                 points = merged.setdefault((request.name, labels), [])
                 if "values" in r:
-                    points.extend((float(t), float(v)) for t, v in r["values"])
+                    # JSON gives the times as numbers already, the values as strings
+                    points.extend([(t, float(v)) for t, v in r["values"]])
                 elif "value" in r:
                     points.append((float(r["value"][0]), float(r["value"][1])))
         return [RawSeries(name, dict(labels), pts) for (name, labels), pts in merged.items()]

@@ -145,25 +145,28 @@ def build_history(
     if start is None:
         start = min(t for s in pod_series for t, _ in s.points)
 
-    def index(t: float) -> int:
-        return round((t - start) / step_s)
-
+    # The loops below run once per sample (millions for a fleet's week): kept inline.
     memory: dict[tuple[ContainerKey, str], dict[int, int]] = {}
     sm: dict[tuple[ContainerKey, str], dict[int, float]] = {}
+    isfinite, ceil = math.isfinite, math.ceil
     for s in pod_series:
         key = _pod_key(s.labels)
         if s.name == POD_MEMORY:
             target_m = memory.setdefault(key, {})
             for t, v in s.points:
-                i = index(t)
-                if i >= 0 and math.isfinite(v):
-                    target_m[i] = max(target_m.get(i, 0), math.ceil(max(v, 0.0) / MIB))
+                i = round((t - start) / step_s)
+                if i >= 0 and isfinite(v):
+                    mib = ceil(v / MIB) if v > 0 else 0
+                    if mib >= target_m.get(i, 0):
+                        target_m[i] = mib
         else:
             target_s = sm.setdefault(key, {})
             for t, v in s.points:
-                i = index(t)
-                if i >= 0 and math.isfinite(v):
-                    target_s[i] = max(target_s.get(i, 0.0), max(v, 0.0))
+                i = round((t - start) / step_s)
+                if i >= 0 and isfinite(v):
+                    pct = v if v > 0 else 0.0
+                    if pct >= target_s.get(i, 0.0):
+                        target_s[i] = pct
     traces = []
     for key, points in sorted(memory.items()):
         if not points:
