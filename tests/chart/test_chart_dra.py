@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+import click
 import pytest
 import yaml
 from test_chart import SETS, check_chart, container_of, env_of, one, render
@@ -201,7 +202,10 @@ def test_the_classes_select_the_devices_the_agent_publishes() -> None:
 def test_the_agent_runs_in_dra_mode_with_the_clis_variables() -> None:
     from gpuslice.cli.main import main
 
-    envvars = {p.envvar for p in main.commands["plugin"].params}
+    # get_command: the group registers its subcommands lazily, on first use
+    plugin = main.get_command(click.Context(main), "plugin")
+    assert plugin is not None
+    envvars = {p.envvar for p in plugin.params}
     env = env_of(one(render(dra=DRA), "DaemonSet"))
     dra_env = {
         "DRA": "true",

@@ -34,7 +34,9 @@ def table_rows(doc: Path, heading: str) -> list[list[str]]:
 
 
 def plugin_options() -> dict[str, click.Option]:
-    command = main.commands["plugin"]
+    # get_command: the group registers its subcommands lazily, on first use
+    command = main.get_command(click.Context(main), "plugin")
+    assert command is not None
     return {
         opt: p
         for p in command.params
