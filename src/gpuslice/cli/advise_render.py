@@ -132,7 +132,8 @@ def render_model(m: ModelAdvice, history: History, console: Console) -> None:
     console.print(pods)
     if m.replay_recommended is not None or m.replay_current is not None:
         replay = Table(
-            title="replay (simulator's memory model, guard policy enforcing)", title_justify="left"
+            title="replay (the simulator's memory model; the guard policy off, then enforcing)",
+            title_justify="left",
         )
         for name in ("size", "replicas", "GPUs", "OOM without guard", "stopped by guard"):
             replay.add_column(name)
