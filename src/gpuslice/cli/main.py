@@ -1,4 +1,4 @@
-"""`gpuslice` command line: plugin daemon, describe, labels, demo, top.
+"""`gpuslice` command line: plugin daemon, describe, labels, demo, top, advise.
 
 Bad input (config, node spec, flags) is reported on stderr as one readable message with
 exit code 2, never a traceback.
@@ -13,6 +13,7 @@ import click
 from gpuslice import __version__
 
 _COMMANDS = {
+    "advise": ("gpuslice.cli.advise", "advise_command"),
     "describe": ("gpuslice.cli.describe", "describe_command"),
     "labels": ("gpuslice.cli.labels", "labels"),
     "plugin": ("gpuslice.cli.plugin", "plugin"),

@@ -1,0 +1,221 @@
+"""`gpuslice advise`: right-size GPU sharing from what the pods actually used.
+
+Reads the exporter's history (Prometheus, or a file of samples), asks the core for a plan
+per GPU model, and prints it; optionally writes the plan as a ConfigMap of named configs
+and draws each pod's memory against the recommended share.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+import yaml
+
+from gpuslice.cli.advise_render import render_advice
+from gpuslice.cli.common import console
+from gpuslice.cli.errors import reports_errors
+from gpuslice.cli.output import emit, output_option
+from gpuslice.core.advise import (
+    POD_MEMORY,
+    Advice,
+    AdviseError,
+    History,
+    RawSeries,
+    advice_to_dict,
+    advise,
+    build_history,
+    named_configs,
+    parse_duration,
+)
+from gpuslice.host.textfile import read_text
+
+MAX_SAMPLES_BYTES = 256 * 1024 * 1024
+"""Largest samples file read (into memory, whole): a week of a few dozen pods. Longer
+histories belong in Prometheus (`--prometheus`), which `advise` reads in chunks."""
+DEFAULT_SINCE = "24h"
+DEFAULT_STEP = "15s"
+
+
+def _until(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise AdviseError(
+            f"--until: expected Unix seconds or an ISO 8601 time "
+            f"(2026-11-25T12:00:00+00:00), got {text!r}"
+        ) from None
+
+
+def load_history(
+    prometheus: str | None,
+    samples: Path | None,
+    since: str | None,
+    until: str | None,
+    step: str | None,
+    timeout_s: float = 60.0,
+) -> History:
+    """The history from whichever source was given, over the asked window."""
+    end = _until(until)
+    if prometheus is not None:
+        from gpuslice.prometheus.client import PrometheusReader, Window
+
+        step_s = parse_duration(step or DEFAULT_STEP, "--step")
+        end = time.time() if end is None else end
+        start = end - parse_duration(since or DEFAULT_SINCE, "--since")
+        window = Window(start, end, step_s)
+        series = PrometheusReader(prometheus, timeout_s=timeout_s).series(window)
+        return build_history(series, step_s, start=start)
+    assert samples is not None
+    from gpuslice.prometheus.samples import parse_samples, scrape_interval
+
+    text = read_text(samples, MAX_SAMPLES_BYTES)[0]
+    series = parse_samples(text, str(samples))
+    if end is not None or since is not None:
+        last = max((t for s in series for t, _ in s.points), default=0.0)
+        stop = last if end is None else end
+        begin = stop - parse_duration(since, "--since") if since is not None else float("-inf")
+        series = [
+            RawSeries(s.name, s.labels, [(t, v) for t, v in s.points if begin <= t <= stop])
+            for s in series
+        ]
+    if not any(s.name == POD_MEMORY and s.points for s in series):
+        raise AdviseError(
+            f"{samples}: no {POD_MEMORY} series in the range (with timestamps): this is not "
+            "gpuslice's exporter's history"
+        )
+    step_or_none = parse_duration(step, "--step") if step else scrape_interval(series)
+    if step_or_none is None:
+        raise AdviseError(
+            f"{samples}: no per-pod series with two samples or more in the range: "
+            "nothing to tell a scrape interval or a trend from"
+        )
+    return build_history(series, step_or_none)
+
+
+def config_map_text(advice: Advice, name: str = "gpuslice-advise") -> str:
+    """The ConfigMap, with the node labels that select each config as comments."""
+    configs = named_configs(advice)
+    head = ["# Written by `gpuslice advise`: one named config per GPU model."]
+    head += [
+        f"#   {c.model}: replicas {c.replicas}; select with "
+        f"kubectl label node <node> {c.label} --overwrite"
+        for c in configs
+    ]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "data": {c.name: yaml.safe_dump(c.config, sort_keys=False) for c in configs},
+    }
+    return "\n".join(head) + "\n" + yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Each config as a `|` block, as people write ConfigMaps, not a quoted string."""
+
+
+def _block(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _block)
+
+
+@click.command("advise")
+@click.option("--prometheus", metavar="URL", help="Prometheus that scrapes gpuslice's exporter.")
+@click.option(
+    "--samples",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A file of samples with timestamps (Prometheus text or OpenMetrics) instead.",
+)
+@click.option(
+    "--since",
+    default=None,
+    help=f"How far back to look (Prometheus durations: 6h, 7d) [default: {DEFAULT_SINCE}; "
+    "--samples: the whole file].",
+)
+@click.option("--until", default=None, help="End of the range: Unix seconds or ISO 8601 [now].")
+@click.option(
+    "--step",
+    default=None,
+    help=f"The scrape interval [default: {DEFAULT_STEP}; --samples: the file's own].",
+)
+@click.option(
+    "--headroom",
+    type=click.FloatRange(0, 1000),
+    default=10.0,
+    show_default=True,
+    help="Percent added to each pod's observed peak.",
+)
+@click.option(
+    "--current-replicas",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Replicas the pods ran under, for the replay [default: from the entitlement series].",
+)
+@click.option(
+    "--write-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write a ConfigMap of named configs (one per GPU model) that `describe` accepts.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Draw each pod's memory against the recommended share as a PNG "
+    "(needs the `plot` extra: pip install 'gpuslice[plot]').",
+)
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per request.")
+@output_option
+@reports_errors
+def advise_command(
+    prometheus: str | None,
+    samples: Path | None,
+    since: str | None,
+    until: str | None,
+    step: str | None,
+    headroom: float,
+    current_replicas: int | None,
+    write_config: Path | None,
+    plot: Path | None,
+    timeout: float,
+    output: str,
+) -> None:
+    """Recommend time-slicing replicas, MPS limits, MIG layouts and DRA requests per GPU
+    model from what the pods used, and replay the history at that size.
+
+    Leakers (still growing at the end of their life) and idle pods are named and left out
+    of the sizing. Exit code 2 for unreadable input or an unreachable Prometheus.
+    """
+    if (prometheus is None) == (samples is None):
+        raise click.UsageError("give one of --prometheus URL or --samples FILE")
+    if plot is not None:
+        from gpuslice.cli.advise_plot import check_available
+
+        check_available()
+    history = load_history(prometheus, samples, since, until, step, timeout)
+    advice = advise(history, headroom, current_replicas)
+    if output == "table":
+        render_advice(advice, history, console())
+    else:
+        emit(advice_to_dict(advice), output)
+    if write_config is not None:
+        write_config.write_text(config_map_text(advice))
+        click.echo(f"wrote {write_config}", err=True)
+    if plot is not None:
+        from gpuslice.cli.advise_plot import draw
+
+        draw(advice, history, plot)
+        click.echo(f"wrote {plot}", err=True)

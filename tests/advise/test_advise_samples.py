@@ -1,0 +1,145 @@
+"""`gpuslice advise --samples`: the answers known by construction, the config it writes
+going through `describe` unchanged, and bad input as one clear error line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from advise_cases import by_model, check_known_answers, run
+
+from gpuslice.cli import advise as advise_cli
+
+
+def test_known_answers_from_a_samples_file(samples_file: Path) -> None:
+    code, out, err = run("advise", "--samples", str(samples_file), "-o", "json")
+    assert code == 0, err
+    check_known_answers(by_model(out))
+
+
+def test_yaml_says_the_same(samples_file: Path) -> None:
+    code, out, _ = run("advise", "--samples", str(samples_file), "-o", "yaml")
+    assert code == 0
+    assert yaml.safe_load(out)["models"][0]["time_slicing"]["replicas"] == 8
+
+
+def test_the_table_names_the_leaker_the_idle_node_and_the_plan(samples_file: Path) -> None:
+    code, out, err = run("advise", "--samples", str(samples_file))
+    assert code == 0, err
+    assert "replicas 8" in out
+    assert "leaker: ml/leaky" in out
+    assert "idle: none of the 4 pods on NVIDIA L40S" in out
+    assert "1g.20gb*4" in out
+
+
+def test_the_written_config_goes_through_describe_unchanged(
+    samples_file: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "advised.yaml"
+    code, _, err = run(
+        "advise", "--samples", str(samples_file), "--write-config", str(config), "-o", "json"
+    )
+    assert code == 0, err
+    doc = yaml.safe_load(config.read_text())
+    assert doc["kind"] == "ConfigMap"
+    assert set(doc["data"]) == {"h100-80gb"}
+    assert "nvidia.com/device-plugin.config=h100-80gb" in config.read_text()
+    code, out, err = run(
+        "describe",
+        "--config-file",
+        str(config),
+        "--config-name",
+        "h100-80gb",
+        "--node",
+        "sim:2xh100-80gb",
+        "-o",
+        "json",
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["resources"] == {"nvidia.com/gpu": 16}
+    assert {s["replicas"] for d in report["devices"] for s in d["resources"]} == {8}
+
+
+def test_since_cuts_the_range(samples_file: Path) -> None:
+    """Only the last 20 minutes: the leaker is still caught, the peaks may be lower."""
+    code, out, err = run("advise", "--samples", str(samples_file), "--since", "20m", "-o", "json")
+    assert code == 0, err
+    h100 = by_model(out)["NVIDIA H100 80GB HBM3"]
+    assert max(p["lifetime_s"] for p in h100["pods"]) <= 20 * 60 + 15
+    assert h100["leakers"] == ["ml/leaky"]
+
+
+def test_a_current_replicas_override_is_replayed(samples_file: Path) -> None:
+    code, out, _ = run(
+        "advise", "--samples", str(samples_file), "--current-replicas", "2", "-o", "json"
+    )
+    assert code == 0
+    h100 = by_model(out)["NVIDIA H100 80GB HBM3"]
+    assert h100["replay"]["current"]["replicas"] == 2
+    assert h100["replay"]["current"]["gpus"] == 4
+
+
+def test_plot_writes_a_png_or_says_what_is_missing(samples_file: Path, tmp_path: Path) -> None:
+    png = tmp_path / "advise.png"
+    code, _, err = run("advise", "--samples", str(samples_file), "--plot", str(png), "-o", "json")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert code == 2
+        assert "pip install 'gpuslice[plot]'" in err
+        return
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            'gpuslice_pod_memory_used_bytes{pod="a" 12 1700000000\n',
+            "not valid Prometheus text format",
+        ),
+        ("# TYPE x gauge\nx 1 1700000000\n# EOF\n", "no gpuslice_pod_memory_used_bytes series"),
+        ('gpuslice_pod_memory_used_bytes{pod="a"} 12\n', "without a timestamp"),
+        ("", "no gpuslice_pod_memory_used_bytes series"),
+        ('gpuslice_pod_memory_used_bytes{pod="a"} 12 1700000000000\n', "two samples or more"),
+    ],
+)
+def test_bad_samples_are_one_error_line(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.prom"
+    path.write_text(content)
+    code, _, err = run("advise", "--samples", str(path))
+    assert code == 2
+    assert err.startswith("error: "), err
+    assert message in err, err
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, _, err = run("advise", "--samples", str(fifo))
+    assert code == 2
+    assert "FIFO" in err
+
+
+def test_a_file_over_the_cap_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = tmp_path / "big.prom"
+    big.write_text("x" * 2048)
+    monkeypatch.setattr(advise_cli, "MAX_SAMPLES_BYTES", 1024)
+    code, _, err = run("advise", "--samples", str(big))
+    assert code == 2
+    assert "big.prom" in err
+
+
+def test_exactly_one_source(samples_file: Path) -> None:
+    code, _, err = run("advise")
+    assert code == 2
+    assert "--prometheus URL or --samples FILE" in err
+    code, _, err = run("advise", "--samples", str(samples_file), "--prometheus", "http://x")
+    assert code == 2
