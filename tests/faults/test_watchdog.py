@@ -86,3 +86,23 @@ def test_an_idle_loop_leaves_the_watchdog_thread_asleep() -> None:
     watchdog = _run(body)
     assert watchdog.stalls == 0
     assert seen["after"] == seen["before"], seen
+
+
+def test_a_loop_with_regular_work_wakes_the_watchdog_once_a_threshold() -> None:
+    """A short turn every fifth of a threshold (the memory guard's poll, say) for 20
+    thresholds: about 100 waits and wake-ups of the loop, but the watchdog thread looks once
+    a threshold, not at every turn."""
+    seen: dict[str, int] = {}
+
+    async def body(_w: LoopWatchdog) -> None:
+        thread = next(t for t in threading.enumerate() if t.name == "loop-watchdog")
+        assert thread.native_id is not None
+        await asyncio.sleep(THRESHOLD_S)
+        seen["before"] = _switches(thread.native_id)
+        for _ in range(100):
+            await asyncio.sleep(THRESHOLD_S / 5)
+        seen["after"] = _switches(thread.native_id)
+
+    assert _run(body).stalls == 0
+    # one look a threshold (20), with room for a loaded machine; two per turn would be 200
+    assert seen["after"] - seen["before"] < 50, seen

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
-from gpuslice.agent.guard_view import guard_view_reader
+from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings, DraSettings
@@ -380,6 +380,7 @@ def wire_guard(
 
     guard = MemoryGuard(
         read=read,
+        idle_wait=idle_probe(agent.backend),
         params=guard_settings.params,
         interval_s=guard_settings.interval_s,
         action=guard_settings.action,

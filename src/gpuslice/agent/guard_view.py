@@ -3,12 +3,17 @@
 An idle node is the common case and the guard polls every second, so the read starts with
 the cheapest question the backend answers (is any process on a GPU?) and only builds a
 snapshot (telemetry, the kubelet's PodResources list, `/proc`, attribution) when one is.
+While the answer is no, `idle_probe` asks it from a thread of its own and wakes the event
+loop only when a process appears: one wake-up a second on an idle node instead of the
+loop's timer, a worker thread, the result coming back and the watchdog's look.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuslice.core.guard import GpuMemory, tenants_from
@@ -79,6 +84,42 @@ def shares_memory(plan: Plan) -> bool:
         )
         for r in plan.resources
     )
+
+
+def idle_probe(backend: GpuBackend) -> Callable[[asyncio.Event, float], Awaitable[None]]:
+    """The guard's `idle_wait`: returns once a GPU has a process (or the backend cannot
+    say, which the next poll reports), or `stop` is set. The question is asked every
+    `interval_s` on a thread that touches the loop only to say so."""
+
+    async def wait(stop: asyncio.Event, interval_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        seen = asyncio.Event()
+        halt = threading.Event()
+
+        def probe() -> None:
+            while not halt.wait(interval_s):
+                try:
+                    busy = bool(backend.processes())
+                except Exception:
+                    busy = True
+                if busy:
+                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                        loop.call_soon_threadsafe(seen.set)
+                    return
+
+        thread = threading.Thread(target=probe, name="guard-idle-probe", daemon=True)
+        thread.start()
+        waits = [asyncio.ensure_future(seen.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halt.set()
+            for task in waits:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return wait
 
 
 async def _any_gpu_process(backend: GpuBackend) -> bool:

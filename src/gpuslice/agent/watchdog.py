@@ -76,9 +76,10 @@ class LoopWatchdog:
     times a second on an idle daemon. Now the loop's selector tells it when the loop leaves
     its wait for I/O and when it goes back: a loop waiting in the selector is idle, not
     stalled, so this thread sleeps (no timeout) until the loop has work, then looks every
-    half threshold for as long as the loop stays out of its wait. An idle loop costs
-    nothing; a loop woken once costs this thread two wake-ups. Build the loop with
-    `loop_factory` so that its selector reports to this watchdog.
+    threshold for as long as the loop keeps having work. An idle loop costs nothing; a loop
+    with work costs this thread one wake-up a threshold, however many turns it runs (it
+    used to be two per turn after a wait). Build the loop with `loop_factory` so that its
+    selector reports to this watchdog.
     """
 
     def __init__(self, threshold_s: float = 1.0) -> None:
@@ -117,27 +118,27 @@ class LoopWatchdog:
             self._busy.set()
 
     def _watch(self) -> None:
-        interval = self.threshold_s / 2
+        period = self.threshold_s
         reported: float | None = None
         """`_busy_since` of the stall last reported: each stall is logged once."""
         while not self._done.is_set():
-            self._busy.wait()
-            # Look while the loop stays out of its wait: a stall is logged 1 to 1.5
-            # thresholds after the turn began.
-            while not self._done.wait(interval):
-                since = self._busy_since
-                if since is None:
-                    break
-                silent = time.monotonic() - since
-                if silent > self.threshold_s and reported != since:
-                    reported = since
-                    self._report(silent)
-            # Sleep until the loop runs again. Cleared first and the loop's state read
-            # after, so a turn that began in between is not missed (`running` sets the
-            # event after `_busy_since`).
+            self._busy.wait()  # asleep while the loop only waits for I/O
             self._busy.clear()
-            if self._busy_since is not None:
-                self._busy.set()
+            # While the loop keeps having work, look once a period, not at every turn: a
+            # loop woken every second (the memory guard's poll) costs this thread one
+            # wake-up a period, and a stall is logged 1 to 2 thresholds after its turn
+            # began.
+            while not self._done.wait(period):
+                since = self._busy_since
+                if since is not None:
+                    silent = time.monotonic() - since
+                    if silent > self.threshold_s and reported != since:
+                        reported = since
+                        self._report(silent)
+                    continue
+                if not self._busy.is_set():
+                    break  # no turn in the last period: sleep until the next one
+                self._busy.clear()
 
     def _report(self, silent: float) -> None:
         self.stalls += 1

@@ -51,6 +51,9 @@ class GuardView:
 
 
 ReadView = Callable[[], Awaitable[GuardView | None]]
+IdleWait = Callable[[asyncio.Event, float], Awaitable[None]]
+"""Waits, off the event loop, until a GPU may have a process again (or the stop event):
+called after a poll found no process on any GPU, with the poll interval."""
 PostEvent = Callable[[str, str, PodUid | None, str, str], Awaitable[bool]]
 """(namespace, pod, pod UID, reason, message) -> posted; always a Warning Event."""
 Evict = Callable[[str, str], Awaitable[bool]]
@@ -70,8 +73,13 @@ class MemoryGuard:
         post_event: PostEvent | None = None,
         on_decision: Callable[[Decision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        idle_wait: IdleWait | None = None,
     ) -> None:
         self.read = read
+        self.idle_wait = idle_wait
+        """While no GPU has a process nobody can be over a share: the guard then waits on
+        this instead of polling through the loop, so an idle node's loop is not woken."""
+        self._idle = False
         self.params = params
         self.interval_s = interval_s
         self.action = action
@@ -96,10 +104,14 @@ class MemoryGuard:
             strict=self.params.strict,
         )
         while not stop.is_set():
+            self._idle = False
             try:
                 await self.poll()
             except Exception:
                 log.exception("guard-poll-failed")
+            if self._idle and self.idle_wait is not None:
+                await self.idle_wait(stop, self.interval_s)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
 
@@ -107,6 +119,7 @@ class MemoryGuard:
         view = await self.read()
         if view is None:
             return None
+        self._idle = not view.gpus and not view.tenants
         ev = evaluate(view.gpus, view.tenants, self.state, self.params, self.clock())
         failed: set[ContainerKey] = set()
         for d in ev.decisions:
