@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -577,6 +578,9 @@ def main() -> None:
     if args.quick:
         args.nodes, args.workers, args.rest, args.settle, args.claims = 4, 2, 3.0, 0.5, 16
         args.resync = 1.0
+    # a SIGTERM (a `timeout`, say) ends the run through SystemExit, so the control plane
+    # and the workers are stopped on the way out, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         envtest.assets()
     except envtest.EnvtestUnavailable as exc:
