@@ -194,8 +194,10 @@ async def test_status_says_when_the_daemon_has_no_pod_resources_socket(sock_dir:
 
 async def test_top_header_is_the_daemons_node_name(sock_dir: Path) -> None:
     """Not this machine's hostname: the node the daemon runs for (NODE_NAME)."""
-    port = free_port()
     with running_apiserver() as api:
+        # after the API double took its own ephemeral port, which could otherwise be the
+        # very port free_port() just released
+        port = free_port()
         api.add_node("gpu-node-9")
         args = [
             "--no-labels",

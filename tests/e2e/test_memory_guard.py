@@ -48,9 +48,9 @@ async def test_the_overrunning_pod_is_stopped_and_the_others_untouched(sock_dir:
             (proc / str(child.pid) / "cgroup").write_text(
                 f"0::/kubepods/burstable/pod{uids[pod]}/{cids[pod]}\n"
             )
-        port = free_port()
         pr_socket = sock_dir / "pr.sock"
         with running_apiserver() as api:
+            port = free_port()  # after the double took its ephemeral port: never the same
             api.add_node(NODE)
             for pod in PODS:
                 api.add_pod("ml", pod, uids[pod], NODE, {"main": f"containerd://{cids[pod]}"})

@@ -165,9 +165,9 @@ async def test_two_pods_time_slicing_one_gpu_are_told_apart(sock_dir: Path) -> N
         (proc / str(pid) / "cgroup").write_text(
             f"0::/kubepods/burstable/pod{uids[pod]}/{cids[pod]}\n"  # cgroupfs driver
         )
-    port = free_port()
     pr_socket = sock_dir / "pr.sock"
     with running_apiserver() as api:
+        port = free_port()  # after the double took its ephemeral port: never the same
         api.add_node("gpu-node-1")
         for pod in uids:
             api.add_pod("ml", pod, uids[pod], "gpu-node-1", {"main": f"containerd://{cids[pod]}"})
