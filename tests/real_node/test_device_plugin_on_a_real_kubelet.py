@@ -11,11 +11,8 @@ found it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,16 +20,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.backends import open_backend
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.testing import realnode
-from gpuslice.testing.realnode import RealNode
+from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
 pytestmark = pytest.mark.timeout(180)
 
 SIM = "sim:2xa100-40gb"
 NAMESPACE = "default"
-WAIT_S = 45.0
 CONFIGS = {
     "ts4": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
     "    - name: nvidia.com/gpu\n      replicas: 4\n",
@@ -42,43 +37,16 @@ CONFIGS = {
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Plugin:
-    node: RealNode
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+class Plugin(AgentProcess):
     control: ControlDir
     metrics_port: int
     uuids: list[str]
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
 
     def scrape(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return str(response.read().decode())
-
-
-def wait(ok: Callable[[], bool], what: str, plugin: Plugin, within_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + within_s
-    while not ok():
-        if plugin.proc.poll() is not None:
-            raise AssertionError(f"the plugin exited while waiting for {what}:\n{plugin.log()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out waiting for {what}\n--- plugin\n{plugin.log()}\n"
-                f"--- kubelet\n{plugin.node.kubelet_log()}"
-            )
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -88,17 +56,10 @@ def plugin(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     configs.mkdir()
     for name, text in CONFIGS.items():
         (configs / name).write_text(text, encoding="utf-8")
-    backend = open_backend(SIM, environ={})
-    try:
-        uuids = [gpu.uuid for gpu in backend.inventory().gpus]
-    finally:
-        backend.close()
     real_node.ensure_namespace(NAMESPACE)
-    port = _free_port()
-    log_path = work / "plugin.log"
+    port = realnode.free_port()
     control = ControlDir(work / "control")
-    command = [
-        sys.executable, "-m", "gpuslice", "plugin",
+    args = [
         "--node", SIM,
         "--config-file", str(configs),
         "--default-config", "ts4",
@@ -112,61 +73,26 @@ def plugin(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "--memory-guard-grace", "0",
         "--no-compute-mode",
     ]  # fmt: skip
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={"GPUSLICE_SIM_CONTROL_DIR": str(control.path), "PYTHONUNBUFFERED": "1",
-                 "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-    running = Plugin(real_node, proc, log_path, control, port, uuids)
+    agent = AgentProcess.start(
+        real_node, args, work / "plugin.log", {"GPUSLICE_SIM_CONTROL_DIR": str(control.path)}
+    )
+    running = Plugin(agent.node, agent.proc, agent.log_path, control, port, sim_uuids(SIM))
     try:
-        wait(lambda: real_node.allocatable("nvidia.com/gpu") == "8", "allocatable 8", running)
+        running.wait(lambda: real_node.allocatable("nvidia.com/gpu") == "8", "allocatable 8")
         yield running
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        _delete_pods(real_node)
-
-
-def _delete_pods(node: RealNode) -> None:
-    node.plane.kubectl(
-        "delete", "pods", "-n", NAMESPACE, "--all", "--grace-period=0", "--force", "--wait=false"
-    )
+        running.stop(NAMESPACE)
 
 
 def run_pod(plugin: Plugin, name: str, script: str, gpus: int = 1) -> dict[str, Any]:
-    node = plugin.node
     manifest = realnode.pod(
-        name, NAMESPACE, script, node=node.name, limits={"nvidia.com/gpu": str(gpus)}
+        name, NAMESPACE, script, node=plugin.node.name, limits={"nvidia.com/gpu": str(gpus)}
     )
-    node.create(manifest)
-    seen: dict[str, Any] = {}
-
-    def running() -> bool:
-        got = node.plane.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json")
-        seen.update(json.loads(got.stdout) if got.returncode == 0 else {})
-        phase = seen.get("status", {}).get("phase")
-        assert phase not in ("Failed", "Succeeded"), seen.get("status")
-        return phase == "Running" and bool(node.container_log(NAMESPACE, name, "main"))
-
-    wait(running, f"pod {name} running", plugin)
-    return seen
+    return plugin.run_pod(manifest, started=bool)
 
 
 def delete_pod(plugin: Plugin, name: str) -> None:
-    node = plugin.node
-    node.plane.kubectl("delete", "pod", name, "-n", NAMESPACE, "--grace-period=0", "--force")
-
-    def gone() -> bool:
-        return node.plane.kubectl("get", "pod", name, "-n", NAMESPACE).returncode != 0
-
-    wait(gone, f"pod {name} deleted", plugin)
+    plugin.delete_pod(NAMESPACE, name)
 
 
 def visible_devices(plugin: Plugin, pod: str) -> list[str]:
@@ -208,10 +134,10 @@ def test_a_pod_runs_with_its_gpu_and_replicas_are_balanced(plugin: Plugin) -> No
 def test_an_xid_takes_the_gpus_replicas_out_of_allocatable(plugin: Plugin) -> None:
     node = plugin.node
     plugin.control.send({"kind": "xid", "gpu": 1, "xid": 79})
-    wait(lambda: node.allocatable("nvidia.com/gpu") == "4", "allocatable 4 after XID 79", plugin)
+    plugin.wait(lambda: node.allocatable("nvidia.com/gpu") == "4", "allocatable 4 after XID 79")
     assert node.node()["status"]["capacity"]["nvidia.com/gpu"] == "8"
     plugin.control.send({"kind": "recovered", "gpu": 1})
-    wait(lambda: node.allocatable("nvidia.com/gpu") == "8", "allocatable 8 again", plugin)
+    plugin.wait(lambda: node.allocatable("nvidia.com/gpu") == "8", "allocatable 8 again")
 
 
 def test_the_config_label_changes_the_replicas_live(plugin: Plugin) -> None:
@@ -224,11 +150,11 @@ def test_the_config_label_changes_the_replicas_live(plugin: Plugin) -> None:
 
     label("ts2")
     try:
-        wait(lambda: node.allocatable("nvidia.com/gpu") == "4", "ts2: 2 GPUs x 2", plugin)
+        plugin.wait(lambda: node.allocatable("nvidia.com/gpu") == "4", "ts2: 2 GPUs x 2")
         assert node.node()["metadata"]["labels"]["nvidia.com/gpu.replicas"] == "2"
     finally:
         label(None)
-    wait(lambda: node.allocatable("nvidia.com/gpu") == "8", "back to the default ts4", plugin)
+    plugin.wait(lambda: node.allocatable("nvidia.com/gpu") == "8", "back to the default ts4")
 
 
 def test_the_plugin_registers_again_when_the_kubelet_restarts(plugin: Plugin) -> None:
@@ -237,10 +163,8 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(plugin: Plugin) ->
     node = plugin.node
     registered_before = plugin.log().count("event=registered")
     node.restart_kubelet()
-    wait(
-        lambda: plugin.log().count("event=registered") > registered_before,
-        "registered again",
-        plugin,
+    plugin.wait(
+        lambda: plugin.log().count("event=registered") > registered_before, "registered again"
     )
     run_pod(plugin, "after-restart", PRINT_ENV)
     try:
@@ -294,7 +218,7 @@ def test_metrics_and_the_memory_guard_on_real_containers(plugin: Plugin) -> None
             used = _pod_samples(plugin.scrape(), "gpuslice_pod_memory_used_bytes")
             return used.get(neighbour) == 8000 * 2**20 and used.get(leaker) == 4000 * 2**20
 
-        wait(attributed, "memory attributed to the pods", plugin)
+        plugin.wait(attributed, "memory attributed to the pods")
         # 40960 MiB, four replicas: 10240 MiB each; the leaker grows past it until free
         # memory runs below the 10 % reserve, and the guard stops it
         plugin.control.grow_process(pid_of[leaker], index, start_mib=4000, rate_mib_s=4000)
@@ -306,9 +230,9 @@ def test_metrics_and_the_memory_guard_on_real_containers(plugin: Plugin) -> None
         def stopped() -> bool:
             return not Path(f"/proc/{pid_of[leaker]}").exists()
 
-        wait(stopped, "the leaker's process stopped", plugin)
+        plugin.wait(stopped, "the leaker's process stopped")
         plugin.control.remove_process(pid_of[leaker])
-        wait(lambda: phase(leaker) in ("Failed", "Succeeded"), "the leaker's pod ended", plugin)
+        plugin.wait(lambda: phase(leaker) in ("Failed", "Succeeded"), "the leaker's pod ended")
         assert Path(f"/proc/{pid_of[neighbour]}").exists()
         assert phase(neighbour) == "Running"
         assert (

@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice.backends import open_backend
 from gpuslice.testing import realnode
-from gpuslice.testing.realnode import RealNode
+from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,15 +38,8 @@ NULL_DEVICE = os.makedev(1, 3)
 
 
 @dataclass
-class Driver:
-    node: RealNode
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+class Driver(AgentProcess):
     uuids: list[str]
-
-    def log(self) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(ln for ln in lines if "logger=httpx" not in ln)[-6000:]
 
     def slices(self) -> list[dict[str, Any]]:
         got = self.node.plane.kubectl(
@@ -59,19 +48,6 @@ class Driver:
         )  # fmt: skip
         assert got.returncode == 0, got.stderr
         return list(json.loads(got.stdout)["items"])
-
-
-def wait(ok: Callable[[], bool], what: str, driver: Driver) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not ok():
-        if driver.proc.poll() is not None:
-            raise AssertionError(f"the driver exited while waiting for {what}:\n{driver.log()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out waiting for {what}\n--- driver\n{driver.log()}\n"
-                f"--- kubelet\n{driver.node.kubelet_log()}"
-            )
-        time.sleep(0.2)
 
 
 def _stand_in_devices(root: Path) -> None:
@@ -93,16 +69,10 @@ def driver(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     smi.chmod(0o755)
     config = work / "config.yaml"
     config.write_text("version: v1\n", encoding="utf-8")
-    backend = open_backend(SIM, environ={})
-    try:
-        uuids = [gpu.uuid for gpu in backend.inventory().gpus]
-    finally:
-        backend.close()
     real_node.ensure_namespace(NAMESPACE)
     real_node.create(GPU_CLASS)
-    log_path = work / "driver.log"
-    command = [
-        sys.executable, "-m", "gpuslice", "plugin", "--dra",
+    args = [
+        "--dra",
         "--node", SIM,
         "--config-file", str(config),
         "--node-name", real_node.name,
@@ -116,28 +86,14 @@ def driver(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "--dra-resync-interval", "0.5",
         "--no-compute-mode", "--no-labels",
     ]  # fmt: skip
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"},
-        )
-    running = Driver(real_node, proc, log_path, uuids)
+    agent = AgentProcess.start(real_node, args, work / "driver.log")
+    running = Driver(agent.node, agent.proc, agent.log_path, sim_uuids(SIM))
     try:
-        wait(lambda: len(running.slices()) == 1, "the node's slice published", running)
-        wait(_registered(running, 1), "the kubelet registered the driver", running)
+        running.wait(lambda: len(running.slices()) == 1, "the node's slice published")
+        running.wait(_registered(running, 1), "the kubelet registered the driver")
         yield running
     finally:
-        real_node.plane.kubectl(
-            "delete", "pods", "-n", NAMESPACE, "--all", "--grace-period=0", "--force"
-        )
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        running.stop(NAMESPACE)
 
 
 def _registered(driver: Driver, times: int) -> Callable[[], bool]:
@@ -163,22 +119,10 @@ SCRIPT = (
 
 
 def run_claim_pod(driver: Driver, name: str) -> dict[str, Any]:
-    node = driver.node
-    node.create(claim(name))
+    driver.node.create(claim(name))
     manifest = realnode.pod(name, NAMESPACE, SCRIPT, claims={"gpu": name})
-    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
-    node.create(manifest)
-    seen: dict[str, Any] = {}
-
-    def running() -> bool:
-        got = node.plane.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json")
-        seen.update(json.loads(got.stdout) if got.returncode == 0 else {})
-        phase = seen.get("status", {}).get("phase")
-        assert phase not in ("Failed", "Succeeded"), seen.get("status")
-        return phase == "Running" and "char:" in node.container_log(NAMESPACE, name, "main")
-
-    wait(running, f"pod {name} running", driver)
-    return seen
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": driver.node.name}
+    return driver.run_pod(manifest, started=lambda log: "char:" in log)
 
 
 def allocated_claim(driver: Driver, name: str) -> dict[str, Any]:
@@ -192,13 +136,7 @@ def spec_file(driver: Driver, claim_uid: str) -> Path:
 
 
 def delete_pod(driver: Driver, name: str) -> None:
-    node = driver.node
-    node.plane.kubectl("delete", "pod", name, "-n", NAMESPACE, "--grace-period=0", "--force")
-    wait(
-        lambda: node.plane.kubectl("get", "pod", name, "-n", NAMESPACE).returncode != 0,
-        f"pod {name} gone",
-        driver,
-    )
+    driver.delete_pod(NAMESPACE, name)
 
 
 def test_a_claimed_gpu_reaches_the_container_and_is_released(driver: Driver) -> None:
@@ -217,20 +155,20 @@ def test_a_claimed_gpu_reaches_the_container_and_is_released(driver: Driver) -> 
     assert chars == {f"nvidia{minor}", "nvidiactl", "nvidia-uvm"}
     delete_pod(driver, "whole")
     # the kubelet unprepares the claim once its pod is gone: the driver removes the spec
-    wait(lambda: not spec.exists(), "the claim's CDI spec removed at Unprepare", driver)
+    driver.wait(lambda: not spec.exists(), "the claim's CDI spec removed at Unprepare")
 
 
 def test_a_kubelet_restart_wipes_the_slices_and_the_driver_repairs_them(driver: Driver) -> None:
     node = driver.node
     [before] = driver.slices()
     node.restart_kubelet()
-    wait(_registered(driver, 2), "the kubelet registered the driver again", driver)
+    driver.wait(_registered(driver, 2), "the kubelet registered the driver again")
 
     def republished() -> bool:
         slices = driver.slices()
         return len(slices) == 1 and slices[0]["metadata"]["uid"] != before["metadata"]["uid"]
 
-    wait(republished, "the node's slice published again after the kubelet deleted it", driver)
+    driver.wait(republished, "the node's slice published again after the kubelet deleted it")
     run_claim_pod(driver, "after-restart")
     try:
         claim_obj = allocated_claim(driver, "after-restart")

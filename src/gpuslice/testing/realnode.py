@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -89,7 +90,7 @@ def _kubelet_listening() -> bool:
     return True
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -204,7 +205,7 @@ class RealNode:
     containerd: subprocess.Popen[bytes] | None = None
     kubelet: subprocess.Popen[bytes] | None = None
     kubelet_starts: int = 0
-    _port: int = field(default_factory=_free_port)
+    _port: int = field(default_factory=free_port)
 
     @property
     def root_dir(self) -> Path:
@@ -418,6 +419,17 @@ def running(plane: envtest.ControlPlane, name: str = "real-node-1") -> Iterator[
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def sim_uuids(spec: str) -> list[str]:
+    """The GPU UUIDs of a simulated node spec, as the agent started with it will see them."""
+    from gpuslice.backends import open_backend
+
+    backend = open_backend(spec, environ={})
+    try:
+        return [gpu.uuid for gpu in backend.inventory().gpus]
+    finally:
+        backend.close()
+
+
 def pod(
     name: str,
     namespace: str,
@@ -457,3 +469,83 @@ def pod(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+@dataclass
+class AgentProcess:
+    """`gpuslice plugin` (either mode) run beside a real node, as its DaemonSet pod would,
+    with its log kept: what the real-node tests of both modes drive pods through."""
+
+    node: RealNode
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @classmethod
+    def start(
+        cls, node: RealNode, args: Sequence[str], log_path: Path, env: Mapping[str, str] = {}
+    ) -> AgentProcess:
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuslice", "plugin", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin", **env},
+            )
+        return cls(node, proc, log_path)
+
+    def log(self) -> str:
+        """The log's end, without the HTTP client's request lines."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(ln for ln in lines if "logger=httpx" not in ln)[-6000:]
+
+    def wait(self, ok: Callable[[], bool], what: str, within_s: float = 45.0) -> None:
+        """Until `ok()`; failing with the agent's and the kubelet's logs if the agent exits
+        or the time runs out."""
+        deadline = time.monotonic() + within_s
+        while not ok():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the agent exited while waiting for {what}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}\n--- agent\n{self.log()}\n"
+                    f"--- kubelet\n{self.node.kubelet_log()}"
+                )
+            time.sleep(0.2)
+
+    def run_pod(self, manifest: Json, started: Callable[[str], bool]) -> Json:
+        """Create the pod and wait until it runs and its container's output satisfies
+        `started`; the pod as last read."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        self.node.create(manifest)
+        seen: Json = {}
+
+        def running() -> bool:
+            got = self.node.plane.kubectl("get", "pod", name, "-n", namespace, "-o", "json")
+            seen.update(json.loads(got.stdout) if got.returncode == 0 else {})
+            phase = seen.get("status", {}).get("phase")
+            assert phase not in ("Failed", "Succeeded"), seen.get("status")
+            return phase == "Running" and started(self.node.container_log(namespace, name, "main"))
+
+        self.wait(running, f"pod {namespace}/{name} running")
+        return seen
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        kubectl = self.node.plane.kubectl
+        kubectl("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force")
+        self.wait(
+            lambda: kubectl("get", "pod", name, "-n", namespace).returncode != 0,
+            f"pod {namespace}/{name} gone",
+        )
+
+    def stop(self, namespace: str) -> None:
+        """Its pods in `namespace` deleted, then SIGTERM (SIGKILL if it overstays)."""
+        self.node.plane.kubectl(
+            "delete", "pods", "-n", namespace, "--all", "--grace-period=0", "--force",
+            "--wait=false",
+        )  # fmt: skip
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
