@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import pytest
 from lightkube import ALL_NS, ApiError, AsyncClient
@@ -17,6 +16,7 @@ from gpuslice.core.cgroups import ContainerId, PodUid
 from gpuslice.k8s import Backoff, NodePods
 from gpuslice.k8s.pods import container_id, pod_entry
 from gpuslice.testing.apiserver import FakeApiServer
+from gpuslice.testing.kubes import pods_until, running_pods
 
 FAST = Backoff(initial_s=0.01, maximum_s=0.05)
 NODE = "gpu-1"
@@ -28,26 +28,8 @@ ID_2 = "2" * 64
 ID_3 = "3" * 64
 
 
-@asynccontextmanager
-async def running(pods: NodePods) -> AsyncIterator[NodePods]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(pods.run(stop))
-    try:
-        yield pods
-    finally:
-        stop.set()
-        async with asyncio.timeout(10):
-            await task
-
-
 async def until(pods: NodePods, predicate: Callable[[], bool]) -> None:
-    """Wait, with a deadline, until the cache satisfies `predicate`."""
-    async with asyncio.timeout(10):
-        while True:
-            pods.changed.clear()
-            if predicate():
-                return
-            await pods.changed.wait()
+    await pods_until(pods, predicate, 10)
 
 
 async def server_sees(api: FakeApiServer, predicate: Callable[[], bool]) -> None:
@@ -64,7 +46,7 @@ async def test_nothing_before_the_first_list_then_the_nodes_pods(
     # "Not known yet" must not read as "no pods on this node".
     assert pods.uid_map() is None
     assert pods.container_names() is None
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.uid_map() == {
             PodUid(UID_A): ("ml", "trainer"),
@@ -79,7 +61,7 @@ async def test_an_empty_node_is_an_empty_map_not_none(
     api: FakeApiServer, client: AsyncClient
 ) -> None:
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.uid_map() == {}
         assert pods.container_names() == {}
@@ -89,7 +71,7 @@ async def test_pods_added_restarted_and_deleted_arrive_by_watch(
     api: FakeApiServer, client: AsyncClient
 ) -> None:
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         api.add_pod("ml", "a", UID_A, NODE, {"main": ""})  # scheduled, not started yet
         await until(pods, lambda: pods.uid_map() == {PodUid(UID_A): ("ml", "a")})
@@ -113,7 +95,7 @@ async def test_a_pod_recreated_under_the_same_name_is_a_new_uid(
 ) -> None:
     api.add_pod("ml", "job", UID_A, NODE, {"main": ID_1})
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         api.delete_pod("ml", "job")
         api.add_pod("ml", "job", UID_B, NODE, {"main": ID_2})
@@ -137,7 +119,7 @@ async def test_container_ids_of_every_runtime_lose_their_scheme(
         },
     )
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.container_names() == {
             ContainerId(ID_1): "containerd",
@@ -187,7 +169,7 @@ async def test_pods_on_other_nodes_are_ignored(api: FakeApiServer, client: Async
     api.add_pod("ml", "elsewhere", UID_B, "gpu-2", {"main": ID_2})
     api.add_pod("ml", "here", UID_A, NODE, {"main": ID_1})
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.uid_map() == {PodUid(UID_A): ("ml", "here")}
         api.add_pod("ml", "elsewhere-2", UID_C, "gpu-2", {"main": ID_3})
@@ -205,7 +187,7 @@ async def test_reconnects_and_relists_after_the_stream_is_cut(
 ) -> None:
     api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         await server_sees(api, lambda: api.watches_started >= 1)
         api.break_watches()
@@ -232,7 +214,7 @@ async def test_relists_when_the_watch_resumes_from_a_compacted_version(
     # list's version, which compaction dropped: 410 Gone.
     api.bookmarks = False
     pods = NodePods(client, NODE, backoff=FAST, server_timeout_s=1)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         api.add_pod("other", "x", UID_B, "gpu-2", {"main": ID_2})
         api.add_pod("other", "y", UID_C, "gpu-2", {"main": ID_3})
@@ -253,7 +235,7 @@ async def test_bookmarks_keep_an_idle_watch_from_relisting(
     compaction does not make it list again."""
     api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
     pods = NodePods(client, NODE, backoff=FAST, server_timeout_s=1)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         api.add_pod("other", "x", UID_B, "gpu-2", {"main": ID_2})
         started = api.watches_started
@@ -270,7 +252,7 @@ async def test_retries_through_api_errors(api: FakeApiServer, client: AsyncClien
     api.add_pod("ml", "a", UID_A, NODE, {"main": ID_1})
     api.fail_next_requests(3)
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.uid_map() == {PodUid(UID_A): ("ml", "a")}
     assert pods.reconnects == 3
@@ -279,7 +261,7 @@ async def test_retries_through_api_errors(api: FakeApiServer, client: AsyncClien
 async def test_stop_before_the_api_answers(api: FakeApiServer, client: AsyncClient) -> None:
     api.fail_next_requests(1000)
     pods = NodePods(client, NODE, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await server_sees(api, lambda: len(api.requests) >= 3)
     assert pods.uid_map() is None
     assert pods.reconnects >= 2

@@ -7,46 +7,27 @@ followed by a re-list that sees what changed meanwhile."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 from lightkube import AsyncClient
 
 from gpuslice.core.cgroups import ContainerId, PodUid
 from gpuslice.k8s import Backoff, NodePods, make_client
-from gpuslice.testing.kubes import Kube
+from gpuslice.testing.kubes import Kube, pods_until, running_pods
 
 FAST = Backoff(initial_s=0.01, maximum_s=0.05)
 ID_1, ID_2, ID_3 = "1" * 64, "2" * 64, "3" * 64
 
 
-@asynccontextmanager
-async def running(pods: NodePods) -> AsyncIterator[NodePods]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(pods.run(stop))
-    try:
-        yield pods
-    finally:
-        stop.set()
-        async with asyncio.timeout(10):
-            await task
-
-
 async def until(pods: NodePods, predicate: Callable[[], bool]) -> None:
-    """Wait, with a deadline, until the cache satisfies `predicate`."""
-    async with asyncio.timeout(20):
-        while True:
-            pods.changed.clear()
-            if predicate():
-                return
-            await pods.changed.wait()
+    await pods_until(pods, predicate, 20)
 
 
 async def test_pods_arrive_change_and_leave(kube: Kube, client: AsyncClient) -> None:
     node, other = kube.name("gpu-1"), kube.name("gpu-2")
     namespace = kube.name("ml")
     pods = NodePods(client, node, backoff=FAST)
-    async with running(pods):
+    async with running_pods(pods):
         await until(pods, lambda: pods.lists >= 1)
         assert pods.uid_map() == {}
         a = PodUid(kube.add_pod(namespace, "a", node, {"main": ""}))  # not started yet
@@ -76,7 +57,7 @@ async def test_a_restart_of_the_api_server_is_followed_by_a_relist(
     c = make_client(kube.kubeconfig, trust_env=False)
     try:
         pods = NodePods(c, node, backoff=FAST)
-        async with running(pods):
+        async with running_pods(pods):
             await until(pods, lambda: pods.uid_map() == {a: (namespace, "a")})
             kube.set_pod_containers(namespace, "a", {"main": ID_3})
             # seen after the list, so by the watch: it is open when the server goes

@@ -11,12 +11,15 @@ pick the wrong one.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuslice.k8s.pods import NodePods
 from gpuslice.testing import envtest
 from gpuslice.testing.apiserver import FakeApiServer
 
@@ -174,3 +177,27 @@ def _container_status(name: str, ident: str) -> Json:
 
 
 Kube = RealKube | DoubleKube
+
+
+@asynccontextmanager
+async def running_pods(pods: NodePods) -> AsyncIterator[NodePods]:
+    """`pods.run` for the duration of the block, stopped (within 10 s) after it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(pods.run(stop))
+    try:
+        yield pods
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+
+
+async def pods_until(pods: NodePods, predicate: Callable[[], bool], within_s: float) -> None:
+    """Wait, at most `within_s`, until the pod cache satisfies `predicate` (re-checked at
+    each change of the cache)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            pods.changed.clear()
+            if predicate():
+                return
+            await pods.changed.wait()
