@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.backends.simulated.control import ControlDir
-from gpuslice.testing import realnode
+from gpuslice.testing import envtest, realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,7 +57,7 @@ def plugin(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     for name, text in CONFIGS.items():
         (configs / name).write_text(text, encoding="utf-8")
     real_node.ensure_namespace(NAMESPACE)
-    port = realnode.free_port()
+    port = envtest.free_port()
     control = ControlDir(work / "control")
     args = [
         "--node", SIM,

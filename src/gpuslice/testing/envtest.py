@@ -58,7 +58,8 @@ def assets() -> Path:
     return root
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port no one listens on now (the caller binds it soon after)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -182,7 +183,7 @@ def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPla
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     (workdir / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
-    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     plane = ControlPlane(bin_dir, workdir, api_port)
     try:
         plane.processes.append(
@@ -219,7 +220,7 @@ def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPla
                 _spawn(
                     [str(bin_dir / "kube-scheduler"), "--kubeconfig", str(plane.kubeconfig),
                      "--leader-elect=false", "--bind-address", "127.0.0.1",
-                     "--secure-port", str(_free_port()), "--feature-gates", GATES],
+                     "--secure-port", str(free_port()), "--feature-gates", GATES],
                     workdir / "kube-scheduler.log",
                 )
             )  # fmt: skip

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from gpuslice.testing.envtest import free_port
 
 READY_TIMEOUT_S = 30.0
 
@@ -49,18 +50,12 @@ def create_blocks(openmetrics: Path, tsdb: Path, *, max_block_hours: int = 0) ->
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serving(tsdb: Path, workdir: Path) -> Iterator[str]:
     """Prometheus on `tsdb` at a free loopback port; yields its URL once it is ready."""
     config = workdir / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(

@@ -90,12 +90,6 @@ def _kubelet_listening() -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(
     command: Sequence[str], log: Path, env: Mapping[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -205,7 +199,7 @@ class RealNode:
     containerd: subprocess.Popen[bytes] | None = None
     kubelet: subprocess.Popen[bytes] | None = None
     kubelet_starts: int = 0
-    _port: int = field(default_factory=free_port)
+    _port: int = field(default_factory=envtest.free_port)
 
     @property
     def root_dir(self) -> Path:
