@@ -35,6 +35,7 @@ from gpuslice.core.dra.publish import (
     taints,
 )
 from gpuslice.kubelet.state import PlanState, Snapshot
+from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
 
@@ -193,8 +194,7 @@ class SlicePublisher:
         shows, until `stop`."""
         watching = asyncio.create_task(self._watch_forever(), name="dra-slices-watch")
         try:
-            listed = asyncio.ensure_future(self._first_list())
-            await _first_of(stop, listed)
+            await unless_stopped(stop, self._first_list())
             version = -1
             failures = 0
             while not stop.is_set():
@@ -263,17 +263,6 @@ class SlicePublisher:
             return False  # the echo of a write whose reply is already here
         mirror[name] = event.obj
         return True
-
-
-async def _first_of(stop: asyncio.Event, work: asyncio.Future[None]) -> None:
-    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({stopped, work}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (stopped, work):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def _next_change(

@@ -21,6 +21,7 @@ from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.sharing.model import Plan
 from gpuslice.guard import GuardView
 from gpuslice.guard.enforcement import ReadView
+from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.metrics import SnapshotRefresher
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.metrics.snapshot import CurrentPlan
@@ -109,15 +110,10 @@ def idle_probe(backend: GpuBackend) -> Callable[[asyncio.Event, float], Awaitabl
 
         thread = threading.Thread(target=probe, name="guard-idle-probe", daemon=True)
         thread.start()
-        waits = [asyncio.ensure_future(seen.wait()), asyncio.ensure_future(stop.wait())]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await unless_stopped(stop, seen.wait())
         finally:
             halt.set()
-            for task in waits:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
     return wait
 
