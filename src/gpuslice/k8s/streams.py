@@ -62,9 +62,9 @@ async def watch_from(
     server_timeout_s: int | None = None,
     as_dicts: bool = False,
 ) -> AsyncGenerator[tuple[str, Any], None]:
-    """(kind, object) for each event after `resource_version`, bookmarks included.
-    `as_dicts` decodes objects as plain dicts, for kinds whose typed model refuses the bare
-    bookmark object (a ResourceSlice requires `spec`). Errors (410 Gone among them) are
+    """(kind, object) for each event after `resource_version`, bookmarks included, always
+    as plain dicts (`Generic`: `.metadata` still reads as a model); other objects typed as
+    `resource`, or plain dicts with `as_dicts`. Errors (410 Gone among them) are
     lightkube's `ApiError`; the stream is closed when the caller stops iterating."""
     params = {
         "resourceVersion": resource_version,
@@ -75,12 +75,17 @@ async def watch_from(
     request = _generic(client).prepare_request(
         "list", res=resource, namespace=namespace, watch=True, params=params
     )
-    if as_dicts:
-        plain: Any = Generic
-        request = dataclasses.replace(request, response_type=plain)
+    # Decoded as plain dicts first: the real server's bookmark is the kind's empty object
+    # (a Pod's `spec.containers` is null), which the typed models refuse; only the other
+    # events are typed, when the caller wants them typed.
+    plain: Any = Generic
+    request = dataclasses.replace(request, response_type=plain)
     events = _generic(client).watch(request)
     try:
         async for kind, obj in events:
-            yield str(kind), obj
+            if as_dicts or kind == BOOKMARK:
+                yield str(kind), obj
+            else:
+                yield str(kind), resource.from_dict(dict(obj))
     finally:
         await events.aclose()

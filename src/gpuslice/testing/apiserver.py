@@ -559,10 +559,25 @@ class _QuietServer(ThreadingHTTPServer):
         """Clients hanging up mid-stream (cancelled watches) are normal here, not errors."""
 
 
+_EMPTY_BODIES: dict[str, Json] = {
+    "Pod": {"spec": {"containers": None}, "status": {}},
+    "Node": {"spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+                                    "nodeInfo": {"machineID": "", "systemUUID": "",
+                                                 "bootID": "", "kernelVersion": "",
+                                                 "osImage": "", "containerRuntimeVersion": "",
+                                                 "kubeletVersion": "", "kubeProxyVersion": "",
+                                                 "operatingSystem": "", "architecture": ""}}},
+}  # fmt: skip
+"""What the real server's bookmark carries besides its version: the kind's empty Go struct
+encoded as JSON, so a Pod's `spec.containers` is `null` (a field without omitempty), which a
+typed client model refuses. Seen from kube-apiserver 1.36 (issue 33)."""
+
+
 def _bookmark(kind: str, position: int) -> Json:
     api_version = "resource.k8s.io/v1" if kind == "ResourceSlice" else "v1"
     return {"kind": kind, "apiVersion": api_version,
-            "metadata": {"resourceVersion": str(position)}}  # fmt: skip
+            "metadata": {"resourceVersion": str(position), "creationTimestamp": None},
+            **copy.deepcopy(_EMPTY_BODIES.get(kind, {}))}  # fmt: skip
 
 
 def _watch_wakeup(
