@@ -25,7 +25,7 @@ from gpuslice.mps import MpsDaemonManager
 FAKE_CONTROL = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
 
 L40S_MIB = 46068
-"""What NVML reports for an L40S (NVIDIA's issue #764 shows 4606M for 10 replicas)."""
+"""What NVML reports for an L40S (NVIDIA/k8s-device-plugin#764 shows 4606M for 10 replicas)."""
 
 
 def gpu(index: int, memory_mib: int = L40S_MIB, name: str = "NVIDIA L40S") -> PhysicalDevice:

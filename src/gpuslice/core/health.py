@@ -2,7 +2,8 @@
 
 Three deliberate differences from NVIDIA's plugin, each fixing a reported problem:
 
-* every replica of a sick device turns Unhealthy, not only the last one (issue #1929);
+* every replica of a sick device turns Unhealthy, not only the last one
+  (NVIDIA/k8s-device-plugin#1929, closed upstream in 2026-09);
 * a `recovered` event makes devices Healthy again (NVIDIA needs a plugin restart);
 * an XID attributed to one MIG instance marks only that MIG device, never its siblings.
 

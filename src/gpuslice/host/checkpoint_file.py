@@ -10,8 +10,8 @@ following a symlink (a FIFO, a symlink loop, a directory, a device are refused o
 descriptor), and at most `MAX_CHECKPOINT_BYTES` are read (a 100 MB file costs one fstat).
 A file that cannot be used is moved aside, renamed with the time and never overwritten or
 deleted, for a post-mortem, rather than crashing the agent in a loop, which is what
-NVIDIA's driver does (its #1100). The boot ID tells a reboot apart from a restart: after a
-reboot nothing that was prepared exists any more.
+NVIDIA's driver does (kubernetes-sigs/dra-driver-nvidia-gpu#1100). The boot ID tells a
+reboot apart from a restart: after a reboot nothing that was prepared exists any more.
 """
 
 from __future__ import annotations

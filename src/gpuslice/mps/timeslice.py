@@ -3,8 +3,8 @@
 A DRA claim can carry NVIDIA's `timeSlicingConfig.interval` (Default, Short, Medium, Long:
 0-3). The driver exposes it only through `nvidia-smi compute-policy --set-timeslice`, which
 needs root and fails on GPUs without the feature (NVIDIA's DRA driver failed whole claims
-on Tesla P4s for it: its #81, #41, #363). The setter reports the tool's own message; what
-to do with a failure is the caller's decision.
+on Tesla P4s for it: kubernetes-sigs/dra-driver-nvidia-gpu#41, #81, #363). The setter
+reports the tool's own message; what to do with a failure is the caller's decision.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Nothing caps CUDA memory per container under time-slicing, so the first line of 
 is telling well-written programs their share before they allocate:
 
 * `TF_FORCE_GPU_ALLOW_GROWTH=true`: TensorFlow otherwise maps almost all GPU memory at
-  start (NVIDIA k8s-device-plugin #461);
+  start (the crash in NVIDIA/k8s-device-plugin#461);
 * `XLA_PYTHON_CLIENT_MEM_FRACTION=<share>`: JAX otherwise preallocates 75 %;
 * `GPUSLICE_GPU_FRACTION=<share>` and `GPUSLICE_MEMORY_LIMIT_MIB=<MiB>` for programs that
   size themselves (vLLM: `--gpu-memory-utilization "$GPUSLICE_GPU_FRACTION"`).

@@ -2,8 +2,9 @@
 
 The kubelet calls Prepare again after it restarts and only sends namespace, UID and name at
 Unprepare, so the driver keeps, per claim, what it returned and what it changed on the node.
-NVIDIA's driver crash-loops on its own checkpoint after an upgrade (a new field changed the
-checksum, its #1080), after corruption (#1100) and after a reboot (#951). Here:
+NVIDIA's driver crash-loops on its own checkpoint after an upgrade (a new field changed
+the checksum, kubernetes-sigs/dra-driver-nvidia-gpu#1080) and after corruption (#1100), and
+took claims recorded before a reboot as still prepared (#951). Here:
 
 * the checksum covers the stored `data` object exactly as written, whatever fields it has,
   and a reader ignores fields it does not know, so files written by a newer version read;

@@ -6,7 +6,7 @@ NVIDIA's `gpu.nvidia.com` ones (REFERENCE-DRA §5.2): a selector such as
 same GPUs under gpuslice. Devices are `gpu-<minor>` for whole GPUs and
 `gpu-<parent minor>-mig-<profile without dots>-<GI profile ID>-<placement start>` for MIG
 devices. A GPU in MIG mode is published as its MIG devices only (NVIDIA's driver also
-published the whole GPU, its #719).
+published the whole GPU, kubernetes-sigs/dra-driver-nvidia-gpu#719).
 
 Health becomes device taints (NVIDIA's keys under the driver's domain): an XID taints with
 its code, a lost GPU with `gpu-lost`; both `NoSchedule`, so running pods stay and new
