@@ -19,13 +19,19 @@ from typing import Any
 
 import structlog
 
+from gpuslice.core.text import has_control, log_value
+
 STRUCTURED_ATTR = "structured"
 """LogRecord attribute holding the typed fields of a structlog call."""
 
 
 def logfmt_value(value: object) -> str:
+    """One value of the record's `event=... key=value` message (what `caplog` and any other
+    handler read): bounded, and quoted as JSON, which escapes control characters, whenever
+    it holds one or would split the line into other fields."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text and not any(c in text for c in ' "=\n\t'):
+    text = log_value(text, escape=False)
+    if text and not any(c in text for c in ' "=') and not has_control(text):
         return text
     return json.dumps(text)
 

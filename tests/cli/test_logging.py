@@ -92,3 +92,34 @@ def test_caplog_sees_structured_calls_as_event_lines(caplog: pytest.LogCaptureFi
 def test_a_message_not_in_event_style_is_left_alone() -> None:
     assert split_legacy("plain words") is None
     assert split_legacy("event=x") == {"event": "x"}
+
+
+def test_every_text_value_is_escaped_and_bounded_whatever_its_source() -> None:
+    """Control characters from a structlog field, an old-style call's argument and a
+    foreign logger's message all come out as escapes, and no value grows past the bound
+    however many characters need escaping (each escape counts as what it prints)."""
+    text = formatter("text")
+    structured = logging.LogRecord("gpuslice.x", logging.INFO, __file__, 1, "", (), None)
+    structured.structured = {"event": "e", "v": "a\rb\x1bc\u2028d\x85e\u202ef"}
+    legacy = logging.LogRecord(
+        "gpuslice.x", logging.INFO, __file__, 1, "event=e v=%s", ("\x1b[2J",), None
+    )
+    foreign = logging.LogRecord(
+        "grpc._server", logging.ERROR, __file__, 1, "x\r\x00" * 900, (), None
+    )
+    lines = [text.format(r) for r in (structured, legacy, foreign)]
+    assert "v=a\\rb\\x1bc\\u2028d\\x85e\\u202ef" in lines[0]
+    assert "v=\\x1b[2J" in lines[1]
+    for line in lines:
+        assert line.isprintable(), line
+        assert len(line) < 700, len(line)
+    assert lines[2].endswith("...(2700_chars)")
+
+
+def test_json_values_stay_json_and_are_bounded(json_lines: io.StringIO) -> None:
+    big = "\r\x1b" + "x" * 5000
+    get_logger("gpuslice.test").info("e", v=big, nested={"k": big}, items=list(range(100)))
+    [doc] = records(json_lines)
+    assert doc["v"] == big[:512] + "...(5002_chars)"
+    assert doc["nested"] == {"k": big[:512] + "...(5002_chars)"}
+    assert doc["items"] == [*range(64), "...(36 more)"]

@@ -6,6 +6,7 @@ files."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import yaml
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.agent.guard_view import claim_modes
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
@@ -369,6 +371,49 @@ async def test_guard_mode_and_shared_by_come_from_the_claims_guard_config(
     assert plan is not None
     (dev,) = plan.resources[0].devices
     assert (dev.replicas, plan.resources[0].strategy) == (2, "time-slicing")
+
+
+async def test_a_claims_guard_mode_applies_on_a_shared_gpu_only_where_the_node_allows_it(
+    make_rig: Callable[..., Awaitable[Rig]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """On shares of one GPU, `off` and `observe` claims get the node's `enforce` (told once
+    per claim) unless the node says `allow`; a claim alone on a whole GPU keeps its `off`.
+    A GPU offered as shares counts as shared with only one claim on it."""
+    guard = {"apiVersion": "resource.gpuslice.io/v1alpha1", "kind": "GuardConfig"}
+    caplog.set_level(logging.WARNING, logger="gpuslice.guard")
+    whole = await make_rig()
+    driver = whole.driver()
+    await driver.load()
+    ref = whole.claim("alone", {**guard, "mode": "off"})
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    assert driver.sharing_claims() == frozenset()
+    alone = claim_resource("team-a", "alone")
+    assert claim_modes(driver, "enforce", "stricter-only")(alone) == "off"
+
+    shares = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="timeSlicing"))
+    shares.workdir = shares.workdir / "shares"  # a node of its own: its own checkpoint
+    shares.workdir.mkdir()
+    driver = shares.driver()
+    await driver.load()
+    asked = {"quiet": "off", "watched": "observe", "plain": None}
+    refs = [
+        shares.claim(name, *([{**guard, "mode": mode}] if mode else []))
+        for name, mode in asked.items()
+    ]
+    results = await driver.prepare(refs[:1])
+    assert all(r.error == "" for r in results.values()), results
+    quiet = claim_resource("team-a", "quiet")
+    assert driver.sharing_claims() == {quiet}  # alone on the GPU, but on a share of it
+    results = await driver.prepare(refs[1:])
+    assert all(r.error == "" for r in results.values()), results
+    default = claim_modes(driver, "enforce", "stricter-only")
+    allow = claim_modes(driver, "enforce", "allow")
+    for _ in range(3):
+        assert {n: default(claim_resource("team-a", n)) for n in asked} == dict.fromkeys(asked)
+    assert {n: allow(claim_resource("team-a", n)) for n in asked} == asked
+    told = [r.getMessage() for r in caplog.records if "guard-claim-mode-ignored" in r.getMessage()]
+    assert len(told) == 2, told
+    assert any("claim=team-a/quiet" in m and "asked=off" in m for m in told), told
 
 
 def _cdi_env(rig: Rig, uid: str, device: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ view builds them.
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from gpuslice.core.guard import (
     holder_mode,
     tenants_from,
 )
-from gpuslice.core.guard.model import GuardMode
+from gpuslice.core.guard.model import GuardMode, claim_mode
 from gpuslice.core.guard.policy import Evaluation
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
@@ -81,6 +82,20 @@ def test_the_node_mode_is_a_ceiling_a_claim_can_only_lower() -> None:
     assert effective_mode("off", "enforce") == "off"
     assert effective_mode("enforce", None) == "enforce"
     assert effective_mode("observe", None) == "observe"
+
+
+def test_a_claim_weakens_the_guard_on_a_shared_gpu_only_where_the_admin_allows_it() -> None:
+    shared = functools.partial(claim_mode, shared=True, override="stricter-only")
+    assert shared("enforce", "off") is None  # the node's applies
+    assert shared("enforce", "observe") is None
+    assert shared("observe", "off") is None
+    assert shared("enforce", "enforce") == "enforce"
+    assert shared("observe", "enforce") == "enforce"  # effective_mode keeps the ceiling
+    assert shared("enforce", None) is None
+    allowed = functools.partial(claim_mode, shared=True, override="allow")
+    assert allowed("enforce", "off") == "off"
+    alone = functools.partial(claim_mode, shared=False, override="stricter-only")
+    assert alone("enforce", "off") == "off"  # a whole GPU of its own hurts nobody else
 
 
 def test_a_tenant_is_off_only_when_every_resource_it_holds_is_off() -> None:

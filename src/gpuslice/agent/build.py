@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
-from gpuslice.agent.guard_view import guard_view_reader, idle_probe
+from gpuslice.agent.guard_view import claim_modes, guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings, DraSettings
@@ -31,7 +31,6 @@ from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
     from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, NodePods
 
 log = get_logger("gpuslice.agent")
-_GUARD_MODES: tuple[GuardMode, ...] = ("off", "observe", "enforce")
 
 
 def wire_mps(
@@ -363,17 +361,12 @@ def wire_guard(
         return None
     shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
 
-    def mode_of(resource: str) -> GuardMode | None:
-        """A DRA claim's own GuardConfig mode (it can only lower the node's)."""
-        front = agent.hooks.front_end
-        if not isinstance(front, DraFrontEnd):
-            return None
-        mode = front.driver.guard_mode(resource)
-        for known in _GUARD_MODES:
-            if mode == known:
-                return known
-        return None
-
+    front = agent.hooks.front_end
+    mode_of = (
+        claim_modes(front.driver, guard_settings.params.mode, guard_settings.claim_override)
+        if isinstance(front, DraFrontEnd)
+        else None
+    )
     read = guard_view_reader(
         agent.backend, lambda: _current_plan(agent), shared, settings.proc_root, mode_of=mode_of
     )

@@ -34,7 +34,7 @@ from pathlib import Path
 from gpuslice.agent.keyed_locks import KeyedLocks
 from gpuslice.agent.to_the_end import to_the_end
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
-from gpuslice.core.dra.claimplan import claim_resource, claims_plan
+from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
@@ -168,10 +168,21 @@ class DraDriver:
 
     def guard_mode(self, resource: str) -> str | None:
         """A claim's GuardConfig mode by its plan resource (`claim:<ns>/<name>`)."""
+        claim = self.claim_of(resource)
+        return None if claim is None else claim.guard_mode
+
+    def claim_of(self, resource: str) -> PreparedClaim | None:
+        """The prepared claim behind a plan resource (`claim:<ns>/<name>`)."""
         for claim in self._claims.values():
             if claim_resource(claim.namespace, claim.name) == resource:
-                return claim.guard_mode
+                return claim
         return None
+
+    def sharing_claims(self) -> frozenset[str]:
+        """Plan resources of the claims on a GPU shared with other claims or offered as
+        shares (`core.dra.claimplan.sharing_claims`): the guard does not let them weaken it
+        unless the node's admin allows it."""
+        return frozenset(sharing_claims(self._claims.values()))
 
     # -- start -----------------------------------------------------------------------------
 

@@ -16,16 +16,20 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.core.guard import GpuMemory, tenants_from
-from gpuslice.core.guard.model import GuardMode
+from gpuslice.core.guard.model import ClaimOverride, GuardMode, claim_mode
 from gpuslice.core.sharing.model import Plan
 from gpuslice.guard import GuardView
 from gpuslice.guard.enforcement import ReadView
 from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.logs import get_logger
 from gpuslice.metrics import SnapshotRefresher
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.metrics.snapshot import CurrentPlan
 from gpuslice.ports import GpuBackend
+
+log = get_logger("gpuslice.guard")
 
 MIB = 1024 * 1024
 GUARDED_STRATEGIES = ("time-slicing", "mps")
@@ -72,6 +76,42 @@ def guard_view_reader(
         return GuardView(gpus, tenants, identities)
 
     return read
+
+
+_GUARD_MODES: tuple[GuardMode, ...] = ("off", "observe", "enforce")
+
+
+def claim_modes(
+    driver: DraDriver, node: GuardMode, override: ClaimOverride
+) -> Callable[[str], GuardMode | None]:
+    """The guard's `mode_of` in DRA mode: a claim's GuardConfig `mode` as `core.guard.model.
+    claim_mode` lets it apply, given whether the claim shares a GPU right now. A mode that
+    is ignored is logged once per claim (by UID: a claim made again under the same name is
+    told again), since the claim's author expects it to apply and the pods' fate differs."""
+    told: set[str] = set()
+
+    def mode_of(resource: str) -> GuardMode | None:
+        claim = driver.claim_of(resource)
+        asked = next((m for m in _GUARD_MODES if claim and m == claim.guard_mode), None)
+        if claim is None or asked is None:
+            return None
+        shared = resource in driver.sharing_claims()
+        mode = claim_mode(node, asked, shared=shared, override=override)
+        if mode is None and claim.uid not in told:
+            told.intersection_update(c.uid for c in driver.claims.values())
+            told.add(claim.uid)
+            log.warning(
+                "guard-claim-mode-ignored",
+                claim=f"{claim.namespace}/{claim.name}",
+                uid=claim.uid,
+                asked=asked,
+                applied=node,
+                reason="the claim shares a GPU with other claims",
+                allowed_by="--memory-guard-claim-override=allow",
+            )
+        return mode
+
+    return mode_of
 
 
 def shares_memory(plan: Plan) -> bool:

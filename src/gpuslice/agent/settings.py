@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.core.guard import GuardParams
-from gpuslice.core.guard.model import GuardAction
+from gpuslice.core.guard.model import ClaimOverride, GuardAction
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -34,6 +34,13 @@ class GuardSettings:
     """`MEMORY_GUARD_ACTION`: `kill` signals the container's processes (SIGTERM, SIGKILL after
     the grace: fast, the pod restarts in place) or `evict` uses the Eviction API (honours
     PodDisruptionBudgets; needs RBAC to create pods/eviction)."""
+    claim_override: ClaimOverride = "stricter-only"
+    """`MEMORY_GUARD_CLAIM_OVERRIDE` (DRA mode): whether a claim's GuardConfig `mode` may
+    weaken the guard on a GPU it shares with other claims or holds a share of. The claim's
+    author is a tenant: with `off` its overrun stays on the GPU and the enforcing guard
+    stops a neighbour instead, so by default (`stricter-only`) such a mode is ignored there
+    and logged once; `allow` lets it apply. A claim alone on a whole GPU keeps its mode
+    either way (only its own pods can suffer)."""
     soft_limits: bool = True
     """`MEMORY_SOFT_LIMITS`: Allocate passes time-sliced replicas env hints with their share
     (TF allow-growth, JAX memory fraction, GPUSLICE_MEMORY_LIMIT_MIB, GPUSLICE_GPU_FRACTION)."""

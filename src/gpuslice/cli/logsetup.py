@@ -10,6 +10,11 @@ with real fields (`--log-format json`, the chart's `logFormat: json`):
 - anything else (gRPC's `grpc._server`, `grpc.aio` loggers, third-party libraries) becomes
   `event=<its message>`.
 
+Every field value is bounded (`core.text.log_value`, 512 characters; a traceback 4096) and,
+in text, has its control characters escaped, here rather than at each call: values come from
+claims' opaque configs, API errors and clients, and one raw CR or ANSI escape in a 5 KB value
+rewrites what an operator's terminal shows. JSON escapes control characters itself.
+
 gRPC's C core writes its own lines straight to stderr, bypassing Python logging; they are
 limited to errors (`GRPC_VERBOSITY=ERROR`, set here unless the environment says otherwise,
 read when gRPC starts) and stay plain text.
@@ -21,11 +26,12 @@ import logging
 import os
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 
+from gpuslice.core.text import MAX_LOG_VALUE_CHARS, log_value
 from gpuslice.logs import STRUCTURED_ATTR
 
 _PAIR = re.compile(r"""([A-Za-z_][\w.-]*)=("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s'"]\S*|)""")
@@ -75,10 +81,65 @@ def _fields_from_record(
     return event_dict
 
 
+MAX_TRACE_CHARS = 4096
+"""A traceback (`exception`) keeps more than other values: its frames are what a crash
+report needs, and it only comes with a crash."""
+MAX_ITEMS = 64
+"""Entries of a list or mapping kept in a JSON log value; the rest are counted."""
+
+
+def _limit(key: str) -> int:
+    return MAX_TRACE_CHARS if key == "exception" else MAX_LOG_VALUE_CHARS
+
+
+def _text_values(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Each value as the logfmt renderer will print it (`str()`), escaped and bounded; a
+    newline is left for the renderer, which writes it as `\\n` itself. Booleans and None
+    stay as they are: the renderer prints them its own way."""
+    for key, value in event_dict.items():
+        if value is None or isinstance(value, bool | int | float):
+            continue
+        event_dict[key] = log_value(str(value), _limit(key), keep="\n")
+    return event_dict
+
+
+def _bounded(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return log_value(value, limit, escape=False)  # JSON escapes the characters itself
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        out = {str(k): _bounded(v, limit) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["..."] = f"{len(items) - MAX_ITEMS} more"
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        seq = list(value)
+        kept = [_bounded(v, limit) for v in seq[:MAX_ITEMS]]
+        if len(seq) > MAX_ITEMS:
+            kept.append(f"...({len(seq) - MAX_ITEMS} more)")
+        return kept
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _bounded(str(value), limit)  # what the renderer's `default=str` would write
+
+
+def _json_values(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Each value bounded, nested ones too; the JSON encoder escapes control characters."""
+    for key, value in event_dict.items():
+        event_dict[key] = _bounded(value, _limit(key))
+    return event_dict
+
+
 def formatter(fmt: str) -> structlog.stdlib.ProcessorFormatter:
     renderer: Any
+    bound: Any = _text_values
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer(default=str)
+        bound = _json_values
     else:
         renderer = structlog.processors.LogfmtRenderer(
             key_order=["ts", "level", "logger", "event"], drop_missing=True
@@ -93,6 +154,7 @@ def formatter(fmt: str) -> structlog.stdlib.ProcessorFormatter:
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            bound,
             renderer,
         ],
     )

@@ -324,6 +324,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Stop any time-sliced pod over its share, even while memory is free.",
 )
 @click.option(
+    "--memory-guard-claim-override",
+    envvar="MEMORY_GUARD_CLAIM_OVERRIDE",
+    type=click.Choice(["stricter-only", "allow"]),
+    default="stricter-only",
+    show_default=True,
+    help="DRA: may a claim's GuardConfig weaken the guard on a shared GPU (allow)?",
+)
+@click.option(
     "--memory-soft-limits/--no-memory-soft-limits",
     envvar="MEMORY_SOFT_LIMITS",
     default=True,
@@ -532,6 +540,7 @@ def _guard_settings(params: dict[str, Any]) -> GuardSettings:
         ),
         interval_s=params["memory_guard_interval"],
         action=params["memory_guard_action"],
+        claim_override=params["memory_guard_claim_override"],
         soft_limits=params["memory_soft_limits"],
     )
 

@@ -86,3 +86,24 @@ def claims_plan(claims: Iterable[PreparedClaim], inventory: Inventory, pool: str
         name = claim_resource(claim.namespace, claim.name)
         resources.append(ResourcePlan(name, name, strategy, False, devices))
     return Plan(tuple(resources))
+
+
+def sharing_claims(claims: Iterable[PreparedClaim]) -> frozenset[ResourceName]:
+    """The completed claims that hold a device on a GPU they share with another claim, or a
+    share of one (offered as shares, it can get neighbours at any time): their pods' memory
+    and a neighbour's come out of one GPU, so what the guard does to one is felt by the
+    other. adminAccess holders are no tenants and share nothing; MIG devices have their own
+    memory and UUID, so claims on different MIG devices of one GPU do not share."""
+    done = [c for c in claims if c.state == "PrepareCompleted"]
+    holders: dict[str, set[ResourceName]] = {}
+    offered: set[ResourceName] = set()
+    for claim in done:
+        name = claim_resource(claim.namespace, claim.name)
+        for use in claim.uses:
+            if use.admin:
+                continue
+            holders.setdefault(use.physical_uuid, set()).add(name)
+            if use.share_id is not None:
+                offered.add(name)
+    crowded = {n for names in holders.values() if len(names) > 1 for n in names}
+    return frozenset(offered | crowded)

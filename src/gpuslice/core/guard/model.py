@@ -32,6 +32,29 @@ def effective_mode(node: GuardMode, holder: GuardMode | None) -> GuardMode:
     return holder
 
 
+ClaimOverride = Literal["stricter-only", "allow"]
+"""Whether a DRA claim may weaken the guard on a GPU it shares with other claims
+(`--memory-guard-claim-override`): `stricter-only` (default) no, `allow` yes."""
+
+
+def claim_mode(
+    node: GuardMode, asked: GuardMode | None, *, shared: bool, override: ClaimOverride
+) -> GuardMode | None:
+    """The mode a claim's GuardConfig `mode` gets, None for the node's.
+
+    The claim's author is a tenant, not the node's admin: a claim on a GPU shared with other
+    claims that turns the guard `off` (or down to `observe`) for itself leaves its overrun on
+    the GPU, and the enforcing guard then stops a neighbour instead. So there, unless the
+    admin allows it, a mode below the node's is ignored. A claim alone on a whole GPU hurts
+    nobody but its own pods by weakening it, and keeps its mode. A mode at or above the
+    node's is passed on as asked; `effective_mode` keeps the node's as the ceiling."""
+    if asked is None:
+        return None
+    if shared and override == "stricter-only" and _ACTING[asked] < _ACTING[node]:
+        return None
+    return asked
+
+
 def holder_mode(modes: Iterable[GuardMode | None]) -> GuardMode | None:
     """One tenant's own mode from those of the resources it holds on that GPU: None (the
     node's) when any resource has no mode of its own, else the one that acts most. Memory
