@@ -706,7 +706,10 @@ async def test_a_missing_record_with_cdi_specs_on_the_node_is_rebuilt_not_wiped(
     assert "Rebuilt 1 prepared claim(s)" in message
     assert (rig.workdir / "checkpoint.json").is_file()
     assert other.uid not in again.claims
-    assert await again.unprepare([ref]) == {ref.uid: ""}
+    next_start = rig.driver()
+    await next_start.load()
+    assert next_start.claims == {ref.uid: before}
+    assert await next_start.unprepare([ref]) == {ref.uid: ""}
     assert rig.cdi_files() == set()
 
 

@@ -19,10 +19,10 @@ Claim names are checked (`core.dra.names`) before anything is read or created fo
 
 The record survives restarts (`core.dra.prepared`): a file that does not decode is moved
 aside and reported instead of crash-looping the agent, and a record from before a reboot
-is dropped with every CDI spec it left, since nothing it describes exists any more. No
-record is never read as "nothing prepared" while CDI specs or MPS daemon directories of
-this driver are on the node: the record is lost (removed, kept under the name of an
-earlier build, a kill between moving a corrupt one aside and writing its rebuild) and is
+is dropped with every CDI spec it left, since nothing it describes exists any more. A
+missing record means "nothing prepared" only on a node with no CDI spec and no MPS daemon
+directory of this driver; otherwise it was lost (removed, kept under an earlier build's
+name, the agent killed between moving a corrupt one aside and writing its rebuild) and is
 rebuilt as a corrupt one is. A rebuild that could not read the API is recorded as
 incomplete, so every later start rebuilds again and removes nothing until one can.
 """
@@ -92,6 +92,10 @@ class DriverSettings:
     """One claim's whole Prepare, from the API read to the record. A claim whose steps
     together take longer is undone and gets its own error; the 15 s left of the kubelet's
     45 are for that undo, so the kubelet hears the claim's error, not its own deadline."""
+    rebuild_timeout_s: float = 60.0
+    """How long rebuilding a lost record may wait on the API: the cluster's claims, page by
+    page, before the driver serves. Not bound by the kubelet's deadline (no call is
+    waiting yet); a LIST that does not finish leaves the record incomplete, not wrong."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -106,6 +110,10 @@ class DriverSettings:
                     f"DriverSettings.{name} {value!r} must be above 0 and below the "
                     f"kubelet's {KUBELET_CALL_TIMEOUT_S:g} s call deadline"
                 )
+        if not self.rebuild_timeout_s > 0:
+            raise ValueError(
+                f"DriverSettings.rebuild_timeout_s {self.rebuild_timeout_s!r} must be above 0"
+            )
 
 
 @dataclass(slots=True)
@@ -351,7 +359,7 @@ class DraDriver:
             return rebuilt, True, f"from the record kept and {len(written)} CDI spec(s)"
         try:
             listed = await asyncio.wait_for(
-                self._objects.list_claims(missing), self.settings.api_timeout_s
+                self._objects.list_claims(missing), self.settings.rebuild_timeout_s
             )
         except Exception as exc:
             log.error("dra-rebuild-no-api", error=_described(exc))
@@ -841,7 +849,9 @@ def _daemon_may_run(pid_file: Path) -> bool:
     """Whether the daemon a pid file names may still run. Not when there is none, nor when
     it was written before this boot (nothing survives a reboot, and the pid may since be
     another process's), nor when no process has that pid. What cannot be told (a file that
-    cannot be read, or holds no pid) counts as running: its directory is kept."""
+    cannot be read, or holds no pid) counts as running: its directory is kept. Asked only
+    once the daemon was told to quit, so a clock stepped after the file was written costs
+    at most the directory of a daemon that was stopping anyway."""
     try:
         written = pid_file.lstat().st_mtime
     except FileNotFoundError:
