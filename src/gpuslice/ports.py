@@ -8,7 +8,7 @@ exercise the same code paths as production.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -117,9 +117,11 @@ class DraObjects(Protocol):
         """The ResourceClaim; DraObjectNotFound when there is none."""
         ...
 
-    async def list_claims(self) -> list[dict[str, Any]]:
-        """Every ResourceClaim in the cluster (to rebuild a lost record: which claims are
-        allocated to this node). One LIST, at start, only after the record was lost."""
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[dict[str, Any]]:
+        """The ResourceClaims whose UID is in `uids` (every one when None), to rebuild a lost
+        record: only at start, only after the record was lost. Read from the cluster-wide
+        list page by page, holding only the claims kept: a cluster of many claims must not
+        exhaust the agent's memory in the middle of a rebuild."""
         ...
 
     async def node_uid(self) -> str:

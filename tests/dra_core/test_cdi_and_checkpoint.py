@@ -92,6 +92,24 @@ def test_a_file_from_a_newer_version_with_extra_fields_still_reads() -> None:
     assert got.checkpoint.claims[UID] == CLAIM
 
 
+def test_a_record_rebuilt_without_the_api_says_it_is_incomplete() -> None:
+    """Kept across restarts, so a later start rebuilds again instead of trusting it; only
+    such a record carries the field, so a complete one reads the same in every version."""
+    incomplete = encode(Checkpoint("b", {UID: CLAIM}, complete=False))
+    got = decode(incomplete, "b")
+    assert (got.status, got.checkpoint.complete) == ("ok", False)
+    assert got.checkpoint.claims == {UID: CLAIM}
+    complete = encode(Checkpoint("b", {UID: CLAIM}))
+    assert "incomplete" not in json.loads(complete)["data"]
+    assert decode(complete, "b").checkpoint.complete
+    doc = json.loads(incomplete)
+    doc["data"]["incomplete"] = "yes"  # not `true`: read as complete, never raised
+    from gpuslice.core.dra.prepared import _checksum
+
+    doc["checksum"] = _checksum(doc["data"])
+    assert decode(json.dumps(doc).encode(), "b").checkpoint.complete
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [

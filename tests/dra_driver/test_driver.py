@@ -68,6 +68,8 @@ class Rig:
     warnings: list[tuple[str, str]] = field(default_factory=list)
     mps: MpsDaemonManager | None = None
     timeslice: Any = None
+    old_name: str = "pre-rename-checkpoint.json"
+    """Where an earlier build kept the record (`checkpoint.json` in the agent)."""
 
     def driver(self) -> DraDriver:
         async def warn(reason: str, message: str) -> None:
@@ -83,6 +85,7 @@ class Rig:
             mps=self.mps,
             timeslice=self.timeslice,
             warn=warn,
+            old_checkpoint=CheckpointFile(self.workdir / self.old_name),
         )
 
     async def publish(self) -> None:
@@ -212,7 +215,7 @@ async def test_with_the_api_unreachable_a_lost_record_removes_nothing(
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     (rig.workdir / "checkpoint.json").write_bytes(b"\x00\xff" * 100)
 
-    async def unreachable() -> list[dict[str, Any]]:
+    async def unreachable(uids: object = None) -> list[dict[str, Any]]:
         raise ConnectionError("connection refused")
 
     rig.store.list_claims = unreachable  # type: ignore[method-assign]
@@ -702,7 +705,7 @@ async def test_unprepare_of_an_unrecorded_claim_removes_what_is_left_under_its_u
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     (rig.workdir / "checkpoint.json").write_bytes(b"{")
 
-    async def unreachable() -> list[dict[str, Any]]:
+    async def unreachable(uids: object = None) -> list[dict[str, Any]]:
         raise ConnectionError("connection refused")
 
     rig.store.list_claims = unreachable  # type: ignore[method-assign]
@@ -711,3 +714,194 @@ async def test_unprepare_of_an_unrecorded_claim_removes_what_is_left_under_its_u
     assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
     assert await again.unprepare([ref]) == {ref.uid: ""}
     assert rig.cdi_files() == set()
+
+
+async def _unreachable(uids: object = None) -> list[dict[str, Any]]:
+    raise ConnectionError("connection refused")
+
+
+async def test_a_missing_record_with_cdi_specs_on_the_node_is_rebuilt_not_wiped(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """No file is not "nothing prepared": the record was removed, or the agent was killed
+    between moving a corrupt one aside and writing its rebuild. The node's CDI specs say
+    claims are prepared; they are rebuilt from the API (asking for those UIDs only)."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref, other = rig.claim("c1"), rig.claim("c2")
+    assert all(r.error == "" for r in (await driver.prepare([ref])).values())
+    before = driver.claims[ref.uid]
+    (rig.workdir / "checkpoint.json").unlink()
+    asked: list[object] = []
+    listed = rig.store.list_claims
+
+    async def recording(uids: Any = None) -> list[dict[str, Any]]:
+        asked.append(None if uids is None else set(uids))
+        return await listed(uids)
+
+    rig.store.list_claims = recording  # type: ignore[method-assign]
+    again = rig.driver()
+    await again.load()
+    assert again.claims == {ref.uid: before}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+    assert asked == [{ref.uid}], "only the claims of the node's CDI specs are kept"
+    (reason, message), *_ = rig.warnings
+    assert reason == "CheckpointMissing"
+    assert "Rebuilt 1 prepared claim(s)" in message
+    assert (rig.workdir / "checkpoint.json").is_file()
+    assert other.uid not in again.claims
+    next_start = rig.driver()
+    await next_start.load()
+    assert next_start.claims == {ref.uid: before}
+    assert await next_start.unprepare([ref]) == {ref.uid: ""}
+    assert rig.cdi_files() == set()
+
+
+async def test_an_upgrade_reads_the_record_an_earlier_build_kept_under_the_old_name(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """Builds before the rename wrote `checkpoint.json`: read, even with the API away, and
+    left where it is (a rollback finds its own record)."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    first = (await driver.prepare([ref]))[ref.uid]
+    assert first.error == ""
+    old = rig.workdir / rig.old_name
+    (rig.workdir / "checkpoint.json").rename(old)
+    kept = old.read_bytes()
+    rig.store.list_claims = _unreachable  # type: ignore[method-assign]
+    upgraded = rig.driver()
+    await upgraded.load()
+    assert upgraded.claims.keys() == {ref.uid}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+    assert rig.warnings == []
+    assert (await upgraded.prepare([ref]))[ref.uid] == first
+    assert old.read_bytes() == kept
+    assert (rig.workdir / "checkpoint.json").is_file()
+
+
+async def test_nvidias_file_under_the_old_name_is_not_read_and_the_record_is_rebuilt(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """With NVIDIA's driver name the old name is NVIDIA's own checkpoint: never read as
+    ours, never moved; the lost record is rebuilt from the API instead."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    before = driver.claims[ref.uid]
+    (rig.workdir / "checkpoint.json").unlink()
+    nvidia = '{"checksum": 1, "v1": {"preparedClaims": {}}}'
+    (rig.workdir / rig.old_name).write_text(nvidia, "utf-8")
+    again = rig.driver()
+    await again.load()
+    assert again.claims == {ref.uid: before}
+    assert rig.cdi_files() == {f"k8s.gpuslice.io-claim_{ref.uid}.yaml"}
+    assert (rig.workdir / rig.old_name).read_text("utf-8") == nvidia
+    assert not [p for p in rig.workdir.iterdir() if ".corrupt-" in p.name]
+
+
+async def test_a_record_rebuilt_without_the_api_is_rebuilt_again_at_the_next_start(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A corrupt record met with the API away: the next start (API still away) still
+    removes nothing, claims prepared in between are kept, and the first start with the
+    API back rebuilds what was missing and records it complete."""
+    rig = await make_rig()
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("c1")
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    before = driver.claims[ref.uid]
+    (rig.workdir / "checkpoint.json").write_bytes(b"{")
+    listed = rig.store.list_claims
+    rig.store.list_claims = _unreachable  # type: ignore[method-assign]
+    first = rig.driver()
+    await first.load()
+    assert first.claims == {}
+    later = rig.claim("c2")  # the API answers reads of one claim again, not yet the list
+    assert (await first.prepare([later]))[later.uid].error == ""
+    specs = {f"k8s.gpuslice.io-claim_{u}.yaml" for u in (ref.uid, later.uid)}
+    assert rig.cdi_files() == specs
+
+    second = rig.driver()
+    await second.load()
+    assert rig.cdi_files() == specs, "a claim the record lacks is never wiped"
+    assert second.claims.keys() == {later.uid}
+
+    rig.store.list_claims = listed  # type: ignore[method-assign]
+    third = rig.driver()
+    await third.load()
+    assert third.claims.keys() == {ref.uid, later.uid}
+    assert third.claims[ref.uid] == before
+    assert rig.cdi_files() == specs
+    assert "incomplete" not in json.loads((rig.workdir / "checkpoint.json").read_text())["data"]
+    assert await third.unprepare([ref, later]) == {ref.uid: "", later.uid: ""}
+    assert rig.cdi_files() == set()
+
+
+async def test_after_a_reboot_a_claims_mps_dir_with_an_old_pid_file_goes_at_unprepare(
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A pid file from before a reboot names nothing of ours, even when a process now
+    runs under that pid: the directory of a claim unprepared after the reboot is removed."""
+    import asyncio
+    import os
+    import signal
+
+    from gpuslice.mps.control import process_alive
+
+    rig = await make_rig()
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS"}}  # fmt: skip
+
+    def manager() -> MpsDaemonManager:
+        return MpsDaemonManager(
+            [],
+            ControlProgram.factory(FAKE_MPS, quit_grace_s=1.0),
+            timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+            keep_running=True,
+        )
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(100):
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("condition never held")
+
+    first, stop = manager(), asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    rig.mps = first
+    driver = rig.driver()
+    await driver.load()
+    ref = rig.claim("m", mps)
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    stop.set()
+    await task
+    [key] = [p for p in (rig.workdir / "mps").iterdir() if p.name.startswith(ref.uid)]
+    pid_file = key / "pipe" / "nvidia-cuda-mps-control.pid"
+    daemon = int(pid_file.read_text())
+    # the reboot: the daemon is gone, its pid file stays, and the pid is someone else's now
+    os.kill(daemon, signal.SIGKILL)
+    await until(lambda: not process_alive(daemon))
+    pid_file.write_text(f"{os.getpid()}\n")
+    os.utime(pid_file, (1_000_000_000, 1_000_000_000))  # long before this boot
+    rig.boot[0] = "boot-2"
+
+    second, stop = manager(), asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    rig.mps = second
+    try:
+        rebooted = rig.driver()
+        await rebooted.load()
+        assert rebooted.claims == {}
+        assert await rebooted.unprepare([ref]) == {ref.uid: ""}
+        assert not key.exists()
+    finally:
+        stop.set()
+        await task

@@ -214,3 +214,43 @@ def test_the_kubelet_wipes_slices_per_node_and_driver(api: FakeApiServer) -> Non
     assert api.resource_slices() == []
     with pytest.raises(KeyError):
         api.delete_slice(remaining[0]["metadata"]["name"])
+
+
+async def test_the_claim_list_is_paged_and_keeps_only_the_claims_asked_for(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    """The rebuild's cluster-wide LIST: `limit`/`continue` pages, and only the UIDs asked
+    for are held, so a large cluster cannot run the agent out of memory."""
+    for i in range(25):
+        api.add_claim({"metadata": {"name": f"c{i:02d}", "namespace": f"ns{i % 3}"},
+                       "spec": {"devices": {"requests": []}}})  # fmt: skip
+    uids = {c["metadata"]["uid"]: c["metadata"]["name"] for c in api.claims()}
+    wanted = {u for u, name in uids.items() if name in ("c00", "c13", "c24")}
+    dra = DraApi(client, "n1", DRIVER, claim_page=10)
+    before = len(api.requests)
+    got = await dra.list_claims(wanted)
+    assert {c["metadata"]["uid"] for c in got} == wanted
+    pages = [r for r in api.requests[before:] if r.path.endswith("/resourceclaims")]
+    assert [r.query.get("limit") for r in pages] == ["10", "10", "10"]
+    assert "continue" not in pages[0].query
+    assert all(r.query.get("continue") for r in pages[1:])
+    everything = await dra.list_claims()
+    assert sorted(c["metadata"]["uid"] for c in everything) == sorted(uids)
+
+
+def test_the_double_pages_lists_as_the_api_does(api: FakeApiServer) -> None:
+    for i in range(5):
+        api.add_claim({"metadata": {"name": f"c{i}", "namespace": "ml"},
+                       "spec": {"devices": {"requests": []}}})  # fmt: skip
+    claims = "/apis/resource.k8s.io/v1/resourceclaims"
+    code, first = http(api, "GET", f"{claims}?limit=2")
+    assert code == 200
+    assert [c["metadata"]["name"] for c in first["items"]] == ["c0", "c1"]
+    assert first["metadata"]["remainingItemCount"] == 3
+    code, second = http(api, "GET", f"{claims}?limit=2&continue={first['metadata']['continue']}")
+    assert [c["metadata"]["name"] for c in second["items"]] == ["c2", "c3"]
+    code, last = http(api, "GET", f"{claims}?limit=2&continue={second['metadata']['continue']}")
+    assert [c["metadata"]["name"] for c in last["items"]] == ["c4"]
+    assert "continue" not in last["metadata"]
+    code, _ = http(api, "GET", f"{claims}?continue=not-a-token")
+    assert code == 400

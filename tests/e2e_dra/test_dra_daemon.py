@@ -369,3 +369,37 @@ async def test_nvidias_checkpoint_in_the_plugin_dir_is_left_alone(
         assert (node.plugin_dir / "checkpoint.json").read_text() == nvidia
         assert (node.plugin_dir / "gpuslice-checkpoint.json").is_file()
         assert "dra-checkpoint-corrupt" not in node.log()
+
+
+async def test_an_upgrade_from_a_build_that_kept_checkpoint_json_loses_no_claim(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """Builds before the rename kept the record as `checkpoint.json`: the next agent reads
+    it (the API unreachable or not), keeps the claim's CDI spec and takes its MPS daemon
+    over, instead of reading "no record" as "nothing prepared"."""
+    params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    async with running_dra_node(sock_dir, api) as node:
+        ref = node.allocate(
+            claim_obj("mps", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+        )
+        first = (await node.prepare(ref))[ref.uid]
+        assert first.error == ""
+        edits = _device_edits(node.cdi_spec(ref.uid), "gpu-0")
+        pipe = Path(
+            next(m["hostPath"] for m in edits["mounts"] if "nvidia-mps" in m["containerPath"])
+        )
+        pid = _read_all_pid(pipe)
+        assert await node.daemon.terminate() == 0, node.daemon.log()
+        (node.plugin_dir / "gpuslice-checkpoint.json").rename(node.plugin_dir / "checkpoint.json")
+        await node.daemon.start()
+        await node.kubelet.wait_registered(DRIVER, 30.0)
+        await node.wait(lambda: "dra-checkpoint-loaded" in node.log(), "the record loaded")
+        assert "dra-cdi-orphan-removed" not in node.log()
+        assert "dra-checkpoint-migrated" in node.log()
+        assert (await node.prepare(ref))[ref.uid] == first
+        await node.wait(lambda: "taken over from the previous agent" in node.log(), "take-over")
+        assert _read_all_pid(pipe) == pid
+        assert _alive(pid)
+        assert (node.plugin_dir / "checkpoint.json").is_file(), "left for a rollback"
+        assert await node.unprepare(ref) == {ref.uid: ""}
+        await node.wait(lambda: not _alive(pid), "the claim's daemon stopped")

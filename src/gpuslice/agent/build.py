@@ -37,7 +37,12 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.dra.server import DraServerSettings
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CHECKPOINT_NAME, CheckpointFile, boot_id
+from gpuslice.host.checkpoint_file import (
+    CHECKPOINT_NAME,
+    OLD_CHECKPOINT_NAME,
+    CheckpointFile,
+    boot_id,
+)
 from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.kubelet.state import Snapshot
@@ -179,6 +184,7 @@ def wire_dra(
         timeslice=timeslice if timeslice is not None else NvidiaSmiTimeslice(dra.nvidia_smi),
         warn=warn,
         host_dev_root=lambda: _host_dev_root(agent),
+        old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
     )
     publisher = SlicePublisher(
         objects,

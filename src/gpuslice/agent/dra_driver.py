@@ -19,7 +19,12 @@ Claim names are checked (`core.dra.names`) before anything is read or created fo
 
 The record survives restarts (`core.dra.prepared`): a file that does not decode is moved
 aside and reported instead of crash-looping the agent, and a record from before a reboot
-is dropped with every CDI spec it left, since nothing it describes exists any more.
+is dropped with every CDI spec it left, since nothing it describes exists any more. A
+missing record means "nothing prepared" only on a node with no CDI spec and no MPS daemon
+directory of this driver; otherwise it was lost (removed, kept under an earlier build's
+name, the agent killed between moving a corrupt one aside and writing its rebuild) and is
+rebuilt as a corrupt one is. A rebuild that could not read the API is recorded as
+incomplete, so every later start rebuilds again and removes nothing until one can.
 """
 
 from __future__ import annotations
@@ -52,11 +57,12 @@ from gpuslice.core.dra.publish import dra_devices, share_offers
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable
+from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
+from gpuslice.host.textfile import UnreadableFile, read_bytes
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
-from gpuslice.mps.control import PID_FILE
+from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.ports import DraObjectNotFound, DraObjects
 
 log = get_logger("gpuslice.dra.driver")
@@ -86,6 +92,10 @@ class DriverSettings:
     """One claim's whole Prepare, from the API read to the record. A claim whose steps
     together take longer is undone and gets its own error; the 15 s left of the kubelet's
     45 are for that undo, so the kubelet hears the claim's error, not its own deadline."""
+    rebuild_timeout_s: float = 60.0
+    """How long rebuilding a lost record may wait on the API: the cluster's claims, page by
+    page, before the driver serves. Not bound by the kubelet's deadline (no call is
+    waiting yet); a LIST that does not finish leaves the record incomplete, not wrong."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -100,6 +110,10 @@ class DriverSettings:
                     f"DriverSettings.{name} {value!r} must be above 0 and below the "
                     f"kubelet's {KUBELET_CALL_TIMEOUT_S:g} s call deadline"
                 )
+        if not self.rebuild_timeout_s > 0:
+            raise ValueError(
+                f"DriverSettings.rebuild_timeout_s {self.rebuild_timeout_s!r} must be above 0"
+            )
 
 
 @dataclass(slots=True)
@@ -126,12 +140,20 @@ class DraDriver:
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
         host_dev_root: Callable[[], str] = lambda: "/",
+        old_checkpoint: CheckpointFile | None = None,
     ) -> None:
         """`host_dev_root` says where the device nodes are on the host (`host.devroot`);
-        it is asked at each Prepare, so a config reload that moves the driver root counts."""
+        it is asked at each Prepare, so a config reload that moves the driver root counts.
+        `old_checkpoint` is where an earlier build kept the record
+        (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
+        `checkpoint` holds nothing."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
+        self._old_checkpoint = old_checkpoint
+        self._complete = True
+        """False while the record may lack claims still prepared (rebuilt without the API):
+        written into the record, so the next start rebuilds again instead of cleaning up."""
         self._cdi = cdi
         self._snapshot = snapshot
         self._boot_id = boot_id
@@ -198,12 +220,19 @@ class DraDriver:
             decoded = Decoded("corrupt", Checkpoint(self._boot_id), str(exc))
         complete = True
         """Whether every prepared claim is known: what is not may then be cleaned up."""
+        rebuilt = True
         if decoded.status == "corrupt":
             claims, complete = await self._recover(decoded.reason)
+        elif decoded.status == "empty":
+            claims, complete, rebuilt = await self._without_record()
+        elif decoded.status == "ok" and not decoded.checkpoint.complete:
+            claims, complete = await self._complete_record(decoded.checkpoint.claims)
         else:
             if decoded.status == "stale":
                 log.warning("dra-checkpoint-stale", reason=decoded.reason)
             claims = dict(decoded.checkpoint.claims)
+            rebuilt = False
+        self._complete = complete
         unfinished = [c for c in claims.values() if c.state != "PrepareCompleted"]
         for claim in unfinished:
             log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
@@ -219,7 +248,7 @@ class DraDriver:
                 spec = self._spec_of(claim, applied)
                 if spec is not None:
                     self._daemons[spec.resource] = spec
-        if decoded.status != "ok" or raw is None:
+        if decoded.status != "ok" or raw is None or rebuilt:
             await self._write_quietly()
         for claim in unfinished:
             # a Prepare cut short by a crash: undo what its planned steps may have done (a
@@ -231,7 +260,77 @@ class DraDriver:
             if self._daemons:
                 await self._mps.reconfigure(self._daemons.values())
         self.loaded = True
-        log.info("dra-checkpoint-loaded", claims=len(claims), status=decoded.status)
+        log.info(
+            "dra-checkpoint-loaded", claims=len(claims), status=decoded.status, complete=complete
+        )
+
+    async def _without_record(self) -> tuple[dict[str, PreparedClaim], bool, bool]:
+        """No file at the record's path: a first start, or a record lost. Only the node
+        tells them apart: with no CDI spec and no MPS daemon directory of this driver there
+        is nothing to lose; otherwise the record is rebuilt (with what an earlier build
+        kept under the old name, when that is ours). The claims, whether they are all
+        known, and whether anything was rebuilt."""
+        path = self._checkpoint.path
+        old = await self._old_record()
+        specs = await asyncio.to_thread(self._cdi.claims)
+        dirs = await asyncio.to_thread(self._daemon_dirs)
+        if old is None and not specs and not dirs:
+            return {}, True, False
+        known = {uid: c for uid, c in (old or {}).items() if uid in specs}
+        claims, complete, why = await self._rebuild(known)
+        if old is not None:
+            log.info(
+                "dra-checkpoint-migrated",
+                old=str(self._old_checkpoint.path if self._old_checkpoint else ""),
+                path=str(path),
+                claims=len(claims),
+                complete=complete,
+            )
+            return claims, complete, True
+        message = (
+            f"DRA checkpoint {path} is missing while {len(specs)} CDI spec(s) and "
+            f"{len(dirs)} MPS daemon director(ies) of this driver are on the node. "
+            f"Rebuilt {len(claims)} prepared claim(s) {why}"
+        )
+        log.error("dra-checkpoint-missing", message=message)
+        await self._post("CheckpointMissing", message)
+        return claims, complete, True
+
+    async def _old_record(self) -> dict[str, PreparedClaim] | None:
+        """The record an earlier build kept under the old name, when it is one of ours
+        written since this boot; None otherwise, and the file is left as it is (with
+        NVIDIA's driver name it is NVIDIA's own checkpoint)."""
+        if self._old_checkpoint is None:
+            return None
+        where = str(self._old_checkpoint.path)
+        try:
+            raw = await asyncio.to_thread(self._old_checkpoint.read)
+        except CheckpointUnreadable as exc:
+            log.info("dra-old-checkpoint-ignored", path=where, reason=str(exc))
+            return None
+        if raw is None:
+            return None
+        decoded = decode(raw, self._boot_id)
+        if decoded.status != "ok":
+            log.info("dra-old-checkpoint-ignored", path=where, reason=decoded.reason)
+            return None
+        return dict(decoded.checkpoint.claims)
+
+    async def _complete_record(
+        self, known: Mapping[str, PreparedClaim]
+    ) -> tuple[dict[str, PreparedClaim], bool]:
+        """A record an earlier start rebuilt without the API: its claims stand, and those
+        of the CDI specs it lacks are read from the API again."""
+        claims, complete, why = await self._rebuild(known)
+        log.warning(
+            "dra-checkpoint-incomplete",
+            message=(
+                f"DRA checkpoint {self._checkpoint.path} was rebuilt while the API could not "
+                f"be read; now {len(claims)} prepared claim(s) {why}"
+            ),
+            complete=complete,
+        )
+        return claims, complete
 
     async def _recover(self, reason: str) -> tuple[dict[str, PreparedClaim], bool]:
         """Keep the unreadable record aside (never deleted), say so in the log and in a
@@ -246,7 +345,7 @@ class DraDriver:
             where = f"kept as {kept}" if kept is not None else "gone before it could be kept"
         except OSError as exc:
             where = f"could not be moved aside ({exc}); records cannot be written until it is"
-        claims, complete, why = await self._rebuild()
+        claims, complete, why = await self._rebuild({})
         message = (
             f"DRA checkpoint {path} could not be used ({reason}); {where}. "
             f"Rebuilt {len(claims)} prepared claim(s) {why}"
@@ -255,20 +354,34 @@ class DraDriver:
         await self._post("CheckpointCorrupt", message)
         return claims, complete
 
-    async def _rebuild(self) -> tuple[dict[str, PreparedClaim], bool, str]:
+    async def _rebuild(
+        self, known: Mapping[str, PreparedClaim]
+    ) -> tuple[dict[str, PreparedClaim], bool, str]:
+        """`known` and the claims of the CDI specs it lacks, read from the API (only those:
+        `list_claims` keeps nothing else); whether every prepared claim is now known, and
+        how the rebuild went, for the message. Every completed Prepare left a CDI spec,
+        so when `known` covers them all no API read is needed."""
+        rebuilt = dict(known)
         written = await asyncio.to_thread(self._cdi.claims)
-        if not written:
+        if not written and not known:
             return {}, True, "(no CDI spec of this driver on the node)"
+        missing = written - known.keys()
+        if not missing:
+            return rebuilt, True, f"from the record kept and {len(written)} CDI spec(s)"
         try:
             listed = await asyncio.wait_for(
-                self._objects.list_claims(), self.settings.api_timeout_s
+                self._objects.list_claims(missing), self.settings.rebuild_timeout_s
             )
         except Exception as exc:
             log.error("dra-rebuild-no-api", error=_described(exc))
-            return {}, False, f"(the API could not be read: {_described(exc)}; nothing removed)"
-        rebuilt: dict[str, PreparedClaim] = {}
+            return (
+                rebuilt,
+                False,
+                f"(the API could not be read: {_described(exc)}; nothing removed, the next "
+                "start rebuilds again)",
+            )
         for claim in listed:
-            record = self._record_of(claim, written)
+            record = self._record_of(claim, missing)
             if record is not None:
                 rebuilt[record.uid] = record
         gone = len(written - rebuilt.keys())
@@ -305,16 +418,17 @@ class DraDriver:
         """Daemons are left running across agent restarts; one whose claim the record no
         longer holds (a corrupt record, a Prepare cut short) would serve nobody forever."""
         assert self._mps is not None
-        root = Path(self.settings.mps_root)
-        try:
-            keys = await asyncio.to_thread(
-                lambda: sorted(p.name for p in root.iterdir() if (p / "pipe").is_dir())
-            )
-        except FileNotFoundError:
-            return
-        for key in keys:
+        for key in await asyncio.to_thread(self._daemon_dirs):
             if key not in self._daemons:
                 await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
+
+    def _daemon_dirs(self) -> list[str]:
+        """The claim MPS daemon directories (`<mps root>/<key>/pipe`) on the node."""
+        root = Path(self.settings.mps_root)
+        try:
+            return sorted(p.name for p in root.iterdir() if (p / "pipe").is_dir())
+        except FileNotFoundError:
+            return []
 
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:
         if not applied.mps_key:
@@ -707,7 +821,8 @@ class DraDriver:
         except BadName as exc:
             log.warning("dra-mps-dir-kept", error=str(exc))
             return
-        if (base / "pipe" / PID_FILE).exists():
+        pid_file = base / "pipe" / PID_FILE
+        if _daemon_may_run(pid_file):
             log.warning("dra-mps-dir-kept", dir=str(base), reason="its daemon may still run")
             return
         shutil.rmtree(base, ignore_errors=True)
@@ -723,7 +838,7 @@ class DraDriver:
 
     async def _write_in_turn(self) -> None:
         async with self._record_lock:
-            data = encode(Checkpoint(self._boot_id, dict(self._claims)))
+            data = encode(Checkpoint(self._boot_id, dict(self._claims), self._complete))
             await asyncio.to_thread(self._checkpoint.write, data)
 
     async def _write_quietly(self) -> None:
@@ -739,6 +854,30 @@ class DraDriver:
             await self._warn(reason, message)
         except Exception as exc:  # an unreachable API must not stop the driver
             log.warning("dra-event-failed", reason=reason, error=str(exc))
+
+
+def _daemon_may_run(pid_file: Path) -> bool:
+    """Whether the daemon a pid file names may still run. Not when there is none, nor when
+    it was written before this boot (nothing survives a reboot, and the pid may since be
+    another process's), nor when no process has that pid. What cannot be told (a file that
+    cannot be read, or holds no pid) counts as running: its directory is kept. Asked only
+    once the daemon was told to quit, so a clock stepped after the file was written costs
+    at most the directory of a daemon that was stopping anyway."""
+    try:
+        written = pid_file.lstat().st_mtime
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    if written < boot_time():
+        return False
+    try:
+        pid = int(read_bytes(pid_file, 64, follow_symlinks=False).decode("ascii").strip())
+    except UnreadableFile as exc:
+        return not exc.missing
+    except ValueError:  # UnicodeDecodeError is one
+        return True
+    return pid > 0 and process_alive(pid)
 
 
 def _described(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ import itertools
 import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,8 +61,8 @@ class DraStore:
     async def get_claim(self, namespace: str, name: str) -> Json:
         return self.claim(namespace, name)
 
-    async def list_claims(self) -> list[Json]:
-        return self.claims()
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
+        return [c for c in self.claims() if uids is None or c["metadata"]["uid"] in uids]
 
     async def node_uid(self) -> str:
         return self._node_uid

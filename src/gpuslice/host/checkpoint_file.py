@@ -30,6 +30,12 @@ CHECKPOINT_NAME = "gpuslice-checkpoint.json"
 NVIDIA's driver used, and a node moving from it to gpuslice must not have its file read as
 a corrupt one of ours (or ours read by it, after a move back)."""
 
+OLD_CHECKPOINT_NAME = "checkpoint.json"
+"""Where builds before the rename kept the record. Read only while the current name holds
+nothing, and used only when it decodes as our format (`core.dra.prepared`): NVIDIA's file
+of the same name is never read as ours, moved or changed. Never written, never deleted: a
+rollback to such a build finds its own record where it left it."""
+
 
 def boot_id(path: Path = BOOT_ID) -> str:
     """The kernel's boot ID; empty when unreadable (then no reboot is ever detected)."""
@@ -37,6 +43,12 @@ def boot_id(path: Path = BOOT_ID) -> str:
         return path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def boot_time() -> float:
+    """When the node booted, in wall-clock seconds: a file older than this was written
+    before the reboot, so a pid in it names no process of ours (pids are reused)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024

@@ -12,7 +12,7 @@ The slices are listed from the watch cache and watched with bookmarks (`k8s.stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -46,19 +46,38 @@ async def _translated(what: str) -> AsyncIterator[None]:
         raise
 
 
+CLAIM_PAGE = 500
+"""ResourceClaims per page of the rebuild's cluster-wide LIST (a claim is a few KiB)."""
+
+
 class DraApi:
-    def __init__(self, client: AsyncClient, node_name: str, driver: str) -> None:
+    def __init__(
+        self, client: AsyncClient, node_name: str, driver: str, *, claim_page: int = CLAIM_PAGE
+    ) -> None:
+        if claim_page < 1:
+            raise ValueError(f"DraApi claim_page {claim_page!r} must be at least 1")
         self._client = client
         self.node_name = node_name
         self.driver = driver
+        self.claim_page = claim_page
 
     async def get_claim(self, namespace: str, name: str) -> Json:
         async with _translated(f"ResourceClaim {namespace}/{name}"):
             return _plain(await self._client.get(ResourceClaim, name, namespace=namespace))
 
-    async def list_claims(self) -> list[Json]:
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
+        """Paged (`limit`/`continue`): one page of claims is decoded at a time and only the
+        wanted ones are kept, so the agent's memory does not grow with the cluster."""
+        wanted = None if uids is None else frozenset(uids)
+        kept: list[Json] = []
         async with _translated("ResourceClaims"):
-            return [_plain(c) async for c in self._client.list(ResourceClaim, namespace="*")]
+            async for claim in self._client.list(
+                ResourceClaim, namespace="*", chunk_size=self.claim_page
+            ):
+                meta = claim.metadata
+                if wanted is None or (meta is not None and meta.uid in wanted):
+                    kept.append(_plain(claim))
+        return kept
 
     async def node_uid(self) -> str:
         async with _translated(f"Node {self.node_name}"):

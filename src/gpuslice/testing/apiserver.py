@@ -15,10 +15,11 @@ Served:
 * `POST/GET /api/v1/namespaces/<ns>/events`, `PATCH .../events/<name>`;
 * `resource.k8s.io/v1` (DRA): `resourceslices` and `deviceclasses` (cluster-scoped) and
   `namespaces/<ns>/resourceclaims` (plus the all-namespaces list): list (slices filtered by
-  `spec.nodeName`, `spec.driver`, `metadata.name`), get, create (`generateName` honoured;
-  409 for a taken name), replace (`PUT`; 409 when the sent `metadata.resourceVersion` is
-  stale; a claim's `status` changes only through `PUT .../resourceclaims/<name>/status`)
-  and delete (404 when absent). Slices can be watched (same field selectors; a BOOKMARK
+  `spec.nodeName`, `spec.driver`, `metadata.name`; every list paged by `limit` and
+  `continue`), get, create (`generateName` honoured; 409 for a taken name), replace
+  (`PUT`; 409 when the sent `metadata.resourceVersion` is stale; a claim's `status`
+  changes only through `PUT .../resourceclaims/<name>/status`) and delete (404 when
+  absent). Slices can be watched (same field selectors; a BOOKMARK
   before a watch's `timeoutSeconds` ends it, when `allowWatchBookmarks=true`); other DRA
   watches are not served (400).
 
@@ -31,6 +32,7 @@ alike and never adds tasks to the test's event loop.
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -495,6 +497,22 @@ def _field(obj: Json, path: str) -> str:
     return "" if value is None else str(value)
 
 
+def _continue_token(key: tuple[str, str]) -> str:
+    """Where the next page starts: after this (namespace, name). The real server's token
+    also pins the first page's resourceVersion; here a page reads the state of its time."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
+
+
+def _continue_key(token: str) -> tuple[str, str] | None:
+    if not token:
+        return None
+    try:
+        namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"continue key {token[:40]!r} is not valid") from exc
+    return str(namespace), str(name)
+
+
 def _random_suffix() -> str:
     """Five characters, as the API server appends to a `generateName`."""
     alphabet = "bcdfghjklmnpqrstvwxz2456789"
@@ -718,17 +736,27 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(400, _status(400, "BadRequest", "labelSelector/watch not served"))
                 return
             wanted = self._resource_selector(plural, query)
+            limit = int(query.get("limit") or 0)
+            after = _continue_key(query.get("continue", ""))
             with api._cond:
-                items = [
-                    copy.deepcopy(o)
-                    for (p, ns, _n), o in sorted(api._resources.items())
-                    if p == plural and (not namespace or ns == namespace) and wanted(o)
+                keys = [
+                    (ns, n)
+                    for (p, ns, n), o in sorted(api._resources.items())
+                    if p == plural
+                    and (not namespace or ns == namespace)
+                    and (after is None or (ns, n) > after)
+                    and wanted(o)
                 ]
+                page = keys[:limit] if limit > 0 else keys
+                metadata: Json = {"resourceVersion": str(api._last_rv)}
+                if len(page) < len(keys):
+                    metadata["continue"] = _continue_token(page[-1])
+                    metadata["remainingItemCount"] = len(keys) - len(page)
                 listing = {
                     "apiVersion": "resource.k8s.io/v1",
                     "kind": f"{_RESOURCE_KINDS[plural]}List",
-                    "metadata": {"resourceVersion": str(api._last_rv)},
-                    "items": items,
+                    "metadata": metadata,
+                    "items": [copy.deepcopy(api._resources[(plural, *k)]) for k in page],
                 }
             self._send(200, listing)
             return

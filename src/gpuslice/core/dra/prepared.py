@@ -15,7 +15,11 @@ took claims recorded before a reboot as still prepared (#951). Here:
   holding `/` or `..`; `core.dra.names`) all make the document corrupt, checksum or not
   (only root writes the file, so a bad name there is defence in depth);
 * the node's boot ID is stored; a different one means a reboot: nothing prepared survives
-  one (MPS daemons, time-slice settings), so the record is `stale` and dropped.
+  one (MPS daemons, time-slice settings), so the record is `stale` and dropped;
+* a record rebuilt while the API could not be read says so (`incomplete`): it may lack
+  claims that are still prepared, so the next start rebuilds it again and, until a rebuild
+  succeeds, nothing on the node is removed for not being in it. The field is written only
+  then, so a complete record reads the same in every version.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class PreparedClaim:
 class Checkpoint:
     boot_id: str = ""
     claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
+    complete: bool = True
+    """False: rebuilt without the API, claims still prepared may be missing from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +109,12 @@ class Decoded:
 
 
 def encode(cp: Checkpoint) -> bytes:
-    data = {
+    data: dict[str, Any] = {
         "bootID": cp.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(cp.claims.items())},
     }
+    if not cp.complete:
+        data["incomplete"] = True
     return sealed(data)
 
 
@@ -131,6 +139,7 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
             return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
         claims = {str(uid): _claim(uid, c) for uid, c in (data.get("claims") or {}).items()}
         stored_boot = str(data.get("bootID", ""))
+        complete = data.get("incomplete") is not True
     except RecursionError:
         return Decoded("corrupt", Checkpoint(boot_id), "nested too deeply to be a checkpoint")
     except BadName as exc:
@@ -146,7 +155,7 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
         return Decoded("corrupt", Checkpoint(boot_id), f"{type(exc).__name__}: {exc}")
     if boot_id and stored_boot and stored_boot != boot_id:
         return Decoded("stale", Checkpoint(boot_id), f"written before a reboot ({stored_boot})")
-    return Decoded("ok", Checkpoint(boot_id, claims))
+    return Decoded("ok", Checkpoint(boot_id, claims, complete))
 
 
 def _no_float(text: str) -> Any:
