@@ -93,10 +93,13 @@ async def test_a_hostile_pid_file_after_start_leaves_the_daemon_unpinned(
     assert control.daemon_pid() is None
 
 
-async def test_a_removed_control_socket_does_not_restart_a_live_daemon(sock_dir: Path) -> None:
-    """A pod removes `pipe/control` and links the pid file to /dev/zero: the daemon, still
-    serving its clients, keeps running (same pid, no second start); its replicas are not
-    ready meanwhile, and the manager says why."""
+@pytest.mark.parametrize("how", ["removed", "replaced-by-a-file"])
+async def test_a_removed_control_socket_does_not_restart_a_live_daemon(
+    sock_dir: Path, how: str
+) -> None:
+    """A pod removes `pipe/control` (or puts a file in its place) and links the pid file to
+    /dev/zero: the daemon, still serving its clients, keeps running (same pid, no second
+    start); its replicas are not ready meanwhile, and the manager says why."""
     spec = spec_for(sock_dir)
     manager = manager_for([spec], keep_running=True)
     pipe = Path(spec.pipe_dir)
@@ -106,6 +109,8 @@ async def test_a_removed_control_socket_does_not_restart_a_live_daemon(sock_dir:
         pid = probe(spec).daemon_pid()
         assert pid is not None
         (pipe / SOCKET_NAME).unlink()
+        if how == "replaced-by-a-file":
+            (pipe / SOCKET_NAME).write_text("not a socket\n")
         (pipe / PID_FILE).unlink()
         (pipe / PID_FILE).symlink_to("/dev/zero")
         await wait_until(manager, lambda: not manager.ready(spec.resource), 10)

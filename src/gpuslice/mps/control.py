@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -173,7 +174,10 @@ class ControlProgram:
         daemon = self._daemon
         if daemon is None or daemon.exited():
             return False
-        return not (self.pipe_dir / SOCKET_NAME).exists()
+        try:  # removed, or replaced by something else (a file, a symlink)
+            return not stat.S_ISSOCK(os.lstat(self.pipe_dir / SOCKET_NAME).st_mode)
+        except OSError:
+            return True
 
     async def send(self, command: str, *, timeout_s: float | None = None) -> str:
         done = await run_program(
