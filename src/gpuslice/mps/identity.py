@@ -7,6 +7,11 @@ started after the agent ran `-d` and runs the same executable as the control pro
 pidfd opened then (and the identity checked again through it) pins that process: a later
 signal goes through the pidfd, so neither a rewritten pid file nor a reused pid can
 redirect it.
+
+A daemon an earlier agent started (taken over after a restart) is pinned the same way when
+the pid names a process that runs the control program's executable and was started for
+this pipe directory, but only to know whether it still runs: it is never signalled. The pid
+file itself is only ever read bounded (`read_bounded`).
 """
 
 from __future__ import annotations
