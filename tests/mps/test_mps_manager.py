@@ -326,3 +326,20 @@ async def test_keep_running_leaves_daemons_to_the_next_agent_which_takes_them_ov
             await asyncio.sleep(0.05)
         assert not process_alive(pid)
     assert "Command: quit" in read(Path(spec.log_dir) / "control.log")
+
+
+async def test_keep_running_leaves_daemons_when_the_run_is_cancelled(sock_dir: Path) -> None:
+    """An agent whose loops end in an error (its task group cancels the manager) leaves the
+    daemon to the next agent, as a stopped one does: its clients are in pods that go on."""
+    spec = spec_for(sock_dir)
+    manager = manager_for([spec], keep_running=True)
+    task = asyncio.create_task(manager.run(asyncio.Event()))
+    await wait_until(manager, lambda: manager.ready(spec.resource), 10)
+    pid = daemon_pid(spec)
+    assert pid is not None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert process_alive(pid)
+    assert "Command: quit" not in read(Path(spec.log_dir) / "control.log")
+    await probe(spec).send("quit")  # the test's cleanup: no agent follows

@@ -83,6 +83,11 @@ def wire_mps(
     NVIDIA's plugin advertises MPS replicas even when no daemon answers, and pods then fail
     with "remote procedural call between the MPS server and the MPS client failed"; here the
     kubelet sees them Unhealthy (not allocatable) until the daemon answers.
+
+    The daemons outlive the agent (as in DRA mode): quitting one cuts every client of every
+    pod using it, so a stopping agent leaves them and the next one takes over those started
+    with the settings its plan wants. Only a plan without them (a config reload) or with
+    other settings stops them.
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
@@ -104,6 +109,7 @@ def wire_mps(
         compute_mode=NvidiaSmiComputeMode() if set_compute_mode else None,
         timings=timings,
         on_readiness=withdraw_down_daemons,
+        keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
     )
 
     async def on_plan(plan: Plan, _inventory: Inventory) -> None:

@@ -133,8 +133,9 @@ def _serve(pipe: Path, log: Path) -> int:
             except TimeoutError:
                 # Its pipe directory is gone (a test's or the demo's temp dir removed, with
                 # the daemon left running for a next agent that never came): nobody can
-                # reach it any more, so it ends instead of lingering.
-                if not sock_path.exists():
+                # reach it any more, so it ends instead of lingering. A removed socket alone
+                # does not end it, as it does not end the real daemon: its clients go on.
+                if not pipe.is_dir():
                     break
                 continue
             with conn:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -19,10 +20,18 @@ from structlog.stdlib import BoundLogger
 
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.logs import get_logger
-from gpuslice.mps.identity import DaemonHandle, IdentityError, boot_ticks, executable_key
+from gpuslice.mps.identity import (
+    DaemonHandle,
+    IdentityError,
+    boot_ticks,
+    executable_key,
+    read_pid_file,
+)
 from gpuslice.mps.process import MpsError, run_program
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
+SOCKET_NAME = "control"
+"""The daemon's control socket in the pipe directory, where clients (and `send`) reach it."""
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
 
 
@@ -39,6 +48,16 @@ class MpsControl(Protocol):
 
     async def terminate(self) -> None:
         """Ask the daemon to quit; kill it if it does not (a hung daemon must not linger)."""
+        ...
+
+    def watch_running(self) -> None:
+        """Pin a daemon an earlier agent left answering, to know later whether it still runs
+        (never to signal it); a daemon that cannot be identified is left unpinned."""
+        ...
+
+    def lost_socket(self) -> bool:
+        """True when the pinned daemon still runs but its control socket is gone: a pod
+        removed it. Restarting would cut every client; not restarting cuts none."""
         ...
 
 
@@ -123,7 +142,7 @@ class ControlProgram:
             self._daemon.close()
             self._daemon = None
         try:
-            text = (self.pipe_dir / PID_FILE).read_text()[:64]
+            text = read_pid_file(self.pipe_dir / PID_FILE)
             self._daemon = DaemonHandle.adopt(
                 text, not_before=not_before, executable=executable_key(self._command[0])
             )
@@ -134,6 +153,31 @@ class ControlProgram:
                 action="quit_only_never_signal",
                 reason=str(exc),
             )
+
+    def watch_running(self) -> None:
+        if self._daemon is not None or not os.path.lexists(self.pipe_dir / PID_FILE):
+            return
+        try:
+            text = read_pid_file(self.pipe_dir / PID_FILE)
+            self._daemon = DaemonHandle.running(
+                text, executable=executable_key(self._command[0]), pipe_dir=self.pipe_dir
+            )
+        except (OSError, IdentityError) as exc:
+            self._log.warning(
+                "mps_daemon_unidentified",
+                pipe_dir=str(self.pipe_dir),
+                action="taken_over_unpinned",
+                reason=str(exc),
+            )
+
+    def lost_socket(self) -> bool:
+        daemon = self._daemon
+        if daemon is None or daemon.exited():
+            return False
+        try:  # removed, or replaced by something else (a file, a symlink)
+            return not stat.S_ISSOCK(os.lstat(self.pipe_dir / SOCKET_NAME).st_mode)
+        except OSError:
+            return True
 
     async def send(self, command: str, *, timeout_s: float | None = None) -> str:
         done = await run_program(
@@ -154,7 +198,8 @@ class ControlProgram:
 
         The signal goes through the pidfd taken when the daemon started, never to the pid
         in the pid file (a pod can write that file). A daemon this object did not start (one
-        left by an earlier agent) is only asked to quit: its identity cannot be established.
+        left by an earlier agent) is only asked to quit, and waited for when it was pinned by
+        `watch_running`: its identity cannot be established as firmly as a fresh start's.
         """
         daemon = self._daemon
         loop = asyncio.get_running_loop()
@@ -162,6 +207,12 @@ class ControlProgram:
         with contextlib.suppress(MpsError):  # dead or hung: the pidfd decides below
             await self.send("quit", timeout_s=self._quit_grace_s)
         if daemon is None:
+            return
+        if not daemon.owned:
+            await daemon.wait_exit(max(0.0, deadline - loop.time()))
+            if daemon.exited():
+                daemon.close()
+                self._daemon = None
             return
         if not await daemon.wait_exit(max(0.0, deadline - loop.time())):
             self._log.warning(
@@ -184,8 +235,8 @@ class ControlProgram:
         can write this number, so nothing here signals it.
         """
         try:
-            pid = int((self.pipe_dir / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
+            pid = int(read_pid_file(self.pipe_dir / PID_FILE).strip())
+        except (IdentityError, ValueError):
             return None
         return pid if process_alive(pid) else None
 

@@ -7,21 +7,32 @@ started after the agent ran `-d` and runs the same executable as the control pro
 pidfd opened then (and the identity checked again through it) pins that process: a later
 signal goes through the pidfd, so neither a rewritten pid file nor a reused pid can
 redirect it.
+
+A daemon an earlier agent started (taken over after a restart) is pinned the same way when
+the pid names a process that runs the control program's executable and was started for
+this pipe directory, but only to know whether it still runs: it is never signalled. The pid
+file itself is only ever read bounded (`read_bounded`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import select
 import shutil
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+PID_FILE_LIMIT = 64
+"""The most of a pid file ever read: a pid is at most 10 digits, and a pod may have replaced
+the file with anything (a link to /dev/zero, a FIFO, gigabytes)."""
 
 
 class IdentityError(Exception):
@@ -40,6 +51,48 @@ def start_ticks(pid: int) -> int:
     return int(stat.rsplit(")", 1)[-1].split()[19])
 
 
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of a small file under the rules `host.textfile` applies to config files
+    (that module belongs to another adapter, so the few lines are here): never through a
+    symlink, opened non-blocking, only a regular file, at most `limit` bytes read. A pod
+    that can write the pipe directory must not make the agent block or read without end;
+    each refusal is an `IdentityError` naming the path."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IdentityError(f"{path}: it is a symlink, not a regular file") from None
+        raise IdentityError(f"{path}: cannot read it: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IdentityError(f"{path}: it is not a regular file (mode {st.st_mode:#o})")
+        data = os.read(fd, limit + 1)
+    except OSError as exc:
+        raise IdentityError(f"{path}: cannot read it: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise IdentityError(f"{path}: it is more than {limit} bytes; at most {limit} are read")
+    return data
+
+
+def read_pid_file(path: Path) -> str:
+    """The daemon's pid file as text, read by `read_bounded` with `PID_FILE_LIMIT`."""
+    return read_bounded(path, PID_FILE_LIMIT).decode("ascii", errors="replace")
+
+
+def _pinned(pid: int) -> tuple[int, int]:
+    """(start time, pidfd) of `pid`; check the start time again after any inspection."""
+    try:
+        started = start_ticks(pid)
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError, IndexError) as exc:
+        raise IdentityError(f"pid {pid} from the pid file cannot be inspected: {exc}") from None
+    return started, pidfd
+
+
 def _file_key(path: str | Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino
@@ -53,13 +106,39 @@ def executable_key(program: str) -> tuple[int, int]:
     return _file_key(found)
 
 
+_ENVIRON_LIMIT = 1 << 20
+"""The most of a daemon's `/proc/<pid>/environ` read when taking it over."""
+
+
+def _pid_of(pid_text: str) -> int:
+    text = pid_text.strip()
+    if not text.isdigit() or len(text) > 10:
+        raise IdentityError("pid file does not hold a pid")
+    pid = int(text)
+    if pid <= 1 or pid == os.getpid():
+        raise IdentityError(f"pid file names pid {pid}, which is not a daemon")
+    return pid
+
+
+def _environ_has(pid: int, entry: str) -> bool:
+    """Whether the process was started with `entry` (`NAME=value`) in its environment."""
+    wanted = entry.encode()
+    with open(f"/proc/{pid}/environ", "rb") as f:  # a kernel file: it ends
+        return wanted in f.read(_ENVIRON_LIMIT).split(b"\0")
+
+
 @dataclass(slots=True)
 class DaemonHandle:
-    """The control daemon as seen when it started: pid, start time, and a pidfd to it."""
+    """The control daemon as seen when it started: pid, start time, and a pidfd to it.
+
+    `owned` is false for a daemon an earlier agent started (taken over): the pidfd then
+    only tells whether it still runs, and `kill` does nothing, since how it came to be
+    cannot be checked the way a fresh start's can."""
 
     pid: int
     started: int
     pidfd: int
+    owned: bool = True
 
     @classmethod
     def adopt(cls, pid_text: str, *, not_before: int, executable: tuple[int, int]) -> DaemonHandle:
@@ -68,17 +147,8 @@ class DaemonHandle:
         `not_before` is `boot_ticks()` from before `-d` ran (one tick of slack for the
         rounding of both clocks); `executable` is the control program's file key.
         """
-        text = pid_text.strip()
-        if not text.isdigit() or len(text) > 10:
-            raise IdentityError("pid file does not hold a pid")
-        pid = int(text)
-        if pid <= 1 or pid == os.getpid():
-            raise IdentityError(f"pid file names pid {pid}, which is not a daemon")
-        try:
-            started = start_ticks(pid)
-            pidfd = os.pidfd_open(pid)
-        except (OSError, ValueError, IndexError) as exc:
-            raise IdentityError(f"pid {pid} from the pid file cannot be inspected: {exc}") from None
+        pid = _pid_of(pid_text)
+        started, pidfd = _pinned(pid)
         try:
             # Checked after the pidfd pins the process: a pid reused in between fails here.
             if start_ticks(pid) != started:
@@ -99,6 +169,32 @@ class DaemonHandle:
             raise
         return cls(pid, started, pidfd)
 
+    @classmethod
+    def running(cls, pid_text: str, *, executable: tuple[int, int], pipe_dir: Path) -> DaemonHandle:
+        """A daemon left by an earlier agent that answers in `pipe_dir`, watched (not owned).
+
+        Accepted only for a process running the control program's executable that was
+        started with `CUDA_MPS_PIPE_DIRECTORY=<pipe_dir>`: a pid a pod planted names some
+        other process, which fails one of the two."""
+        pid = _pid_of(pid_text)
+        started, pidfd = _pinned(pid)
+        try:
+            try:
+                exe = _file_key(f"/proc/{pid}/exe")
+                serves = _environ_has(pid, f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}")
+            except OSError as exc:
+                raise IdentityError(f"pid {pid} cannot be inspected: {exc}") from None
+            if start_ticks(pid) != started:
+                raise IdentityError(f"pid {pid} was reused while it was inspected")
+            if exe != executable:
+                raise IdentityError(f"pid {pid} does not run the control program's executable")
+            if not serves:
+                raise IdentityError(f"pid {pid} was not started for the pipe directory {pipe_dir}")
+        except BaseException:
+            os.close(pidfd)
+            raise
+        return cls(pid, started, pidfd, owned=False)
+
     def exited(self) -> bool:
         """True once the process ended (a pidfd turns readable at exit, zombie or reaped)."""
         if self.pidfd < 0:
@@ -107,8 +203,9 @@ class DaemonHandle:
         return bool(ready)
 
     def kill(self) -> None:
-        """SIGKILL through the pidfd: reaches this process or nothing."""
-        if self.pidfd >= 0:
+        """SIGKILL through the pidfd: reaches this process or nothing (nothing for a daemon
+        taken over: see `owned`)."""
+        if self.pidfd >= 0 and self.owned:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 

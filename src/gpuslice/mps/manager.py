@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
@@ -19,11 +20,14 @@ from pathlib import Path
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.mps.compute_mode import ComputeModeSetter
-from gpuslice.mps.control import MpsControl, MpsControlFactory
+from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
+from gpuslice.mps.identity import IdentityError, read_bounded
 from gpuslice.mps.process import MpsError
 from gpuslice.mps.readiness import Readiness, ReadinessListener
 
 HEALTH_COMMAND = "get_default_active_thread_percentage"
+RECORD_LIMIT = 64 * 1024
+"""The most of a started marker (the settings a daemon was started with) ever read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +64,12 @@ class MpsDaemonManager:
         on_readiness: ReadinessListener | None = None,
         keep_running: bool = False,
     ) -> None:
-        """`keep_running` (DRA mode): the daemons serve prepared claims whose pods keep
-        running while the agent restarts (an upgrade), so when the manager stops they are
-        left running, and at start a daemon that already answers in a spec's pipe directory
-        is taken over instead of restarted (the driver's record says which claims, with
-        which limits, it serves). A daemon whose spec is removed is still stopped."""
+        """`keep_running` (the agent's managers, both modes): the daemons serve pods that
+        keep running while the agent restarts (a rollout, a crash, a force-deleted pod), so
+        when the manager stops or is cancelled they are left running, and at start a daemon
+        that already answers in a spec's pipe directory is taken over instead of restarted
+        when it was started with the spec's settings (its started marker records them). A
+        daemon whose spec is removed or changed is still stopped."""
         self._keep_running = keep_running
         self._leaving = False
         self._specs = _unique(specs)
@@ -204,19 +209,62 @@ class MpsDaemonManager:
     async def _supervise(self, daemon: _Daemon) -> None:
         try:
             await self._set_exclusive(daemon)
+            running = False
             while not daemon.stop.is_set():
-                if not await self._start(daemon):
+                if not running and await self._found_without_socket(daemon):
+                    continue  # it answers again (taken over next) or ended (started next)
+                if not running and not await self._start(daemon):
                     await _pause(daemon.stop, self._timings.retry_interval_s)
                     continue
                 problem = await self._watch(daemon)
                 if problem is None:
                     break
                 self._mark(daemon.spec, False)
-                self._log.warning(
-                    "MPS daemon for %s is down (%s); restarting it", daemon.spec.resource, problem
-                )
+                running = await self._ride_out_lost_socket(daemon, problem)
+                if not running and not daemon.stop.is_set():
+                    self._log.warning(
+                        "MPS daemon for %s is down (%s); restarting it",
+                        daemon.spec.resource,
+                        problem,
+                    )
         finally:
             await self._shutdown(daemon)
+
+    async def _found_without_socket(self, daemon: _Daemon) -> bool:
+        """At start (`keep_running`): a daemon left by the previous agent whose socket a pod
+        removed still serves its clients; it is waited out like one this agent started."""
+        if not self._keep_running:
+            return False
+        daemon.control.watch_running()
+        if not daemon.control.lost_socket():
+            return False
+        await self._ride_out_lost_socket(daemon, "found so by this agent at its start")
+        return True
+
+    async def _ride_out_lost_socket(self, daemon: _Daemon, problem: str) -> bool:
+        """A daemon that no longer answers because its control socket was removed (the pipe
+        directory is writable from every client container) but whose process still runs is
+        not restarted: a restart cuts every client of every pod sharing it, while leaving it
+        cuts none (new clients cannot connect, so its replicas stay Unhealthy). Waits until
+        it answers again (True: watch it as before), ends (False: restart it) or is stopped
+        (True: nothing to restart)."""
+        control = daemon.control
+        if not control.lost_socket():
+            return False
+        spec = daemon.spec
+        self._report(
+            f"MPS daemon for {spec.resource} lost its control socket "
+            f"{Path(spec.pipe_dir) / SOCKET_NAME} ({problem}) but still runs: not restarted, "
+            "so the clients it serves keep running; its replicas stay Unhealthy until it "
+            "answers again or ends (then it is restarted)"
+        )
+        while control.lost_socket():
+            if await _pause(daemon.stop, self._timings.health_interval_s):
+                return True
+        if await self._check(control) is None:
+            self._mark(spec, True)
+            return True
+        return False
 
     async def _set_exclusive(self, daemon: _Daemon) -> None:
         if self._compute_mode is None:
@@ -236,7 +284,15 @@ class MpsDaemonManager:
         """Start the daemon and apply its limits; False (reported) when any step failed."""
         spec = daemon.spec
         if self._keep_running and await self._check(daemon.control) is None:
-            return await self._take_over(daemon)
+            recorded = _recorded(spec)
+            if recorded is None or recorded == _settings(spec):
+                return await self._take_over(daemon, known=recorded is not None)
+            self._log.info(
+                "MPS daemon for %s runs with other settings (%s, wanted %s); replacing it",
+                spec.resource,
+                recorded,
+                _settings(spec),
+            )
         try:
             _make_dirs(spec)
             # A daemon left by an earlier run would keep stale limits and block `-d`.
@@ -245,7 +301,7 @@ class MpsDaemonManager:
             await self._wait_answering(daemon)
             for command in spec.commands:
                 await daemon.control.send(command)
-            _touch(spec.started_marker)
+            _record(spec)
         except (MpsError, OSError) as exc:
             if not daemon.stop.is_set():  # given up on purpose: nothing to report
                 self._report(
@@ -263,19 +319,26 @@ class MpsDaemonManager:
         self._mark(spec, True)
         return True
 
-    async def _take_over(self, daemon: _Daemon) -> bool:
-        """A daemon left running by the previous agent answers: its clients keep it. The
-        defaults are sent again (they only shape clients that connect from now on)."""
+    async def _take_over(self, daemon: _Daemon, *, known: bool) -> bool:
+        """A daemon left running by the previous agent answers with the settings the plan
+        wants (`known`), or with settings no record says (one an older agent started): its
+        clients keep it. The defaults are sent again (they only shape clients that connect
+        from now on), and its process is pinned to tell a lost socket from a dead daemon."""
         spec = daemon.spec
         try:
             for command in spec.commands:
                 await daemon.control.send(command)
-            _touch(spec.started_marker)
+            _record(spec)
         except (MpsError, OSError) as exc:
             self._report(f"MPS daemon for {spec.resource} answered but not to its limits: {exc}")
             await _quietly(daemon.control.terminate())
             return False
-        self._log.info("MPS daemon for %s taken over from the previous agent", spec.resource)
+        daemon.control.watch_running()
+        self._log.info(
+            "MPS daemon for %s taken over from the previous agent (settings %s)",
+            spec.resource,
+            "as recorded" if known else "not recorded, sent again",
+        )
         self._mark(spec, True)
         return True
 
@@ -315,8 +378,9 @@ class MpsDaemonManager:
 
     async def _shutdown(self, daemon: _Daemon) -> None:
         spec = daemon.spec
-        if self._leaving and self._keep_running:
-            # the agent stops, the claims' pods do not: the next agent takes the daemon over
+        if self._keep_running and (self._leaving or not daemon.stop.is_set()):
+            # the agent stops (or its loops were cancelled), the pods do not: the next agent
+            # takes the daemon over
             self._readiness.forget(spec.resource)
             self._log.info("MPS daemon for %s left running for the next agent", spec.resource)
             return
@@ -382,8 +446,34 @@ def _make_dirs(spec: MpsDaemonSpec) -> None:
     Path(spec.shm_dir).mkdir(parents=True, exist_ok=True)
 
 
-def _touch(path: str) -> None:
-    Path(path).touch()
+def _settings(spec: MpsDaemonSpec) -> dict[str, object]:
+    """What a running daemon keeps from its start: the GPUs and the limits it was told."""
+    return {
+        "gpu_uuids": list(spec.gpu_uuids),
+        "gpu_indices": list(spec.gpu_indices),
+        "active_thread_percentage": spec.active_thread_percentage,
+        "pinned_mem_limits_mib": [list(pair) for pair in spec.pinned_mem_limits_mib],
+    }
+
+
+def _record(spec: MpsDaemonSpec) -> None:
+    """The started marker, holding the daemon's settings for the next agent: it lies beside
+    the pipe directory, not in it, so no client container can write it."""
+    marker = Path(spec.started_marker)
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(json.dumps(_settings(spec), sort_keys=True) + "\n")
+    tmp.replace(marker)
+
+
+def _recorded(spec: MpsDaemonSpec) -> dict[str, object] | None:
+    """The settings the started marker records; None when it records none (missing, empty,
+    or written by an agent that only touched it) or cannot be read."""
+    try:
+        data = read_bounded(Path(spec.started_marker), RECORD_LIMIT)
+        found = json.loads(data) if data.strip() else None
+    except (IdentityError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _unique(specs: Iterable[MpsDaemonSpec]) -> tuple[MpsDaemonSpec, ...]:

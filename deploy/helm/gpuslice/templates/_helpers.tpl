@@ -52,6 +52,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpuslice.validate" -}}
 {{- include "gpuslice.nvidiaValues" . }}
 {{- include "gpuslice.validateDra" . }}
+{{- include "gpuslice.validateMps" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}
@@ -141,14 +142,34 @@ Called with (list <type> <driverName>).
 {{- end }}
 
 {{/*
-The DaemonSet's updateStrategy: `updateStrategy` as given, except that in DRA mode a
-rolling update is pinned to maxSurge 0. A surge pod would be a second kubelet plugin on the
-node with the same socket names (the kubelet's rolling-update mode with per-pod socket
-names is not supported), so a maxSurge other than 0 is refused in gpuslice.validate.
+"true" when MPS is on as far as the chart can tell: mps.enabled, or a config in config.map
+whose sharing has an `mps` section. A ConfigMap of the user's (config.name) cannot be read
+here, so with it only mps.enabled counts (docs/install.md, "MPS").
+*/}}
+{{- define "gpuslice.mpsOn" -}}
+{{- $on := .Values.mps.enabled -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $config := fromYaml (toString ($text | default "")) -}}
+{{- if and (kindIs "map" $config) (kindIs "map" $config.sharing) (hasKey $config.sharing "mps") -}}
+{{- $on = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end }}
+
+{{/*
+The DaemonSet's updateStrategy: `updateStrategy` as given, except that in DRA mode or with
+MPS on (gpuslice.mpsOn) a rolling update is pinned to maxSurge 0. In DRA mode a surge pod
+would be a second kubelet plugin on the node with the same socket names (the kubelet's
+rolling-update mode with per-pod socket names is not supported); with MPS, two agents on
+one node would both supervise the MPS control daemon every MPS pod's clients use (each
+restarts it when it looks down, each applies its own config's limits). A maxSurge other
+than 0 is refused in gpuslice.validate.
 */}}
 {{- define "gpuslice.updateStrategy" -}}
 {{- $strategy := deepCopy (.Values.updateStrategy | default dict) }}
-{{- if and .Values.dra.enabled (eq (toString ($strategy.type | default "RollingUpdate")) "RollingUpdate") }}
+{{- $pinned := or .Values.dra.enabled (eq (include "gpuslice.mpsOn" .) "true") }}
+{{- if and $pinned (eq (toString ($strategy.type | default "RollingUpdate")) "RollingUpdate") }}
 {{- $rolling := deepCopy ($strategy.rollingUpdate | default dict) }}
 {{- $_ := set $rolling "maxSurge" 0 }}
 {{- $_ = set $strategy "type" "RollingUpdate" }}
@@ -165,6 +186,20 @@ names is not supported), so a maxSurge other than 0 is refused in gpuslice.valid
 {{- if hasKey $rolling "maxSurge" }}
 {{- if not (has (toString $rolling.maxSurge) (list "0" "0%")) }}
 {{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v with dra.enabled: a DRA kubelet plugin must be replaced with maxSurge 0 (two agents on one node would share the kubelet plugin's socket names); remove maxSurge or set it to 0" $rolling.maxSurge) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* MPS checks (gpuslice.mpsOn); each message says what to change. DRA mode has its own. */}}
+{{- define "gpuslice.validateMps" -}}
+{{- if and (not .Values.dra.enabled) (eq (include "gpuslice.mpsOn" .) "true") }}
+{{- $strategy := .Values.updateStrategy | default dict }}
+{{- $rolling := $strategy.rollingUpdate | default dict }}
+{{- if hasKey $rolling "maxSurge" }}
+{{- if not (has (toString $rolling.maxSurge) (list "0" "0%")) }}
+{{- $why := ternary "mps.enabled" "a config in config.map with sharing.mps" .Values.mps.enabled }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v with MPS on (%s): the agent must be replaced with maxSurge 0 (two agents on one node would both manage the MPS control daemon every MPS pod's clients use); remove maxSurge or set it to 0" $rolling.maxSurge $why) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,72 @@
+"""MPS on (`mps.enabled`, or a config in `config.map` with `sharing.mps`): the agent is
+replaced without a surge, as in DRA mode. The MPS control daemon outlives the agent and the
+next agent takes it over (docs/install.md, "MPS"); two agents on one node would both
+supervise it.
+
+Rendered through scripts/check-chart like the other chart tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_chart import one, render
+
+MPS_CONFIG = (
+    "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
+TS_CONFIG = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+    "    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
+
+
+def surge(value: Any) -> dict[str, Any]:
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": value, "maxUnavailable": 0}}
+
+
+def refused_for_mps(result: Any, value: Any, why: str) -> bool:
+    prefix = f"chart validation: updateStrategy.rollingUpdate.maxSurge={value} with MPS on ({why})"
+    return not result.ok and any(p.startswith(prefix) for p in result.problems)
+
+
+@pytest.mark.parametrize("value", [1, "25%"])
+def test_a_surge_is_refused_with_mps_enabled(value: Any) -> None:
+    result = render(mps={"enabled": True}, updateStrategy=surge(value))
+    assert refused_for_mps(result, value, "mps.enabled"), result.problems
+
+
+def test_a_surge_is_refused_with_an_mps_config_in_the_map() -> None:
+    result = render(
+        config={"map": {"default": TS_CONFIG, "mps": MPS_CONFIG}, "default": "default"},
+        updateStrategy=surge(1),
+    )
+    assert refused_for_mps(result, 1, "a config in config.map with sharing.mps"), result.problems
+
+
+def test_a_surge_without_mps_is_the_users_choice() -> None:
+    result = render(config={"map": {"any": TS_CONFIG}, "default": "any"}, updateStrategy=surge(1))
+    assert result.ok, result.problems
+    rolling = one(result, "DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"]
+    assert rolling["maxSurge"] == 1
+
+
+def test_mps_pins_max_surge_zero_and_keeps_the_rest() -> None:
+    result = render(mps={"enabled": True})
+    assert result.ok, result.problems
+    strategy = one(result, "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}}
+    kept = render(
+        mps={"enabled": True},
+        updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+    )
+    assert kept.ok, kept.problems
+    assert one(kept, "DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"] == {
+        "maxUnavailable": "10%",
+        "maxSurge": 0,
+    }
+    for zero in (0, "0%"):
+        assert render(mps={"enabled": True}, updateStrategy=surge(zero)).ok
+    on_delete = render(mps={"enabled": True}, updateStrategy={"type": "OnDelete"})
+    assert on_delete.ok, on_delete.problems
+    assert one(on_delete, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
