@@ -40,10 +40,12 @@ async def test_a_second_agent_waits_for_the_node_then_takes_over_from_a_killed_o
         try:
             # it says it waits, or (without the lock) it acts: either ends this wait
             await kubelet.wait_for(
-                lambda: "event=node-lock-busy" in second.log()
-                or kubelet.registrations[RESOURCE] != registrations
-                or socket_identity(socket) != served
-                or not second.running,
+                lambda: (
+                    "event=node-lock-busy" in second.log()
+                    or kubelet.registrations[RESOURCE] != registrations
+                    or socket_identity(socket) != served
+                    or not second.running
+                ),
                 WAIT_S,
             )
             assert kubelet.registrations[RESOURCE] == registrations, second.log()
