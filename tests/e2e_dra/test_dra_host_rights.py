@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,13 +20,19 @@ NODE = "n1"
 
 
 def _run_dra(
-    api: FakeApiServer, workdir: Path, dirs: dict[str, Path], *, user: int | None = None
+    api: FakeApiServer,
+    workdir: Path,
+    dirs: dict[str, Path],
+    *,
+    user: int | None = None,
+    wrapper: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     api.add_node(NODE)
     kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
     kubeconfig.chmod(0o644)
     return subprocess.run(
         [
+            *wrapper,
             sys.executable, "-m", "gpuslice", "plugin",
             "--node", "sim:1xt4",
             "--node-name", NODE,
@@ -103,3 +111,28 @@ def test_the_images_uid_against_root_owned_directories_is_eacces(
     assert len(errors) == 1, result.stderr
     assert str(dirs["plugin"]) in errors[0], errors
     assert "EACCES" in errors[0], errors
+
+
+READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+
+
+def test_a_read_only_plugin_directory_is_erofs(sock_dir: Path, api: FakeApiServer) -> None:
+    """Root against a read-only mount: the kernel refuses the write, as it refuses the
+    image's uid on a root-owned directory (the next test, where it can run)."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        pytest.skip("needs root and unshare(1) for a private read-only bind mount")
+    dirs = _dirs(sock_dir)
+    wrapper = [unshare, "--mount", "--propagation", "private", "sh", "-c", READ_ONLY, "sh"]
+    probe = subprocess.run(
+        [*wrapper, str(dirs["plugin"]), "true"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount here: {probe.stderr.decode(errors='replace').strip()}")
+    result = _run_dra(api, sock_dir, dirs, wrapper=[*wrapper, str(dirs["plugin"])])
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert str(dirs["plugin"]) in errors[0], errors
+    assert "EROFS" in errors[0], errors
