@@ -310,7 +310,7 @@ async def scenario_sigterm(n: Node, inflight: int) -> None:
         n.daemon.proc.send_signal(signal.SIGTERM)
         outcomes = Counter(s for s, _ in await asyncio.gather(*calls))
     code = await n.daemon.wait_exit(WAIT_S)
-    left = [p.name for p in n.plugin_dir.iterdir() if p.name != "kubelet.sock"]
+    left = [p.name for p in n.plugin_dir.iterdir() if p.name != "kubelet.sock" and p.is_socket()]
     print(
         f"sigterm: {inflight} Allocates in flight: {dict(outcomes)}; exit {code}; "
         f"sockets left: {len(left)}"

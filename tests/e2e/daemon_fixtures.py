@@ -34,7 +34,10 @@ class Node:
         os.replace(tmp, self.config)
 
     def plugin_sockets(self) -> set[str]:
-        return {p.name for p in self.plugin_dir.iterdir() if p.name != "kubelet.sock"}
+        """Our sockets: the kubelet's own and the node lock (a regular file) are not."""
+        return {
+            p.name for p in self.plugin_dir.iterdir() if p.name != "kubelet.sock" and p.is_socket()
+        }
 
 
 @contextlib.asynccontextmanager

@@ -88,7 +88,8 @@ async def test_node_label_selects_config_and_reloads_live(
         await kubelet.wait_for(
             lambda: "nvidia.com/gpu.product=Tesla-T4\n" in labels_file.read_text(), WAIT_S
         )
-        assert "ConfigApplied" in _reasons(apiserver)
+        # the Event is posted after the plan's hooks (the label file) ran: wait for it
+        assert apiserver.wait_for(lambda: "ConfigApplied" in _reasons(apiserver), WAIT_S)
 
         # a bad config: refused, Warning Event, the shared devices stay advertised
         apiserver.set_node_label(NODE, LABEL, "broken")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.emulator.kubelet import KubeletEmulator
+from gpuslice.host.nodelock import LOCK_NAME
 from gpuslice.testing.image import Bind, Buildah, Container, ImageConfig, Runc, write_bundle
 
 # The build (scripts/build-image) runs in the first test's setup: a minute or two on a
@@ -145,7 +146,9 @@ async def test_the_daemon_in_the_image_registers_with_a_kubelet_outside_it(
         assert container.running, f"the container exited:\n{container.log()}"
         assert kubelet.allocatable("nvidia.com/gpu") == 8
         assert container.process_ids() == USER
-        [plugin_socket] = [p for p in plugin_dir.iterdir() if p.name != "kubelet.sock"]
+        [plugin_socket] = [
+            p for p in plugin_dir.iterdir() if p.name not in ("kubelet.sock", LOCK_NAME)
+        ]
         st = plugin_socket.lstat()
         assert stat.S_ISSOCK(st.st_mode)
         assert (st.st_uid, st.st_gid) == USER, "the plugin's socket is not the image user's"

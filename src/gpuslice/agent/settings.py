@@ -173,6 +173,11 @@ class AgentSettings:
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
     kubeconfig: Path | None = None
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
+    node_lock_wait_s: float | None = None
+    """`NODE_LOCK_WAIT`: seconds to wait for the node's lock while another agent holds it
+    (a force-deleted pod still running, an overlapping release), then exit with one line;
+    None waits as long as it takes, which a rollout whose old pod is still terminating
+    needs (docs/install.md#one-agent-per-node)."""
     dra: DraSettings | None = None
     """`DRA`: serve this node's GPUs as a DRA driver instead of device plugins (None: the
     device plugin, the default)."""

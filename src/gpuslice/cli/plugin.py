@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
+from gpuslice.agent.node_lock import holding_the_node
 from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import (
     DEFAULT_CDI_ROOT,
@@ -397,6 +398,14 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     help="Longest wait between retries after a failed ResourceSlice publish (the slices "
     "are watched: nothing is re-read at rest).",
 )
+@click.option(
+    "--node-lock-wait",
+    envvar="NODE_LOCK_WAIT",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds to wait while another agent holds this node's lock, then exit "
+    "[default: wait until it is released].",
+)
 @click.option("-v", "--verbose", is_flag=True, default=False)
 @click.option(
     "--shutdown-grace",
@@ -461,6 +470,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         kubeconfig=params["kubeconfig"],
         memory_guard=_guard_settings(params),
         reload_interval_s=params["config_poll_interval"],
+        node_lock_wait_s=params["node_lock_wait"],
         dra=_dra_settings(params),
     )
     # the watchdog learns from the loop's own selector when the loop waits (agent.watchdog)
@@ -503,6 +513,15 @@ async def _serve(
 
 
 async def _run_agent(settings: AgentSettings, stop: asyncio.Event) -> None:
+    # one agent acts on a node at a time: nothing below runs before the lock is held
+    async with holding_the_node(settings, stop) as held:
+        if held:
+            await _run_holding(settings, stop)
+        else:
+            get_logger("gpuslice").info("stopped", message="while waiting for the node lock")
+
+
+async def _run_holding(settings: AgentSettings, stop: asyncio.Event) -> None:
     agent: Agent | None = None
     try:
         async with build_agent(settings) as agent:
