@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from gpuslice.backends import open_backend
-from gpuslice.backends.nvml import read_cap_minors
+from gpuslice.backends.nvml import read_cap_minors, read_caps_major
 from gpuslice.core.dra.cdispec import TOOLKIT_DEVICE_LIST, CdiDevice, cdi_id, claim_spec
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.publish import DraDevice, dra_devices
-from gpuslice.core.migcaps import access_files, device_file_minor, numbered_minors
+from gpuslice.core.migcaps import access_files, char_major, device_file_minor, numbered_minors
 from gpuslice.testing.cdirun import inject
 
 A = "4f1c8a2e-0000-4000-8000-00000000000a"
@@ -129,3 +129,35 @@ def test_the_minors_are_read_from_the_access_files(tmp_path: Path) -> None:
     assert read_cap_minors(1, 8, 0, root=tmp_path) is None
     with pytest.raises(ValueError, match="DeviceFileMinor"):
         device_file_minor("DeviceFileMode: 292\n")
+
+
+PROC_DEVICES = """Character devices:
+  1 mem
+195 nvidia
+234 nvidia-caps
+509 nvidia-uvm
+
+Block devices:
+  8 sd
+235 nvidia-caps
+"""
+
+
+def test_with_the_caps_major_the_runtime_creates_the_nodes_as_nvidias_spec_has_it(
+    tmp_path: Path,
+) -> None:
+    """NVIDIA gives the capability nodes by number (type c, major, minor), so the host
+    needs no /dev/nvidia-caps/nvidia-cap<N>; the GPU's own node still follows the dev root."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/devices").write_text(PROC_DEVICES)
+    major = read_caps_major(tmp_path)
+    assert major == 234  # the character device, not the block device of the same name
+    assert read_caps_major(tmp_path / "nowhere") is None
+    assert char_major("Character devices:\n  1 mem\n") is None
+    device = CdiDevice("gpu-0-mig-1g10gb-19-0", "MIG-a", 0, mig_caps=(129, 130), caps_major=major)
+    spec = claim_spec(A, [device], host_dev_root="/run/nvidia/driver")
+    seen = inject([spec], [cdi_id(A, device.device)])
+    path = "/dev/nvidia-caps/nvidia-cap129"
+    assert seen.device_nodes[path] == {"path": path, "type": "c", "major": 234, "minor": 129}
+    assert seen.device_nodes["/dev/nvidia-caps/nvidia-cap130"]["minor"] == 130
+    assert seen.device_nodes["/dev/nvidia0"]["hostPath"] == "/run/nvidia/driver/dev/nvidia0"

@@ -37,7 +37,7 @@ from typing import Any
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
-from gpuslice.core.migcaps import access_files, device_file_minor
+from gpuslice.core.migcaps import access_files, char_major, device_file_minor
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
@@ -170,6 +170,14 @@ def read_cap_minors(
             log.warning("mig-caps-unreadable", file=path, error=str(exc))
             return None
     return minors[0], minors[1]
+
+
+def read_caps_major(root: Path = Path("/")) -> int | None:
+    """The `nvidia-caps` character major from `/proc/devices`; None when unreadable."""
+    try:
+        return char_major((root / "proc/devices").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
 
 
 class NvmlBackend:
@@ -406,6 +414,7 @@ class NvmlBackend:
         suffix_by_profile_id = self._profile_suffixes(handle)
         out: list[MigDevice] = []
         count = self._optional(nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        caps_major = read_caps_major() if count else None
         for j in range(int(count)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
@@ -444,6 +453,7 @@ class NvmlBackend:
                     engines_jpeg=int(attrs.sharedJpegCount),
                     engines_ofa=int(attrs.sharedOfaCount),
                     cap_minors=read_cap_minors(gpu_minor, gi_id, ci_id),
+                    cap_major=caps_major,
                 )
             )
         return tuple(out)

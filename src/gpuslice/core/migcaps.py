@@ -13,6 +13,11 @@ The driver numbers the minors in a fixed order, listed in
 `/proc/driver/nvidia-caps/mig-minors` (`gpu0/gi0/access 3`, `gpu0/gi0/ci0/access 4`, ...,
 `gpu3/gi3/ci3/access 439`): 15 GPU instances per GPU, 8 compute instances per GPU instance.
 `numbered_minors` is that order, which the simulated backend uses as its driver's.
+
+NVIDIA's spec gives those nodes as character devices by number (`type: c`, the `nvidia-caps`
+major from `/proc/devices`, the minor), so the runtime creates them in the container and the
+host needs no such node; gpuslice does the same when the backend read the major, and names
+the host's node (under the dev root) otherwise.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ def numbered_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     """The (GI, CI) capability minors in the driver's fixed numbering (`mig-minors`)."""
     gi = _FIRST_MIG_MINOR + (gpu_minor * _GI_PER_GPU + gi_id) * (_CI_PER_GI + 1)
     return gi, gi + 1 + ci_id
+
+
+def char_major(proc_devices: str, name: str = "nvidia-caps") -> int | None:
+    """The major of character device `name` in `/proc/devices`' text (its "Character
+    devices:" section, not the block devices'); None when it is not there."""
+    section = ""
+    for line in proc_devices.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":"):
+            section = stripped
+            continue
+        number, _, device = stripped.partition(" ")
+        if section == "Character devices:" and device.strip() == name and number.isdigit():
+            return int(number)
+    return None
 
 
 def cap_node(minor: int) -> str:

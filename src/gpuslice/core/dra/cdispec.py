@@ -68,6 +68,9 @@ class CdiDevice:
     in `NVIDIA_VISIBLE_DEVICES`, since a container gets a request's devices all or none."""
     mig_caps: tuple[int, ...] = ()
     """A MIG device's GPU and compute instance capability minors (`core.migcaps`)."""
+    caps_major: int | None = None
+    """The `nvidia-caps` major: the capability nodes are then given by number, for the
+    runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
@@ -112,7 +115,15 @@ def claim_spec(
     entries: list[Json] = []
     for d in devices:
         env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
-        nodes = [f"nvidia{d.minor}", *(cap_node(m) for m in d.mig_caps)]
+        nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
+        for minor in d.mig_caps:
+            if d.caps_major is None:
+                nodes.append(device_node(cap_node(minor), host_dev_root))
+            else:
+                nodes.append(
+                    {"path": f"/dev/{cap_node(minor)}", "type": "c", "major": d.caps_major,
+                     "minor": minor}
+                )  # fmt: skip
         mounts: list[Json] = []
         if d.mps is not None:
             env["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
@@ -128,7 +139,7 @@ def claim_spec(
         )  # fmt: skip
         edits: Json = {
             "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": [device_node(n, host_dev_root) for n in nodes],
+            "deviceNodes": nodes,
             "mounts": mounts,
         }
         entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})

@@ -83,6 +83,7 @@ def _device(dw: DeviceWork, mounts: MpsMounts | None = None, **env: str) -> CdiD
     error says why where a started container would only fail obscurely."""
     device = dw.device
     caps: tuple[int, ...] = ()
+    major = None
     if device.mig is not None:
         if device.mig.cap_minors is None:
             gi, ci = access_files(device.gpu.minor, device.mig.gi_id, device.mig.ci_id)
@@ -90,9 +91,16 @@ def _device(dw: DeviceWork, mounts: MpsMounts | None = None, **env: str) -> CdiD
                 f"MIG device {device.name}: its capability minors could not be read from "
                 f"{gi} and {ci}; a container could not open it"
             )
-        caps = device.mig.cap_minors
+        caps, major = device.mig.cap_minors, device.mig.cap_major
     return CdiDevice(
-        device.name, device.uuid, device.gpu.minor, mounts, env or None, dw.request_name, caps
+        device.name,
+        device.uuid,
+        device.gpu.minor,
+        mounts,
+        env or None,
+        dw.request_name,
+        caps,
+        major,
     )
 
 
