@@ -28,7 +28,9 @@ def test_claim_spec_edits_and_lowest_version() -> None:
     assert spec["cdiVersion"] == "0.5.0"  # names start with the UID's digit
     first = spec["devices"][0]
     assert first["name"] == f"{UID}-gpu-0"
-    assert first["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a"]
+    # two devices of one request (a claim of count 2): each names both, so whichever the
+    # runtime applies last, the container sees both
+    assert first["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"]
     assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidiactl",
@@ -48,6 +50,7 @@ def test_mps_devices_get_the_daemons_pipe_and_shm() -> None:
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
         ("/run/nvidia/mps/c1/pipe", "/tmp/nvidia-mps"),
         ("/run/nvidia/mps/c1/shm", "/dev/shm"),
+        ("/dev/null", "/var/run/nvidia-container-devices/GPU-a"),
     ]
 
 

@@ -97,13 +97,46 @@ def test_a_share_is_sized_from_consumed_capacity_and_refuses_a_claim_config() ->
     assert dw.share is not None
     assert (dw.share.memory_mib, dw.share.shares, dw.share.thread_percentage) == (20480, 2, 50)
     assert share_envs(dw.share, 81559)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
-    ts = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
-    config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": ts}}]
+    mps = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": mps}}]
     with pytest.raises(ClaimError, match="offers as shares"):
         work(claim([share], config), offer)
     too_big = result("gpu-0", shareID="s-2", consumedCapacity={"memory": "900Gi"})
     with pytest.raises(ClaimError, match="does not fit device gpu-0"):
         work(claim([too_big]), offer)
+
+
+@pytest.mark.parametrize(
+    ("node_strategy", "interval", "notice"),
+    [
+        ("time-slicing", None, None),
+        ("time-slicing", "Short", "asks for TimeSlicing (Short) on device gpu-0"),
+        ("mps", None, "the node's mps sharing is kept"),
+    ],
+)
+def test_a_claims_time_slicing_on_a_share_keeps_the_nodes_sharing_with_a_notice(
+    node_strategy: Any, interval: str | None, notice: str | None
+) -> None:
+    """NVIDIA's driver applies a claim's TimeSlicing on any GPU: here the claim is prepared
+    on the node's terms (no GPU-wide interval for one of several sharers) and told when
+    they differ from what it asked."""
+    offer = {"gpu-0": ShareOffer(4, node_strategy, 81559)}
+    ts: dict[str, Any] = {"strategy": "TimeSlicing"}
+    if interval is not None:
+        ts["timeSlicingConfig"] = {"interval": interval}
+    params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": ts}
+    config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]
+    got = work(claim([result("gpu-0", shareID="s-1")], config), offer)
+    (dw,) = got.devices
+    assert dw.share is not None
+    assert dw.share.strategy == node_strategy
+    assert (dw.sharing.strategy, dw.sharing.interval) == (None, None)
+    if notice is None:
+        assert got.notices == ()
+    else:
+        (message,) = got.notices
+        assert notice in message
+        assert message.startswith("ResourceClaim ns/c")
 
 
 def test_time_sliced_share_hints_are_exact_at_the_default_size() -> None:

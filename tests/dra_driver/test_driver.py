@@ -453,6 +453,39 @@ async def test_time_slicing_without_an_interval_runs_no_nvidia_smi(
     assert setter.calls == []
 
 
+async def test_a_claims_time_slicing_on_a_share_runs_on_the_nodes_terms_and_is_told(
+    make_rig: Callable[..., Awaitable[Rig]], mps_manager: MpsDaemonManager
+) -> None:
+    """NVIDIA's time-slicing manifest on a node that offers shares: NVIDIA's driver applies
+    the claim's TimeSlicing; gpuslice keeps the node's sharing, prepares the claim and says
+    so in a Warning Event. MPS on a share is still refused (NVIDIA refuses it there too)."""
+    rig = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="mps"))
+    rig.mps = mps_manager
+    setter = RecordingTimeslice()
+    rig.timeslice = setter
+    driver = rig.driver()
+    await driver.load()
+    ts = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    ref = rig.claim("ts", ts)
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    assert setter.calls == []  # the GPU is shared by others: no GPU-wide interval
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in _cdi_env(rig, ref.uid, "gpu-0")
+    [(reason, message)] = rig.warnings
+    assert reason == "ClaimConfigNotApplied"
+    assert "ResourceClaim team-a/ts" in message
+    assert "TimeSlicing (Long)" in message
+    assert "mps sharing is kept" in message
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS"}}  # fmt: skip
+    refused = rig.claim("mps", mps)
+    assert "asks for MPS" in (await driver.prepare([refused]))[refused.uid].error
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+
+
 def test_dra_mode_without_a_node_name_is_a_usage_error() -> None:
     from click.testing import CliRunner
 

@@ -10,7 +10,7 @@ import asyncio
 import copy
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,11 @@ async def mps() -> AsyncIterator[MpsDaemonManager]:
 
 
 async def make_node(
-    workdir: Path, node: str, config: str = "version: v1\n", mps: MpsDaemonManager | None = None
+    workdir: Path,
+    node: str,
+    config: str = "version: v1\n",
+    mps: MpsDaemonManager | None = None,
+    warn: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> Node:
     backend = open_backend(node, environ={})
     try:
@@ -141,6 +145,7 @@ async def make_node(
         snapshot=lambda: state.current,
         boot_id="boot-1",
         mps=mps,
+        warn=warn,
     )
     await driver.load()
     return Node(store, state, driver, workdir)
@@ -288,6 +293,29 @@ async def test_an_mps_claim_reads_its_limits_per_device(sock_dir: Path) -> None:
     assert (first.entitlement, first.entitlement_mib, first.sm_fraction) == ("mps", 10240, 0.3)
     assert dict(first.env)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert first.mounts[0].host_path == second.mounts[0].host_path  # one daemon for both
+
+
+async def test_a_claims_time_slicing_on_a_share_fits_with_the_drivers_warning(
+    sock_dir: Path, mps: MpsDaemonManager
+) -> None:
+    """NVIDIA's time-slicing manifest on a node sharing by MPS: the what-if says it fits, on
+    the node's MPS sharing, and shows the warning Prepare then posts, word for word."""
+    warned: list[tuple[str, str]] = []
+
+    async def warn(reason: str, message: str) -> None:
+        warned.append((reason, message))
+
+    node = await make_node(sock_dir, "sim:1xh100-80gb", SHARED_4.format(strategy="mps"), mps, warn)
+    ts = claim("ts", config=gpu_config({"strategy": "TimeSlicing"}))
+    ref = node.allocate(ts)
+    (predicted,) = node.predict([dict(ts, metadata={**ts["metadata"], "uid": ref.uid})]).claims
+    assert predicted.fits
+    assert predicted.devices[0].sharing == "mps"
+    (warning,) = predicted.warnings
+    assert "the node's mps sharing is kept" in warning
+    assert (await node.driver.prepare([ref]))[ref.uid].error == ""
+    assert warned == [("ClaimConfigNotApplied", warning)]
+    assert await node.driver.unprepare([ref]) == {ref.uid: ""}
 
 
 async def test_a_claim_the_driver_would_refuse_shows_the_drivers_error(sock_dir: Path) -> None:

@@ -175,3 +175,53 @@ def test_a_kubelet_restart_wipes_the_slices_and_the_driver_repairs_them(driver: 
         assert spec_file(driver, claim_obj["metadata"]["uid"]).is_file()
     finally:
         delete_pod(driver, "after-restart")
+
+
+def release_claims(driver: Driver) -> None:
+    """Delete the namespace's claims, whose pods are gone, once the kubelet unprepared them
+    (their CDI specs gone: a pod placed before would find a device still prepared, and the
+    kubelet retries it only a minute later). With no controller-manager here nothing
+    deallocates them or lifts their delete protection, so the finalizers go by hand; the
+    scheduler then counts their devices free again."""
+    specs = driver.node.cdi_dir
+    driver.wait(lambda: not list(specs.glob("k8s.gpuslice.io-claim_*")), "claims unprepared")
+    kubectl = driver.node.plane.kubectl
+    got = kubectl("get", "resourceclaims", "-n", NAMESPACE, "-o", "name")
+    assert got.returncode == 0, got.stderr
+    for claim_name in got.stdout.split():
+        patch = '{"metadata":{"finalizers":null}}'
+        kubectl("patch", claim_name, "-n", NAMESPACE, "--type=merge", "-p", patch)
+        kubectl("delete", claim_name, "-n", NAMESPACE, "--wait=false")
+    driver.wait(
+        lambda: not kubectl("get", "resourceclaims", "-n", NAMESPACE, "-o", "name").stdout.strip(),
+        "the earlier claims deleted",
+    )
+
+
+TWO_GPUS_SCRIPT = (
+    "env | grep ^NVIDIA_VISIBLE_DEVICES=; "
+    "for d in nvidia0 nvidia1; do [ -c /dev/$d ] && echo char:$d; done; "
+    "for u in /var/run/nvidia-container-devices/*; do echo listed:${u##*/}; done; "
+    "echo done; exec sleep 3600"
+)
+
+
+def test_a_pod_with_two_claims_sees_both_gpus(driver: Driver) -> None:
+    """NVIDIA's two-claims manifest: the container gets both GPUs' device nodes and both in
+    the toolkit's device list, though each claim's spec was written on its own."""
+    release_claims(driver)
+    for name in ("first", "second"):
+        driver.node.create(claim(name))
+    manifest = realnode.pod(
+        "two-claims", NAMESPACE, TWO_GPUS_SCRIPT, claims={"a": "first", "b": "second"}
+    )
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": driver.node.name}
+    driver.run_pod(manifest, started=lambda log: "done" in log)
+    log = driver.node.container_log(NAMESPACE, "two-claims", "main").splitlines()
+    chars = {ln.removeprefix("char:") for ln in log if ln.startswith("char:")}
+    assert chars == {"nvidia0", "nvidia1"}
+    listed = {ln.removeprefix("listed:") for ln in log if ln.startswith("listed:")}
+    assert listed == set(driver.uuids)
+    [visible] = [ln.split("=", 1)[1] for ln in log if ln.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert visible in driver.uuids  # one claim's: an environment variable cannot add up
+    delete_pod(driver, "two-claims")

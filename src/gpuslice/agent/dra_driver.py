@@ -507,6 +507,8 @@ class DraDriver:
             except ClaimError as exc:
                 return _failed(ref, str(exc))
             try:
+                for notice in work.notices:  # the claim is prepared, on the node's terms
+                    await self._post("ClaimConfigNotApplied", notice)
                 return await self._carry_out(work, prepared)
             finally:
                 del self._in_flight[ref.uid]

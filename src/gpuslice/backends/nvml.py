@@ -37,6 +37,7 @@ from typing import Any
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
+from gpuslice.core.migcaps import access_files, char_major, device_file_minor
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
@@ -151,6 +152,31 @@ def pci_class_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
         text = (sys_root / "bus/pci/devices" / sysfs_bus_id(nvml_bus_id) / "class").read_text()
         return int(text.strip(), 16)
     except (OSError, ValueError):
+        return None
+
+
+def read_cap_minors(
+    gpu_minor: int, gi_id: int, ci_id: int, root: Path = Path("/")
+) -> tuple[int, int] | None:
+    """A MIG device's capability minors from the driver's access files, as NVIDIA's DRA
+    driver reads them (`core.migcaps`); None when they cannot be read (logged): the DRA
+    driver then refuses claims of that MIG device, which a container could not open."""
+    minors: list[int] = []
+    for path in access_files(gpu_minor, gi_id, ci_id):
+        try:
+            text = (root / path.lstrip("/")).read_text(encoding="utf-8", errors="replace")
+            minors.append(device_file_minor(text))
+        except (OSError, ValueError) as exc:
+            log.warning("mig-caps-unreadable", file=path, error=str(exc))
+            return None
+    return minors[0], minors[1]
+
+
+def read_caps_major(root: Path = Path("/")) -> int | None:
+    """The `nvidia-caps` character major from `/proc/devices`; None when unreadable."""
+    try:
+        return char_major((root / "proc/devices").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
         return None
 
 
@@ -317,9 +343,12 @@ class NvmlBackend:
         major, minor_cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
         capability = (int(major), int(minor_cc))
         minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
+        gpu_minor = index if minor is None else int(minor)
         current, pending = self._mig_mode(handle)
         mig_capable = self._mig_capable(handle)
-        mig_devices = self._mig_devices(index, handle, uuid, memory_mib) if current else ()
+        mig_devices = (
+            self._mig_devices(index, handle, uuid, memory_mib, gpu_minor) if current else ()
+        )
         return Gpu(
             index=index,
             uuid=uuid,
@@ -328,7 +357,7 @@ class NvmlBackend:
             multiprocessors=self._multiprocessors(handle, capability),
             compute_capability=capability,
             pci_bus_id=bus_id,
-            minor=index if minor is None else int(minor),
+            minor=gpu_minor,
             numa_node=self._numa(handle, bus_id),
             mig_capable=mig_capable,
             mig_enabled=current,
@@ -379,12 +408,13 @@ class NvmlBackend:
         return out
 
     def _mig_devices(
-        self, index: int, handle: Any, uuid: GpuUuid, gpu_mib: int
+        self, index: int, handle: Any, uuid: GpuUuid, gpu_mib: int, gpu_minor: int
     ) -> tuple[MigDevice, ...]:
         nv = self._nv
         suffix_by_profile_id = self._profile_suffixes(handle)
         out: list[MigDevice] = []
         count = self._optional(nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        caps_major = read_caps_major() if count else None
         for j in range(int(count)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
@@ -422,6 +452,8 @@ class NvmlBackend:
                     engines_encoder=int(attrs.sharedEncoderCount),
                     engines_jpeg=int(attrs.sharedJpegCount),
                     engines_ofa=int(attrs.sharedOfaCount),
+                    cap_minors=read_cap_minors(gpu_minor, gi_id, ci_id),
+                    cap_major=caps_major,
                 )
             )
         return tuple(out)

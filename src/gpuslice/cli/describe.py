@@ -226,7 +226,7 @@ def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
         if not c.fits:
             table.add_row(f"[red]{label}[/red]", f"[red]not {c.stage}d[/red]", c.error, "", "")
             continue
-        for d in c.devices:
+        for n, d in enumerate(c.devices):
             what = d.device + (f"\n[dim]MIG {d.profile}[/dim]" if d.profile else "")
             env = "\n".join(f"{k}={short_ids(v)}" for k, v in d.env)
             for m in d.mounts:
@@ -236,7 +236,10 @@ def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
                 guard += f", {d.sm_fraction:.0%} of SMs"
             if c.guard_mode:
                 guard += f"\n[dim]GuardConfig mode {c.guard_mode}[/dim]"
-            table.add_row(label, f"{d.request} → {what}", d.sharing_text, env, guard)
+            sharing = d.sharing_text
+            if n == 0 and c.warnings:  # once per claim, as the Warning Events are
+                sharing += "".join(f"\n[yellow]warning: {w}[/yellow]" for w in c.warnings)
+            table.add_row(label, f"{d.request} → {what}", sharing, env, guard)
     return table
 
 

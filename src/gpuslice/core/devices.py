@@ -51,6 +51,14 @@ class MigDevice:
     engines_encoder: int = 0
     engines_jpeg: int = 0
     engines_ofa: int = 0
+    cap_minors: tuple[int, int] | None = None
+    """The minors of its GPU instance's and compute instance's capability device nodes
+    (`/dev/nvidia-caps/nvidia-cap<N>`, `core.migcaps`), which a container needs to use it;
+    None where the backend could not read them."""
+    cap_major: int | None = None
+    """The `nvidia-caps` character major (`/proc/devices`): with it the CDI spec has the
+    runtime create the capability nodes in the container, as NVIDIA's does; None: it names
+    the host's nodes instead."""
 
     @property
     def index_id(self) -> str:

@@ -348,6 +348,9 @@ class ClaimOutcome:
     devices: tuple[DeviceOutcome, ...] = ()
     guard_mode: str | None = None
     """GuardConfig `mode` for this claim's pods; None: the node's setting."""
+    warnings: tuple[str, ...] = ()
+    """What Prepare would post as Warning Events: what the claim asked and does not get
+    (its TimeSlicing config on a share)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,7 +527,9 @@ def what_if(
         except ClaimError as exc:
             outcomes.append(ClaimOutcome(ns, name, False, str(exc), "prepare"))
             continue
-        outcomes.append(ClaimOutcome(ns, name, True, devices=found, guard_mode=guard))
+        outcomes.append(
+            ClaimOutcome(ns, name, True, devices=found, guard_mode=guard, warnings=work.notices)
+        )
     return WhatIf(driver, pool, slice_devices(slices), tuple(outcomes))
 
 
@@ -567,6 +572,7 @@ def _claim_dict(c: ClaimOutcome) -> dict[str, object]:
         "error": c.error,
         "stage": c.stage,
         "guard_mode": c.guard_mode,
+        "warnings": list(c.warnings),
         "devices": [
             {
                 "request": d.request,

@@ -478,12 +478,20 @@ class AgentProcess:
     def start(
         cls, node: RealNode, args: Sequence[str], log_path: Path, env: Mapping[str, str] = {}
     ) -> AgentProcess:
+        """The agent runs the code the tests import (`PYTHONPATH` set to its source root):
+        a checkout beside the one the interpreter has installed tests its own agent."""
+        source_root = str(Path(__file__).resolve().parents[2])
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuslice", "plugin", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin", **env},
+                env={
+                    "PYTHONUNBUFFERED": "1",
+                    "PATH": "/usr/bin:/bin",
+                    "PYTHONPATH": source_root,
+                    **env,
+                },
             )
         return cls(node, proc, log_path)
 

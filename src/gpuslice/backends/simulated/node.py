@@ -17,6 +17,7 @@ from itertools import combinations
 from gpuslice.backends.simulated.layout import place
 from gpuslice.backends.simulated.nodespec import GpuGroup, NodeSpec
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
+from gpuslice.core.migcaps import numbered_minors
 from gpuslice.ports import BackendError
 
 
@@ -103,6 +104,7 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
                 engines_encoder=p.profile.encoders,
                 engines_jpeg=p.profile.jpeg,
                 engines_ofa=p.profile.ofa,
+                cap_minors=numbered_minors(index, p.gi_id, p.ci_id),  # its minor is its index
             )
             for j, p in enumerate(placed)
         )

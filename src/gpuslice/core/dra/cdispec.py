@@ -5,11 +5,29 @@ the spec files of `/var/run/cdi` and applies their edits. gpuslice writes one sp
 under its own kind (`k8s.gpuslice.io/claim`, never NVIDIA's), with device names that embed
 the claim UID: runtimes cache specs, so a name is never reused for other content.
 
-The edits are what sharing needs: the GPU's device node, `NVIDIA_VISIBLE_DEVICES` with the
-device's UUID and, for an MPS claim, the daemon's pipe and shm directories. Driver
-libraries and utility binaries come from the NVIDIA Container Toolkit: its own CDI spec
-(`nvidia-ctk cdi generate`) is referenced by listing its IDs in `toolkit_ids`, returned
-beside ours, so the runtime applies both.
+**Several GPUs in one container.** A container may get several devices: a claim of count 2,
+a claim with two requests, two claims. The runtime applies each device's edits in order;
+device nodes and mounts add up, but an environment variable set twice keeps the last value.
+So what makes a GPU visible must add up, as in NVIDIA's DRA driver, whose claim spec gives
+each device its own device nodes (`/dev/nvidia<minor>`, and a MIG device's capability
+nodes) and sets `NVIDIA_VISIBLE_DEVICES=void` once for the spec
+(`cmd/gpu-kubelet-plugin/cdi.go`, the toolkit's `nvcdi` common edits), so the GPUs a
+container sees are exactly the nodes it got. gpuslice's edits per device:
+
+- the GPU's device node, and for a MIG device its GI and CI capability nodes (`core.migcaps`):
+  these add up over devices and claims;
+- a mount of `/dev/null` at `/var/run/nvidia-container-devices/<UUID>`: the device list of the
+  NVIDIA Container Toolkit's `volume-mounts` strategy, which the toolkit reads before the
+  environment (`accept-nvidia-visible-devices-as-volume-mounts`), and which adds up too;
+- `NVIDIA_VISIBLE_DEVICES` with the UUIDs of every device of the same request, the same value
+  on each, so a request of count 2 shows both whatever the order. A request is the smallest
+  unit a container references (the whole claim, or one of its requests), so the list never
+  names a GPU the container did not get; of two requests or two claims, the last applied
+  names its own (an environment variable cannot add up);
+- for an MPS claim, the daemon's pipe and shm directories; a share's hints.
+
+Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
+device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
 """
 
 from __future__ import annotations
@@ -19,9 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.core.migcaps import cap_node
+
 Json = dict[str, Any]
 CDI_KIND = "k8s.gpuslice.io/claim"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+TOOLKIT_DEVICE_LIST = "/var/run/nvidia-container-devices"
+"""Where the NVIDIA Container Toolkit reads a device list from mounts (one per device ID)."""
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 
@@ -41,6 +63,14 @@ class CdiDevice:
     minor: int
     mps: MpsMounts | None = None
     env: Mapping[str, str] | None = None
+    request: str = ""
+    """The claim's request it was allocated for: devices of one request are listed together
+    in `NVIDIA_VISIBLE_DEVICES`, since a container gets a request's devices all or none."""
+    mig_caps: tuple[int, ...] = ()
+    """A MIG device's GPU and compute instance capability minors (`core.migcaps`)."""
+    caps_major: int | None = None
+    """The `nvidia-caps` major: the capability nodes are then given by number, for the
+    runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
@@ -77,21 +107,41 @@ def claim_spec(
     (`host.devroot` decides it as NVIDIA does)."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
+    by_request: dict[str, list[str]] = {}
+    for d in devices:
+        by_request.setdefault(d.request, [])
+        if d.uuid not in by_request[d.request]:
+            by_request[d.request].append(d.uuid)
     entries: list[Json] = []
     for d in devices:
-        env = {"NVIDIA_VISIBLE_DEVICES": d.uuid, **(d.env or {})}
-        edits: Json = {
-            "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": [device_node(f"nvidia{d.minor}", host_dev_root)],
-        }
+        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
+        nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
+        for minor in d.mig_caps:
+            if d.caps_major is None:
+                nodes.append(device_node(cap_node(minor), host_dev_root))
+            else:
+                nodes.append(
+                    {"path": f"/dev/{cap_node(minor)}", "type": "c", "major": d.caps_major,
+                     "minor": minor}
+                )  # fmt: skip
+        mounts: list[Json] = []
         if d.mps is not None:
-            edits["env"].append(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}")
+            env["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
             options = ["rw", "nosuid", "nodev", "bind"]
-            edits["mounts"] = [
+            mounts += [
                 {"hostPath": d.mps.pipe_dir, "containerPath": MPS_PIPE_IN_CONTAINER,
                  "options": options},
                 {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
             ]  # fmt: skip
+        mounts.append(
+            {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
+             "options": ["ro", "nosuid", "nodev", "bind"]}
+        )  # fmt: skip
+        edits: Json = {
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "deviceNodes": nodes,
+            "mounts": mounts,
+        }
         entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
     common = [
         device_node(n, host_dev_root) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")

@@ -17,13 +17,19 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import SHARES_CAPACITY, DraDevice, ShareOffer, ShareStrategy
-from gpuslice.core.dra.sharing import ClaimConfigError, Sharing, quantity_mib, resolve
+from gpuslice.core.dra.sharing import (
+    INTERVALS,
+    ClaimConfigError,
+    Sharing,
+    quantity_mib,
+    resolve,
+)
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName
@@ -86,6 +92,10 @@ class ClaimWork:
     ref: ClaimRef
     devices: tuple[DeviceWork, ...]
     groups: tuple[GroupWork, ...]
+    notices: tuple[str, ...] = ()
+    """What the claim asked for and does not get, where the node's setting is kept instead
+    of failing the pod (a claim's TimeSlicing config on a share): the driver posts each as
+    a Warning Event, so the pod runs as it would on NVIDIA's driver and is told so."""
 
 
 def claim_work(
@@ -138,6 +148,7 @@ def claim_work(
     except ClaimConfigError as exc:
         raise ClaimError(f"{where}: status.allocation.devices.{exc}") from None
     work: list[DeviceWork] = []
+    notices: list[str] = []
     for i, result in ours:
         device = devices[_get(result, "device")]
         chosen = sharing[i]
@@ -145,12 +156,9 @@ def claim_work(
         share = None
         if share_id is not None:
             share = _share_use(result, device, offers.get(device.name), f"{where}: results[{i}]")
-            if chosen.strategy is not None:
-                raise ClaimError(
-                    f"{where}: {chosen.source} asks for {chosen.strategy} on device "
-                    f"{device.name}, which this node offers as shares ({share.replicas}, "
-                    f"{share.strategy}): the node's config sets how shares are shared"
-                )
+            chosen, notice = _on_a_share(chosen, device, share, where)
+            if notice is not None:
+                notices.append(notice)
         if chosen.strategy == "MPS" and device.kind == "mig":
             raise ClaimError(
                 f"{where}: {chosen.source}: MPS on MIG device {device.name} is not supported "
@@ -158,7 +166,37 @@ def claim_work(
             )
         admin = result.get("adminAccess") is True
         work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share, admin))
-    return ClaimWork(ref, tuple(work), _groups(work))
+    return ClaimWork(ref, tuple(work), _groups(work), tuple(dict.fromkeys(notices)))
+
+
+def _on_a_share(
+    chosen: Sharing, device: DraDevice, share: ShareUse, where: str
+) -> tuple[Sharing, str | None]:
+    """A claim's own sharing config on a device the node offers as shares.
+
+    MPS is refused, as NVIDIA's driver refuses it where it cannot apply it. TimeSlicing is
+    what NVIDIA's driver applies on any GPU, so a pod written for it must run here too; but
+    the GPU is shared by other claims on the node's terms (a time-slice interval is
+    GPU-wide, and MPS shares are served by one daemon), so the node's setting is kept and
+    the claim is told (the notice), rather than failed."""
+    shared = f"{device.name}, which this node offers as shares ({share.replicas}, {share.strategy})"
+    if chosen.strategy == "MPS":
+        raise ClaimError(
+            f"{where}: {chosen.source} asks for MPS on device {shared}: the node's config "
+            "sets how shares are shared"
+        )
+    if chosen.strategy != "TimeSlicing":
+        return chosen, None
+    kept = replace(chosen, strategy=None, interval=None)
+    if share.strategy == "time-slicing" and chosen.interval is None:
+        return kept, None  # time-slicing as asked: nothing differs
+    names = {v: k for k, v in INTERVALS.items()}
+    asked = "TimeSlicing" + ("" if chosen.interval is None else f" ({names[chosen.interval]})")
+    return kept, (
+        f"{where}: {chosen.source} asks for {asked} on device {shared}; the node's "
+        f"{share.strategy} sharing is kept (its config sets how shares are shared) and the "
+        "claim is prepared with it"
+    )
 
 
 def _get(obj: object, key: str) -> str:

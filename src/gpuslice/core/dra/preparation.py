@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts
 from gpuslice.core.dra.claims import (
+    ClaimError,
     ClaimWork,
     DeviceWork,
     GroupWork,
@@ -22,6 +23,7 @@ from gpuslice.core.dra.claims import (
     share_envs,
 )
 from gpuslice.core.dra.prepared import AppliedSharing, DeviceUse
+from gpuslice.core.migcaps import access_files
 from gpuslice.core.mps import MpsDaemonSpec
 
 MIB = 1024 * 1024
@@ -76,7 +78,30 @@ def preparation(work: ClaimWork, mps_root: str) -> Preparation:
 
 
 def _device(dw: DeviceWork, mounts: MpsMounts | None = None, **env: str) -> CdiDevice:
-    return CdiDevice(dw.device.name, dw.device.uuid, dw.device.gpu.minor, mounts, env or None)
+    """The device's CDI edits. A MIG device whose capability minors the backend could not
+    read is refused: without its capability nodes a container cannot open it, and a claim
+    error says why where a started container would only fail obscurely."""
+    device = dw.device
+    caps: tuple[int, ...] = ()
+    major = None
+    if device.mig is not None:
+        if device.mig.cap_minors is None:
+            gi, ci = access_files(device.gpu.minor, device.mig.gi_id, device.mig.ci_id)
+            raise ClaimError(
+                f"MIG device {device.name}: its capability minors could not be read from "
+                f"{gi} and {ci}; a container could not open it"
+            )
+        caps, major = device.mig.cap_minors, device.mig.cap_major
+    return CdiDevice(
+        device.name,
+        device.uuid,
+        device.gpu.minor,
+        mounts,
+        env or None,
+        dw.request_name,
+        caps,
+        major,
+    )
 
 
 def _share(
