@@ -252,12 +252,14 @@ class PrometheusReader:
         )
         conn = kind(parts.hostname or "", parts.port, timeout=left)
         expired = threading.Event()
+        connected: list[socket.socket] = []
 
         def expire() -> None:
-            # Wakes a read blocked in the socket: it returns, and `expired` says why.
+            # Wakes a read blocked in the socket: it returns, and `expired` says why. The
+            # socket is the one kept at connect: http.client lets go of its own reference
+            # once an answer without a length is under way.
             expired.set()
-            sock = conn.sock
-            if sock is not None:
+            for sock in connected:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
@@ -265,6 +267,10 @@ class PrometheusReader:
         watchdog.daemon = True
         watchdog.start()
         try:
+            conn.connect()
+            connected.append(conn.sock)
+            if expired.is_set():
+                raise late
             target = parts.path or "/"
             conn.request(
                 "GET",
