@@ -361,3 +361,21 @@ def test_implausible_values_in_a_file_are_named(tmp_path: Path, value: str) -> N
     code, _, err = run("advise", "--samples", str(path), "-o", "json")
     assert code == 0, err
     assert "warning: ignored 1 implausible sample(s) of gpuslice_pod_memory_used_bytes" in err
+
+
+# --- proxies ----------------------------------------------------------------------------
+
+
+def test_the_environment_s_proxy_is_still_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """urllib honoured HTTP_PROXY; the reader that replaced it (for its deadline and its
+    redirect rule) must too. The impostor is the proxy: it is asked for the whole URL."""
+    with impostor(history()) as proxy:
+        for name in ("http_proxy", "HTTP_PROXY"):
+            monkeypatch.setenv(name, proxy.url)
+        for name in ("no_proxy", "NO_PROXY", "REQUEST_METHOD"):
+            monkeypatch.delenv(name, raising=False)
+        code, report, err = advise_json("http://prometheus.invalid:9090")
+    assert code == 0, err
+    assert h100(report)["pods"][0]["peak_mib"] == 9216
+    assert proxy.paths
+    assert all(p.startswith("http://prometheus.invalid:9090/api/v1/") for p in proxy.paths)

@@ -13,6 +13,7 @@ GPUs' model and memory (`DCGM_FI_DEV_FB_*`, `modelName`) and the replicas the po
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -21,6 +22,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -247,10 +249,7 @@ class PrometheusReader:
         left = deadline - time.monotonic()
         if left <= 0:
             raise late
-        kind = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        conn = kind(parts.hostname or "", parts.port, timeout=left)
+        conn, target, headers = _connection(parts, left)
         expired = threading.Event()
         connected: list[socket.socket] = []
 
@@ -271,12 +270,7 @@ class PrometheusReader:
             connected.append(conn.sock)
             if expired.is_set():
                 raise late
-            target = parts.path or "/"
-            conn.request(
-                "GET",
-                f"{target}?{parts.query}" if parts.query else target,
-                headers={"Accept": "application/json"},
-            )
+            conn.request("GET", target, headers=headers)
             response = conn.getresponse()
             if response.status in REDIRECTS and response.getheader("Location"):
                 return response.status, response.getheader("Location"), bytearray()
@@ -339,6 +333,36 @@ def _decode(raw: bytearray, samples_left: int) -> object:
         limit = min(MAX_SAMPLES, MAX_ANSWER_SAMPLES)
         raise _TooLarge(f"an answer of more than {limit:,} samples (the most advise reads)")
     return json.loads(raw)
+
+
+def _connection(
+    parts: urllib.parse.SplitResult, timeout_s: float
+) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """The connection, request target and headers for a URL, through the proxy the
+    environment names (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`, as urllib reads them):
+    a plain http proxy is asked for the whole URL, an https URL is tunnelled."""
+    host, port = parts.hostname or "", parts.port
+    path = parts.path or "/"
+    target = f"{path}?{parts.query}" if parts.query else path
+    headers = {"Accept": "application/json"}
+    https = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    proxy_url = urllib.request.getproxies().get(parts.scheme)
+    if not proxy_url or urllib.request.proxy_bypass(host):
+        return kind(host, port, timeout=timeout_s), target, headers
+    proxy = urllib.parse.urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
+    proxy_headers = {}
+    if proxy.username is not None:
+        userpass = f"{urllib.parse.unquote(proxy.username)}:"
+        userpass += urllib.parse.unquote(proxy.password or "")
+        proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(
+            userpass.encode()
+        ).decode("ascii")
+    conn = kind(proxy.hostname or "", proxy.port or 80, timeout=timeout_s)
+    if https:
+        conn.set_tunnel(host, port, headers=proxy_headers)
+        return conn, target, headers
+    return conn, urllib.parse.urlunsplit(parts), {**headers, **proxy_headers}
 
 
 def _origin(url: str) -> tuple[str, str, int]:
