@@ -62,6 +62,7 @@ def history(
     *,
     model: str = "NVIDIA H100 80GB HBM3",
     fb: tuple[str, str] = ("1000", "80000"),
+    pod_name: str = "train",
 ) -> Handler:
     """A well-formed Prometheus holding one pod on one GPU; `memory` replaces its points."""
     values = memory_points() if memory is None else memory
@@ -69,7 +70,7 @@ def history(
     def respond(h: BaseHTTPRequestHandler) -> None:
         query = parse_qs(urlsplit(h.path).query).get("query", [""])[0]
         if "gpuslice_pod_memory_used_bytes" in query:
-            send(h, answer("matrix", [{"metric": pod(), "values": values}]))
+            send(h, answer("matrix", [{"metric": pod(pod_name), "values": values}]))
         elif "DCGM_FI_DEV_FB" in query:
             used = "USED" in query
             gpu = {"UUID": "GPU-1", "modelName": model}

@@ -379,3 +379,19 @@ def test_the_environment_s_proxy_is_still_used(monkeypatch: pytest.MonkeyPatch) 
     assert h100(report)["pods"][0]["peak_mib"] == 9216
     assert proxy.paths
     assert all(p.startswith("http://prometheus.invalid:9090/api/v1/") for p in proxy.paths)
+
+
+# --- the terminal -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("evil", ["[/bold] x", "[red]evil[/red]\x1b[2J\x07", "a\u2028b"])
+def test_labels_are_shown_not_acted_on_in_the_table(evil: str) -> None:
+    """A model or pod name holding rich markup was a traceback (`[/bold]`) or restyled the
+    table; a control character went to the terminal as it was."""
+    with impostor(history(model=evil, pod_name=evil)) as prom:
+        code, out, err = run("advise", "--prometheus", prom.url, *WINDOW)
+    assert code == 0, err
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in evil)
+    assert out.count(shown) >= 2  # the model's line and the pod's row
+    assert "\x1b" not in out
+    assert "\x07" not in out
