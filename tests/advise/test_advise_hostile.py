@@ -395,3 +395,17 @@ def test_labels_are_shown_not_acted_on_in_the_table(evil: str) -> None:
     assert out.count(shown) >= 2  # the model's line and the pod's row
     assert "\x1b" not in out
     assert "\x07" not in out
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 200_000, b'{"a":' * 200_000, b"\xff\xfe", b"null", b'"x"'],
+    ids=["nested arrays", "nested objects", "not UTF-8", "null", "a string"],
+)
+def test_an_answer_that_is_not_json_of_the_api_is_one_error_line(body: bytes) -> None:
+    """Nested past Python's stack, json raises RecursionError, not ValueError."""
+    with impostor(lambda h: send(h, body)) as prom:
+        code, _, err = advise_json(prom.url)
+    assert code == 2, err
+    assert err.startswith("error: Prometheus at ")
+    assert err.count("\n") == 1

@@ -201,7 +201,7 @@ class PrometheusReader:
             body = _decode(raw, MAX_SAMPLES - self.samples)
         except _TooLarge as exc:
             raise AdviseError(f"{where}: {exc}: narrow --since or raise --step") from None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the stack
             raise AdviseError(
                 f"{where} answered {status} with something that is not Prometheus's API "
                 f"JSON: {bytes(raw[:200])!r}"
