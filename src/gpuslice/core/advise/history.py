@@ -179,7 +179,7 @@ def build_history(
     # The loops below run once per sample (millions for a fleet's week): kept inline.
     memory: dict[tuple[ContainerKey, str], dict[int, int]] = {}
     sm: dict[tuple[ContainerKey, str], dict[int, float]] = {}
-    ceil = math.ceil
+    ceil, inf = math.ceil, math.inf
     top_index = 0
     for s in pod_series:
         key = _pod_key(s.labels)
@@ -189,7 +189,7 @@ def build_history(
             for t, v in s.points:
                 if not lo <= t <= hi:  # NaN too
                     continue
-                mib = ceil(v / MIB) if 0 < v < math.inf else 0
+                mib = ceil(v / MIB) if 0 < v < inf else 0
                 if not (isfinite(v) and v >= 0 and mib <= memory_mib):
                     notes.ignored(s, v, f"outside 0 to {memory_mib} MiB, the GPU's memory")
                     continue
