@@ -409,3 +409,30 @@ def test_an_answer_that_is_not_json_of_the_api_is_one_error_line(body: bytes) ->
     assert code == 2, err
     assert err.startswith("error: Prometheus at ")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("cap", "message"),
+    [("MAX_SERIES", "more than 5 series"), ("MAX_SAMPLES", "more than 5 samples")],
+)
+def test_a_samples_file_is_held_to_the_series_and_sample_caps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: str, message: str
+) -> None:
+    """The caps an answer from Prometheus is held to, made small here: a file under its
+    256 MiB cap can still hold tens of millions of samples."""
+    from gpuslice.prometheus import samples as samples_module
+
+    monkeypatch.setattr(samples_module, cap, 5)
+    t = int(UNTIL)
+    path = samples(
+        tmp_path,
+        *(
+            f'gpuslice_pod_memory_used_bytes{{pod="p{i}",UUID="GPU-1"}} {MIB} {t + i}'
+            for i in range(6)
+        )
+        if cap == "MAX_SERIES"
+        else (f"gpuslice_pod_memory_used_bytes{{{LABELS}}} {MIB} {t + i}" for i in range(6)),
+    )
+    code, _, err = run("advise", "--samples", str(path))
+    assert code == 2, err
+    assert err.startswith(f"error: {path}: {message} (the most advise reads)")
