@@ -7,6 +7,8 @@ and draws each pod's memory against the recommended share.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -37,22 +39,45 @@ MAX_SAMPLES_BYTES = 256 * 1024 * 1024
 histories belong in Prometheus (`--prometheus`), which `advise` reads in chunks."""
 DEFAULT_SINCE = "24h"
 DEFAULT_STEP = "15s"
+MAX_SINCE_S = 5 * 366 * 86400
+"""Five years: longer than any Prometheus keeps; `--since 1e12` is a typo, not a range."""
+MAX_STEP_S = 86400.0
+"""A day: coarser than that, no pod's peak or trend is left to size from."""
+MAX_UNTIL_S = 253402300799.0
+"""9999-12-31T23:59:59Z, the last time ISO 8601 and `datetime` can write."""
+MAX_TIMEOUT_S = 3600.0
 
 
 def _until(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise AdviseError(
-            f"--until: expected Unix seconds or an ISO 8601 time "
-            f"(2026-11-25T12:00:00+00:00), got {text!r}"
-        ) from None
+        try:
+            value = datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            raise AdviseError(
+                f"--until: expected Unix seconds or an ISO 8601 time "
+                f"(2026-11-25T12:00:00+00:00), got {text!r}"
+            ) from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_UNTIL_S):
+        raise AdviseError(f"--until: expected a time between 1970 and 9999, got {text!r}")
+    return value
+
+
+def _since(text: str) -> float:
+    seconds = parse_duration(text, "--since")
+    if seconds > MAX_SINCE_S:
+        raise AdviseError(f"--since: at most 5 years ({MAX_SINCE_S:.0f} s), got {text!r}")
+    return seconds
+
+
+def _step(text: str) -> float:
+    seconds = parse_duration(text, "--step")
+    if seconds > MAX_STEP_S:
+        raise AdviseError(f"--step: at most a day ({MAX_STEP_S:.0f} s), got {text!r}")
+    return seconds
 
 
 def load_history(
@@ -68,23 +93,25 @@ def load_history(
     if prometheus is not None:
         from gpuslice.prometheus.client import PrometheusReader, Window
 
-        step_s = parse_duration(step or DEFAULT_STEP, "--step")
+        step_s = _step(step or DEFAULT_STEP)
         end = time.time() if end is None else end
-        start = end - parse_duration(since or DEFAULT_SINCE, "--since")
+        start = end - _since(since or DEFAULT_SINCE)
         window = Window(start, end, step_s)
         series = PrometheusReader(prometheus, timeout_s=timeout_s).series(window)
-        return build_history(series, step_s, start=start)
+        return build_history(series, step_s, start=start, end=end)
     assert samples is not None
     from gpuslice.prometheus.samples import parse_samples, scrape_interval
 
     text = read_text(samples, MAX_SAMPLES_BYTES)[0]
     series = parse_samples(text, str(samples))
+    begin: float | None = None
     if end is not None or since is not None:
-        last = max((t for s in series for t, _ in s.points), default=0.0)
-        stop = last if end is None else end
-        begin = stop - parse_duration(since, "--since") if since is not None else float("-inf")
+        last = max((t for s in series for t, _ in s.points if math.isfinite(t)), default=0.0)
+        end = last if end is None else end
+        begin = end - _since(since) if since is not None else None
+        lo = -math.inf if begin is None else begin
         series = [
-            RawSeries(s.name, s.labels, [(t, v) for t, v in s.points if begin <= t <= stop])
+            RawSeries(s.name, s.labels, [(t, v) for t, v in s.points if lo <= t <= end])
             for s in series
         ]
     if not any(s.name == POD_MEMORY and s.points for s in series):
@@ -92,21 +119,26 @@ def load_history(
             f"{samples}: no {POD_MEMORY} series in the range (with timestamps): this is not "
             "gpuslice's exporter's history"
         )
-    step_or_none = parse_duration(step, "--step") if step else scrape_interval(series)
+    step_or_none = _step(step) if step else scrape_interval(series)
     if step_or_none is None:
         raise AdviseError(
             f"{samples}: no per-pod series with two samples or more in the range: "
             "nothing to tell a scrape interval or a trend from"
         )
-    return build_history(series, step_or_none)
+    return build_history(series, step_or_none, start=begin, end=end)
 
 
 def config_map_text(advice: Advice, name: str = "gpuslice-advise") -> str:
-    """The ConfigMap, with the node labels that select each config as comments."""
+    """The ConfigMap, with the node labels that select each config as comments.
+
+    The model name comes from a `modelName` label anyone who can write a series controls:
+    in a comment it is written as a JSON string, ASCII only, so no newline, `---`, control
+    character or Unicode line separator can end the comment and add a document to the file
+    the admin applies. Everything else goes through `yaml.safe_dump`."""
     configs = named_configs(advice)
     head = ["# Written by `gpuslice advise`: one named config per GPU model."]
     head += [
-        f"#   {c.model}: replicas {c.replicas}; select with "
+        f"#   {json.dumps(c.model)}: replicas {c.replicas}; select with "
         f"kubectl label node <node> {c.label} --overwrite"
         for c in configs
     ]
@@ -177,7 +209,13 @@ _BlockDumper.add_representer(str, _block)
     help="Draw each pod's memory against the recommended share as a PNG "
     "(needs the `plot` extra: pip install 'gpuslice[plot]').",
 )
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per request.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds per request, the whole request (redirects and a slow answer included).",
+)
 @output_option
 @reports_errors
 def advise_command(
@@ -205,7 +243,11 @@ def advise_command(
         from gpuslice.cli.advise_plot import check_available
 
         check_available()
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise AdviseError(f"--timeout: expected seconds above 0, at most 3600, got {timeout}")
     history = load_history(prometheus, samples, since, until, step, timeout)
+    for line in history.warnings:
+        click.echo(f"warning: {line}", err=True)
     advice = advise(history, headroom, current_replicas)
     if output == "table":
         render_advice(advice, history, console())

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -59,8 +60,17 @@ def _verdict(p: PodStats) -> str:
     return "sized"
 
 
+def _plain(text: str) -> str:
+    """Text that comes from labels (model and pod names, and the reasons quoting them),
+    shown as it is: rich markup in a label is escaped (`[/bold]` was a traceback) and a
+    control character is written as Python escapes it (`\\x1b`), never sent to the
+    terminal. Newlines stay: the reasons are joined with them."""
+    shown = "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+    return escape(shown)
+
+
 def _names(names: Sequence[str]) -> str:
-    return ", ".join(names) if names else "none"
+    return _plain(", ".join(names)) if names else "none"
 
 
 def _replay_rows(table: Table, label: str, r: ReplayOutcome | None) -> None:
@@ -79,11 +89,11 @@ def _replay_rows(table: Table, label: str, r: ReplayOutcome | None) -> None:
 def render_model(m: ModelAdvice, history: History, console: Console) -> None:
     current = "unknown" if m.current_replicas is None else str(m.current_replicas)
     console.print(
-        f"[bold]{m.model}[/bold] · {gib(m.memory_mib)} GiB · {m.gpus_seen} GPU(s) seen · "
+        f"[bold]{_plain(m.model)}[/bold] · {gib(m.memory_mib)} GiB · {m.gpus_seen} GPU(s) seen · "
         f"{len(m.pods)} pod(s) · current replicas {current} · config name {m.key}"
     )
     for note in m.notes:
-        console.print(f"  [yellow]•[/yellow] {note}")
+        console.print(f"  [yellow]•[/yellow] {_plain(note)}")
     ts = m.time_slicing
     if ts is not None:
         plan = Table(title="recommendation", title_justify="left", show_lines=True)
@@ -93,17 +103,17 @@ def render_model(m: ModelAdvice, history: History, console: Console) -> None:
         plan.add_row(
             "time-slicing",
             f"replicas {ts.replicas}\nshare {gib(ts.share_mib)} GiB",
-            "\n".join(ts.why),
+            _plain("\n".join(ts.why)),
         )
         if m.mps is not None:
             plan.add_row(
                 "MPS",
                 f"replicas {m.mps.replicas}\nlimit {m.mps.pinned_limit_mib} MiB\n"
                 f"{m.mps.active_thread_percentage}% threads",
-                "\n".join(m.mps.why),
+                _plain("\n".join(m.mps.why)),
             )
         if m.mig is not None:
-            plan.add_row("MIG", "\n".join(m.mig.layouts), "\n".join(m.mig.why))
+            plan.add_row("MIG", "\n".join(m.mig.layouts), _plain("\n".join(m.mig.why)))
         plan.add_row("DRA", "per pod below", "memory = the pod's peak + headroom, as a share")
         console.print(plan)
     share = ts.share_mib if ts is not None else m.memory_mib
@@ -119,7 +129,7 @@ def render_model(m: ModelAdvice, history: History, console: Console) -> None:
     for p in m.pods:
         who = (p.name, p.trace.key.container)
         pods.add_row(
-            p.name,
+            _plain(p.name),
             f"{gib(p.peak_mib)} GiB",
             f"{gib(p.p99_mib)} GiB",
             "n/a" if p.mean_sm_percent is None else f"{p.mean_sm_percent:.0f}%",

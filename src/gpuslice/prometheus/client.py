@@ -13,16 +13,21 @@ GPUs' model and memory (`DCGM_FI_DEV_FB_*`, `modelName`) and the replicas the po
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import json
 import math
-import urllib.error
+import socket
+import threading
+import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gpuslice.core.advise import AdviseError, RawSeries
+from gpuslice.core.advise.history import MAX_GRID_POINTS
 
 MAX_POINTS = 11_000
 """Prometheus's limit on points per series in one `query_range` answer."""
@@ -37,6 +42,10 @@ class Window:
     @property
     def seconds(self) -> int:
         return max(1, math.ceil(self.end - self.start))
+
+    @property
+    def points(self) -> int:
+        return math.floor((self.end - self.start) / self.step_s) + 1
 
 
 RANGE_QUERIES = {
@@ -59,14 +68,18 @@ def _duration(seconds: float) -> str:
 def chunks(window: Window) -> list[tuple[float, float]]:
     """(start, end) of each `query_range` call: consecutive, at most MAX_POINTS points,
     on one grid."""
-    out = []
+    return list(iter_chunks(window))
+
+
+def iter_chunks(window: Window) -> Iterator[tuple[float, float]]:
+    """`chunks`, one at a time: a window of billions of steps is refused after its first
+    request (`PrometheusReader.series`), never listed whole."""
     at = window.start
     span = (MAX_POINTS - 1) * window.step_s
     while at <= window.end:
         stop = min(window.end, at + span)
-        out.append((at, stop))
+        yield at, stop
         at = stop + window.step_s
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,24 +93,27 @@ class Request:
 def requests_for(window: Window) -> list[Request]:
     """Every request `series` makes for a window, in order: a range query per metric and
     time chunk, then the instant queries."""
-    out = []
+    return list(iter_requests(window))
+
+
+def iter_requests(window: Window) -> Iterator[Request]:
+    """`requests_for`, one at a time."""
     # A millisecond short of the step: Prometheus 2's range selectors include both ends,
     # and a sample exactly one step back belongs to the previous point.
     step = _duration(window.step_s - 0.001)
     for name, query in RANGE_QUERIES.items():
-        for start, end in chunks(window):
+        for start, end in iter_chunks(window):
             params = {
                 "query": query.format(step=step),
                 "start": f"{start:.3f}",
                 "end": f"{end:.3f}",
                 "step": f"{window.step_s:g}",
             }
-            out.append(Request(name, "/api/v1/query_range", params))
+            yield Request(name, "/api/v1/query_range", params)
     rng = _duration(window.seconds)
     for name, query in INSTANT_QUERIES.items():
         params = {"query": query.format(range=rng), "time": f"{window.end:.3f}"}
-        out.append(Request(name, "/api/v1/query", params))
-    return out
+        yield Request(name, "/api/v1/query", params)
 
 
 class PrometheusReader:
@@ -105,49 +121,271 @@ class PrometheusReader:
         if not url.startswith(("http://", "https://")):
             raise AdviseError(f"--prometheus: expected an http:// or https:// URL, got {url!r}")
         self.url = url.rstrip("/")
+        try:
+            self.origin = _origin(self.url)
+        except ValueError as exc:
+            raise AdviseError(f"--prometheus: {exc}, got {url!r}") from None
         self.timeout_s = timeout_s
         self.requests = 0
         """How many HTTP requests this reader made (the bench and tests count them)."""
+        self.samples = 0
 
     def series(self, window: Window) -> list[RawSeries]:
         """Every series `advise` reads, over the window."""
         merged: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-        for request in requests_for(window):
+        for n, request in enumerate(iter_requests(window)):
+            if n == 1 and window.points > MAX_GRID_POINTS:
+                # After the first request, not before: Prometheus's own refusal (a step
+                # under its millisecond resolution) says more than a count of steps.
+                raise AdviseError(
+                    f"--since/--step: {window.points:,} steps of {window.step_s:g} s, more "
+                    f"than the {MAX_GRID_POINTS:,} advise lines up: narrow --since or raise "
+                    "--step"
+                )
+            query = request.params.get("query", "")
             for r in self._get(request.path, request.params):
-                labels = tuple(sorted(dict(r.get("metric", {})).items()))
-                points = merged.setdefault((request.name, labels), [])
-                if "values" in r:
-                    # JSON gives the times as numbers already, the values as strings
-                    points.extend([(t, float(v)) for t, v in r["values"]])
-                elif "value" in r:
-                    points.append((float(r["value"][0]), float(r["value"][1])))
+                labels, points = self._series_of(r, query)
+                into = merged.get((request.name, labels))
+                if into is None:
+                    if len(merged) >= MAX_SERIES:
+                        raise AdviseError(
+                            f"Prometheus at {self.url}: more than {MAX_SERIES:,} series "
+                            "(the most advise reads): narrow the range or the series scraped"
+                        )
+                    into = merged[(request.name, labels)] = []
+                into.extend(points)
         return [RawSeries(name, dict(labels), pts) for (name, labels), pts in merged.items()]
+
+    def _series_of(
+        self, r: object, query: str
+    ) -> tuple[tuple[tuple[str, str], ...], list[tuple[float, float]]]:
+        """One series of an answer, its types checked: JSON from anyone who can answer on
+        that port is not trusted to be a matrix or a vector of [time, "value"]."""
+        where = f"Prometheus at {self.url} answered {query!r} with"
+        metric = r.get("metric") if isinstance(r, dict) else None
+        if not isinstance(metric, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metric.items()
+        ):
+            raise AdviseError(f"{where} a series without string labels: {_short(r)}")
+        assert isinstance(r, dict)
+        raw = r["values"] if "values" in r else [r["value"]] if "value" in r else None
+        if not isinstance(raw, list):
+            raise AdviseError(f"{where} a series without values: {_short(r)}")
+        try:
+            # JSON gives the times as numbers already, the values as strings ("NaN" and
+            # "+Inf" included: the core ignores those and says so)
+            if not all(type(p) is list for p in raw):
+                raise TypeError
+            points = [(float(t), float(v)) for t, v in raw]
+        except (TypeError, ValueError, OverflowError):
+            bad = next((p for p in raw if not _is_point(p)), raw)
+            raise AdviseError(
+                f'{where} {_short(bad)} in {_short(metric)}: expected [time, "value"]'
+            ) from None
+        self.samples += len(points)
+        if self.samples > MAX_SAMPLES:
+            raise AdviseError(
+                f"Prometheus at {self.url}: more than {MAX_SAMPLES:,} samples (the most "
+                "advise reads): narrow --since or raise --step"
+            )
+        return tuple(sorted(metric.items())), points
 
     def url_of(self, request: Request) -> str:
         return f"{self.url}{request.path}?{urllib.parse.urlencode(request.params)}"
 
-    def _get(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
-        """The `result` list of a successful answer (JSON, hence Any)."""
+    def _get(self, path: str, params: Mapping[str, str]) -> list[object]:
+        """The `result` list of a successful answer (JSON: checked by the caller)."""
         where = f"Prometheus at {self.url}"
-        url = self.url_of(Request("", path, params))
-        self.requests += 1
+        status, raw = self._fetch(self.url_of(Request("", path, params)))
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as exc:  # 4xx/5xx: Prometheus explains in its JSON
-            status, raw = exc.code, exc.read()
-        except (OSError, ValueError) as exc:
-            raise AdviseError(f"cannot reach {where}: {exc}") from None
-        try:
-            body = json.loads(raw)
-        except ValueError:
+            body = _decode(raw, MAX_SAMPLES - self.samples)
+        except _TooLarge as exc:
+            raise AdviseError(f"{where}: {exc}: narrow --since or raise --step") from None
+        except (ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the stack
             raise AdviseError(
                 f"{where} answered {status} with something that is not Prometheus's API "
-                f"JSON: {raw[:200]!r}"
+                f"JSON: {bytes(raw[:200])!r}"
             ) from None
+        del raw
         if not isinstance(body, dict) or body.get("status") != "success":
             detail = body.get("error", body) if isinstance(body, dict) else body
-            raise AdviseError(f"{where} refused {params.get('query', '')!r} ({status}): {detail}")
+            raise AdviseError(
+                f"{where} refused {params.get('query', '')!r} ({status}): {_short(detail)}"
+            )
         data = body.get("data", {})
         result = data.get("result", []) if isinstance(data, dict) else []
         return result if isinstance(result, list) else []
+
+    def _fetch(self, url: str) -> tuple[int, bytearray]:
+        """Status and body of a GET, redirects followed within the origin, all of it
+        within `timeout_s`: a per-read timeout alone lets a server that sends a byte now
+        and then hold advise forever."""
+        deadline = time.monotonic() + self.timeout_s
+        for _ in range(MAX_REDIRECTS + 1):
+            self.requests += 1
+            status, location, raw = self._fetch_once(url, deadline)
+            if location is None:
+                return status, raw
+            target = urllib.parse.urljoin(url, location)
+            try:
+                same = _origin(target) == self.origin
+            except ValueError:
+                same = False
+            if not same:
+                raise AdviseError(
+                    f"Prometheus at {self.url} redirected ({status}) to {target!r}: only "
+                    f"redirects within {self.origin} are followed"
+                )
+            url = target
+        raise AdviseError(f"Prometheus at {self.url}: more than {MAX_REDIRECTS} redirects")
+
+    def _fetch_once(self, url: str, deadline: float) -> tuple[int, str | None, bytearray]:
+        where = f"Prometheus at {self.url}"
+        late = AdviseError(
+            f"{where} sent no whole answer within --timeout {self.timeout_s:g} s "
+            "(the whole request, not each read)"
+        )
+        parts = urllib.parse.urlsplit(url)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise late
+        conn, target, headers = _connection(parts, left)
+        expired = threading.Event()
+        connected: list[socket.socket] = []
+
+        def expire() -> None:
+            # Wakes a read blocked in the socket: it returns, and `expired` says why. The
+            # socket is the one kept at connect: http.client lets go of its own reference
+            # once an answer without a length is under way.
+            expired.set()
+            for sock in connected:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(left, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            connected.append(conn.sock)
+            if expired.is_set():
+                raise late
+            conn.request("GET", target, headers=headers)
+            response = conn.getresponse()
+            if response.status in REDIRECTS and response.getheader("Location"):
+                return response.status, response.getheader("Location"), bytearray()
+            length = response.getheader("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
+                raise _too_large(where)
+            body = bytearray()
+            while chunk := response.read(READ_BYTES):
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise _too_large(where)
+            if expired.is_set():
+                raise late
+            return response.status, None, body
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if expired.is_set() or time.monotonic() >= deadline:
+                raise late from None
+            raise AdviseError(f"cannot reach {where}: {exc}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The largest answer read (64 MiB): a chunk of 11,000 steps for some 200 pods alive all
+along. Read in pieces and stopped past it, before any of it is parsed."""
+MAX_SERIES = 100_000
+"""The most series read in a run, all metrics together (the bench's fleet: about 2,000)."""
+MAX_SAMPLES = 10_000_000
+"""The most samples read in a run, all metrics together (the bench's fleet week: 5.8
+million). Held as Python floats, about 1.1 GB at the cap."""
+MAX_ANSWER_SAMPLES = 3_000_000
+"""The most samples in one answer: about what 64 MiB of Prometheus's own `[1764000000.123,
+"12345678"]` holds, so that an answer of tighter JSON cannot parse into more objects."""
+MAX_REDIRECTS = 5
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+READ_BYTES = 1024 * 1024
+
+
+class _TooLarge(Exception):
+    """An answer holding more series or samples than advise reads."""
+
+
+def _too_large(where: str) -> AdviseError:
+    return AdviseError(
+        f"{where} sent an answer over {MAX_BODY_BYTES // (1024 * 1024)} MiB "
+        f"({MAX_BODY_BYTES} bytes, the most advise reads): narrow --since or raise --step"
+    )
+
+
+def _decode(raw: bytearray, samples_left: int) -> object:
+    """`json.loads`, refusing an answer that would make more objects than the caps before
+    parsing it: a 64 MiB answer of tiny series or points is gigabytes once parsed. Every
+    point is an array and every series two objects (itself and its labels), so counting
+    `[` and `{` bounds them (a bracket inside a label value only makes the count larger)."""
+    if raw.count(b"{") > 2 * MAX_SERIES + 8:
+        raise _TooLarge(f"an answer of more than {MAX_SERIES:,} series (the most advise reads)")
+    arrays = raw.count(b"[")
+    if arrays > min(samples_left, MAX_ANSWER_SAMPLES) + MAX_SERIES + 8:
+        limit = min(MAX_SAMPLES, MAX_ANSWER_SAMPLES)
+        raise _TooLarge(f"an answer of more than {limit:,} samples (the most advise reads)")
+    return json.loads(raw)
+
+
+def _connection(
+    parts: urllib.parse.SplitResult, timeout_s: float
+) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """The connection, request target and headers for a URL, through the proxy the
+    environment names (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`, as urllib reads them):
+    a plain http proxy is asked for the whole URL, an https URL is tunnelled."""
+    host, port = parts.hostname or "", parts.port
+    path = parts.path or "/"
+    target = f"{path}?{parts.query}" if parts.query else path
+    headers = {"Accept": "application/json"}
+    https = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    proxy_url = urllib.request.getproxies().get(parts.scheme)
+    if not proxy_url or urllib.request.proxy_bypass(host):
+        return kind(host, port, timeout=timeout_s), target, headers
+    proxy = urllib.parse.urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
+    proxy_headers = {}
+    if proxy.username is not None:
+        userpass = f"{urllib.parse.unquote(proxy.username)}:"
+        userpass += urllib.parse.unquote(proxy.password or "")
+        proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(
+            userpass.encode()
+        ).decode("ascii")
+    conn = kind(proxy.hostname or "", proxy.port or 80, timeout=timeout_s)
+    if https:
+        conn.set_tunnel(host, port, headers=proxy_headers)
+        return conn, target, headers
+    return conn, urllib.parse.urlunsplit(parts), {**headers, **proxy_headers}
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    """Scheme, host and port: a redirect is followed only to the same three."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise ValueError(f"not http or https: {scheme!r}")
+    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _is_point(p: object) -> bool:
+    if not isinstance(p, list | tuple) or len(p) != 2:
+        return False
+    try:
+        float(p[0])
+        float(p[1])
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

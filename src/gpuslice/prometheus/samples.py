@@ -15,14 +15,17 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from gpuslice.core.advise import SERIES_READ, AdviseError, RawSeries
+from gpuslice.prometheus.client import MAX_SAMPLES, MAX_SERIES
 
 
 def parse_samples(text: str, source: str) -> list[RawSeries]:
     """The series `advise` reads, grouped by name and labels, points in time order.
-    OpenMetrics when the text ends with `# EOF`, else the text format."""
+    OpenMetrics when the text ends with `# EOF`, else the text format. Held to the same
+    series and sample caps as an answer from Prometheus: a 256 MiB file of tiny samples
+    is gigabytes as Python objects."""
     is_openmetrics = text.rstrip().endswith("# EOF")
     grouped: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-    untimed = 0
+    untimed = kept = 0
     try:
         # prometheus_client's text parser has no annotations
         families = (
@@ -36,7 +39,19 @@ def parse_samples(text: str, source: str) -> list[RawSeries]:
                     untimed += 1
                     continue
                 key = (sample.name, tuple(sorted(sample.labels.items())))
-                grouped.setdefault(key, []).append((float(sample.timestamp), float(sample.value)))
+                points = grouped.get(key)
+                if points is None:
+                    if len(grouped) >= MAX_SERIES:
+                        raise AdviseError(
+                            f"{source}: more than {MAX_SERIES:,} series (the most advise reads)"
+                        )
+                    points = grouped[key] = []
+                points.append((float(sample.timestamp), float(sample.value)))
+                kept += 1
+                if kept > MAX_SAMPLES:
+                    raise AdviseError(
+                        f"{source}: more than {MAX_SAMPLES:,} samples (the most advise reads)"
+                    )
     except ValueError as exc:
         kind = "OpenMetrics" if is_openmetrics else "Prometheus text format"
         raise AdviseError(f"{source}: not valid {kind}: {exc}") from None

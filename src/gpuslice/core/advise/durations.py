@@ -3,6 +3,7 @@ works in a PromQL query works on the command line too."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from gpuslice.core.errors import GpusliceError
@@ -12,7 +13,9 @@ _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
-    """Seconds in `text` (`1h30m` too); a bare number is seconds."""
+    """Seconds in `text` (`1h30m` too); a bare number is seconds. `inf`, `nan` and
+    `1e400` parse as floats but size nothing: refused here, so a grid is never built on
+    them."""
     value = text.strip()
     try:
         seconds = float(value)
@@ -27,6 +30,6 @@ def parse_duration(text: str, what: str = "duration") -> float:
             raise GpusliceError(
                 f"{what}: expected a duration such as 90s, 15m, 24h or 7d, got {text!r}"
             ) from None
-    if seconds <= 0:
-        raise GpusliceError(f"{what}: must be positive, got {text!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise GpusliceError(f"{what}: must be positive and finite, got {text!r}")
     return seconds
