@@ -172,6 +172,10 @@ def _read_pid(pipe: Path) -> int:
         return 0
 
 
+def _pid_written(pipe: Path) -> Callable[[], bool]:
+    return lambda: _read_pid(pipe) != 0
+
+
 async def answers(pipe: Path) -> bool:
     """Whether the daemon in `pipe` answers its health command, asked the way the agent
     asks it (`ControlProgram` over the fake control program)."""
@@ -192,11 +196,12 @@ async def place(node: DraNode, names: list[tuple[str, str, bool]]) -> list[Held]
     for ref, (_, _, with_mps) in zip(refs, names, strict=True):
         if results[ref.uid].error:
             raise SystemExit(f"Prepare of {ref.name} failed: {results[ref.uid].error}")
-        pipe = None
-        if with_mps:
-            pipe = next((node.plugin_dir / "mps").glob(f"{ref.uid}-*/pipe"))
-            await node.until(lambda p=pipe: _read_pid(p) != 0, f"{ref.name}'s daemon")
-        held.append(Held(ref, pipe, _read_pid(pipe) if pipe else 0))
+        if not with_mps:
+            held.append(Held(ref))
+            continue
+        pipe = next((node.plugin_dir / "mps").glob(f"{ref.uid}-*/pipe"))
+        await node.until(_pid_written(pipe), f"{ref.name}'s daemon")
+        held.append(Held(ref, pipe, _read_pid(pipe)))
     return held
 
 
@@ -371,7 +376,7 @@ async def case_api_less() -> list[Row]:
             # without the API the record cannot be rebuilt yet: not counted here; what it
             # holds now is what the next start (the second row) goes by
             first.notes.append(
-                f"record holds {first.lost_records and len(held) - first.lost_records} of "
+                f"record holds {len(held) - (first.lost_records or 0)} of "
                 f"{len(held)}; " + ("registered" if node.kubelet.registration(DRIVER) else
                                     "not registered")
             )  # fmt: skip
@@ -650,10 +655,13 @@ async def hold_kubelet_restart(holds: Holds) -> None:
         await node.until(lambda: pid_file.exists() or call.done(), "the held daemon started")
         pid = _read_pid(pid_file.parent)
         await node.kubelet.restart()
-        try:
-            outcome = f"answered: {(await call)[ref.uid].error or 'prepared'}"
-        except DraKubeletError as exc:
-            outcome = str(exc).split(":")[1].strip()
+        await asyncio.wait([call])
+        if call.cancelled():  # the emulator closing its channel cancels the call client-side
+            outcome = "cancelled"
+        elif (exc := call.exception()) is not None:
+            outcome = f"{type(exc).__name__}: {str(exc)[:80]}"
+        else:
+            outcome = f"answered: {call.result()[ref.uid].error[:80] or 'prepared'}"
 
         def left() -> tuple[int, int, int, int]:
             return (
