@@ -88,10 +88,12 @@ class DraNode:
     def cdi_root(self) -> Path:
         return self.root / "cdi"
 
-    async def until(self, predicate: Callable[[], bool], what: str) -> float:
+    async def until(
+        self, predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+    ) -> float:
         t0 = time.perf_counter()
         while not predicate():
-            if time.perf_counter() - t0 > WAIT_S or not self.daemon.running:
+            if time.perf_counter() - t0 > timeout_s or not self.daemon.running:
                 raise SystemExit(f"timed out waiting for {what}:\n{self.daemon.log()[-4000:]}")
             await asyncio.sleep(0.02)
         return time.perf_counter() - t0

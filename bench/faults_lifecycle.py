@@ -88,6 +88,9 @@ DIRS_S = 3.0
 """Grace for MPS directories to go after the last Unprepare answered."""
 FIGHT_S = 4.0
 """How long two agents run side by side before the first one exits."""
+OVERLAP_WAIT_S = 15.0
+"""How long a second agent is given to register while the first still runs: a fix may
+have it wait for the first instead, which the two-agent cases then let exit."""
 
 
 # -- what a case reports ----------------------------------------------------------------------
@@ -298,20 +301,25 @@ def dead_kubeconfig(node: DraNode) -> Path:
     return path
 
 
-async def start_agent(node: DraNode, log_name: str, kubeconfig: Path | None = None) -> bool:
+async def start_agent(
+    node: DraNode, log_name: str, kubeconfig: Path | None = None, within_s: float = WAIT_S
+) -> bool:
     """Start a new agent process for the node (it replaces `node.daemon`) and wait until it
-    loaded its record and, with the API up, registered anew; False if it never did."""
+    loaded its record and, with the API up, registered anew; False if it did not within
+    `within_s` (or exited)."""
     before = node.kubelet.registration(DRIVER)
     node.daemon = dra_agent(node.root, kubeconfig or node.root / "kubeconfig", DRA_SPEC, log_name)
     await node.daemon.start()
     try:
-        await node.until(lambda: "dra-checkpoint-loaded" in node.daemon.log(), "record loaded")
+        loaded = "dra-checkpoint-loaded"
+        await node.until(lambda: loaded in node.daemon.log(), "record loaded", within_s)
         if kubeconfig is None:
             await node.until(
                 lambda: (
                     (now := node.kubelet.registration(DRIVER)) is not None and now is not before
                 ),
                 "registration",
+                within_s,
             )
     except SystemExit:
         return False
@@ -403,7 +411,7 @@ async def case_two_dra_agents() -> list[Row]:
         row = Row("two agents (DRA)", len(held) + 2)
         lingering = node.daemon
         with Registrations(node.kubelet) as regs:
-            if not await start_agent(node, "agent-b.log"):
+            if not await start_agent(node, "agent-b.log", within_s=OVERLAP_WAIT_S):
                 # a fix may make B wait for A: then A's exit lets it go on
                 row.notes.append("the second agent waited for the first")
                 await lingering.terminate()
@@ -502,9 +510,9 @@ class DpNode:
         self.starts += 1
         return dp_agent(self.root, f"agent-{self.starts}.log")
 
-    async def until(self, predicate: Callable[[], bool]) -> bool:
+    async def until(self, predicate: Callable[[], bool], within_s: float = WAIT_S) -> bool:
         try:
-            await self.kubelet.wait_for(predicate, WAIT_S)
+            await self.kubelet.wait_for(predicate, within_s)
         except TimeoutError:
             return False
         return True
@@ -598,9 +606,9 @@ async def _second_dp_agent(node: DpNode) -> int:
     before = node.kubelet.registrations[DP_RES]
     node.daemon = node.agent()
     await node.daemon.start()
-    await node.until(lambda: node.kubelet.registrations[DP_RES] > before)
+    await node.until(lambda: node.kubelet.registrations[DP_RES] > before, OVERLAP_WAIT_S)
     await asyncio.sleep(FIGHT_S)
-    await first.terminate()  # the lingering one ends
+    await first.terminate()  # the lingering one ends (a second one waiting may go on)
     return 1
 
 
@@ -742,9 +750,13 @@ async def scenario_lifecycle(quick: bool, only: str = "") -> tuple[str, bool]:
             print(f"{case.__name__}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     holds = Holds()
     if only in "hold_soak":
+        t0 = time.perf_counter()
         await hold_soak(300 if quick else 3000, holds)
+        print(f"hold_soak: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     if only in "hold_kubelet_restart":
+        t0 = time.perf_counter()
         await hold_kubelet_restart(holds)
+        print(f"hold_kubelet_restart: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     else:
         holds.retry = "succeeded"  # not run: neither reported nor held against the run
     if rows:
@@ -772,9 +784,13 @@ def main() -> None:
         help="exit 1 when a case lost anything or what held no longer does",
     )
     parser.add_argument(
-        "--case", default="", help="only the cases whose function name holds this (debugging)"
+        "--case", default="", help="only the cases whose function name holds this (see --list)"
     )
+    parser.add_argument("--list", action="store_true", help="print the case names and stop")
     args = parser.parse_args()
+    if args.list:
+        print("\n".join([c.__name__ for c in CASES] + ["hold_soak", "hold_kubelet_restart"]))
+        return
     summary, clean = asyncio.run(scenario_lifecycle(args.quick, args.case))
     print(f"Closing note: {summary}.")
     if args.require_nothing_lost and not clean:

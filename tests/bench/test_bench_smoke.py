@@ -94,3 +94,46 @@ def test_a_bench_with_quick_and_a_closing_note_passes_the_smoke(tmp_path: Path) 
         encoding="utf-8",
     )
     assert smoke_failure(script) is None
+
+
+# -- the lifecycle cases of bench_faults.py ----------------------------------------------------
+# `bench_faults.py --quick` leaves them out (two minutes and more together), so each case of
+# `faults_lifecycle.py` is run here on its own: it must run to its end and report itself.
+# Nothing is asserted about what it lost: "nothing lost" is the bench's own check
+# (`--require-nothing-lost`), for the day every lifecycle fix is in.
+
+LIFECYCLE = ROOT / "bench" / "faults_lifecycle.py"
+LIFECYCLE_GUARD_S = 150
+"""Not a timing budget: a case takes 5-30 s on the shared 2-core machine."""
+
+
+def lifecycle_cases() -> list[str]:
+    """The cases as the bench lists them (`--list`), so a new one is covered when it lands."""
+    proc = subprocess.run(
+        [sys.executable, str(LIFECYCLE), "--list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=True,
+    )
+    return proc.stdout.split()
+
+
+@pytest.mark.timeout(LIFECYCLE_GUARD_S + 10)
+@pytest.mark.parametrize("case", lifecycle_cases())
+def test_each_lifecycle_case_runs_and_reports(case: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(LIFECYCLE), "--quick", "--case", case],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=LIFECYCLE_GUARD_S,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{case} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    assert f"{case}: " in proc.stderr, f"{case} did not report its run:\n{proc.stderr[-4000:]}"
+    report = "lifecycle: what each event lost" if case.startswith("case_") else "already holds"
+    assert report in proc.stdout, proc.stdout[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert lines[-1].startswith(CLOSING), lines[-1]
