@@ -27,6 +27,8 @@ The cases, each on a node of its own:
 - two agents (DRA): a second agent starts while the first lingers (a force-deleted pod),
   a claim is prepared through whichever the kubelet reaches, then the first one exits;
 - two agents (device plugin): the same on one device-plugin socket with MPS;
+- SIGKILL (DRA, MPS claims): the agent killed and started again, nothing else (the control:
+  DRA mode leaves claim daemons running for the next agent by design);
 - SIGKILL / SIGTERM (device plugin, MPS, two pods admitted): the agent ends and starts again;
 - reboot: the agent and every MPS daemon killed, the record's boot ID changed (the agent
   reads the real one, so a record from "another boot" is what a reboot leaves), pid files
@@ -346,14 +348,20 @@ async def measure(node: DraNode, held: list[Held], row: Row) -> None:
 
 
 async def restart_case(
-    case: str, between: Callable[[DraNode], None], kubeconfig_dead: bool = False
+    case: str, between: Callable[[DraNode], None], *, sigkill: bool = False
 ) -> Row:
-    """Claims in place, the agent stopped (SIGTERM), `between` done to its files, started."""
+    """Claims in place, the agent stopped (SIGTERM, or SIGKILL), `between` done to its
+    files, a new agent started."""
     async with dra_node(node_spec=DRA_SPEC) as node:
         held = await place(node, IN_PLACE)
         row = Row(case, len(held))
         with Registrations(node.kubelet) as regs:
-            await node.daemon.terminate()
+            if sigkill:
+                assert node.daemon.proc is not None
+                node.daemon.proc.kill()
+                await node.daemon.proc.wait()
+            else:
+                await node.daemon.terminate()
             between(node)
             if not await start_agent(node, "agent-2.log"):
                 row.fail("the agent did not come back")
@@ -369,6 +377,15 @@ def to_old_name(node: DraNode) -> None:
 
 def removed(node: DraNode) -> None:
     (node.plugin_dir / CHECKPOINT_NAME).unlink()
+
+
+def untouched(node: DraNode) -> None:
+    """Nothing done to the node's files: the restart alone."""
+
+
+async def case_dra_sigkill() -> list[Row]:
+    """The control: DRA mode keeps claim daemons across agent restarts by design."""
+    return [await restart_case("SIGKILL (DRA, MPS claims)", untouched, sigkill=True)]
 
 
 async def case_upgrade() -> list[Row]:
@@ -708,6 +725,7 @@ CASES: list[Callable[[], Awaitable[list[Row]]]] = [
     case_api_less,
     case_two_dra_agents,
     case_reboot,
+    case_dra_sigkill,
     case_two_dp_agents,
     case_dp_sigkill,
     case_dp_sigterm,
@@ -773,13 +791,21 @@ async def scenario_lifecycle(quick: bool, only: str = "") -> tuple[str, bool]:
     if holds.cycles or holds.restart_outcome:
         print_holds(holds)
     losing = [r for r in rows if not r.clean]
-    summary = (
+    parts = [
         f"lifecycle: {len(rows) - len(losing)} of {len(rows)} cases lost nothing"
         + (f" (losing: {', '.join(r.case.strip() for r in losing)})" if losing else "")
-        + f"; {holds.cycles} Prepare/Unprepare cycles ended at {holds.rss_x:.2f}x their RSS, "
-        f"{'flat' if holds.flat else 'NOT flat'}; a kubelet restart mid-Prepare "
-        f"{'undone cleanly' if holds.undone else 'NOT undone cleanly'}"
-    )
+    ]
+    if holds.cycles:
+        parts.append(
+            f"{holds.cycles} Prepare/Unprepare cycles ended at {holds.rss_x:.2f}x their RSS, "
+            f"{'flat' if holds.flat else 'NOT flat'}"
+        )
+    if holds.restart_outcome:
+        parts.append(
+            "a kubelet restart mid-Prepare "
+            + ("undone cleanly" if holds.undone else "NOT undone cleanly")
+        )
+    summary = "; ".join(parts)
     print(summary)
     return summary, not losing and holds.flat and holds.undone
 
