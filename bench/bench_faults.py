@@ -23,8 +23,8 @@ relative to a baseline taken in the same run on the same daemon:
 - probes (`faults_probes.py`, a daemon of its own): 100 slow and 100 idle reconnecting
   clients on the HTTP endpoint; probe latency p50/p99 / an unloaded probe, probes not 200.
 - lifecycle (`faults_lifecycle.py`, agents of their own per case): upgrade, checkpoint
-  removed, API-less start then restart, two agents (DRA and device plugin), SIGKILL and
-  SIGTERM under MPS clients, reboot, with claims or pods in place; what each lost (goal: 0),
+  removed, API-less start then restart, two agents (DRA and device plugin), SIGKILL (DRA
+  and device plugin) and SIGTERM under MPS clients, reboot, with claims or pods in place; what each lost (goal: 0),
   and what already holds (3,000 Prepare/Unprepare cycles flat, a kubelet restart mid-Prepare
   undone). In the full run and under `--lifecycle` (alone); `--quick` skips it.
 

@@ -751,19 +751,23 @@ def print_table(rows: list[Row]) -> None:
 
 
 def print_holds(h: Holds) -> None:
+    """What already holds, for the parts that ran."""
     print("\nlifecycle: what already holds")
-    print(
-        f"  {h.cycles} Prepare/Unprepare cycles ({h.cycle_s * 1e3:.1f} ms each): descriptors "
-        f"{h.fds[0]} -> {h.fds[1]}, threads {h.threads[0]} -> {h.threads[1]}, RSS "
-        f"{h.rss_kib[0] / 1024:.1f} -> {h.rss_kib[1] / 1024:.1f} MiB ({h.rss_x:.2f}x): "
-        f"{'flat' if h.flat else 'NOT FLAT'}"
-    )
-    daemons, dirs, specs, records = h.restart_left
-    print(
-        f"  kubelet restart during an MPS Prepare: the call ended {h.restart_outcome}; left "
-        f"{daemons} MPS daemons, {dirs} MPS directories, {specs} CDI specs, {records} records "
-        f"(undone {h.restart_undo_s:.1f} s after the restart); retry {h.retry}"
-    )
+    if h.cycles:
+        print(
+            f"  {h.cycles} Prepare/Unprepare cycles ({h.cycle_s * 1e3:.1f} ms each): descriptors "
+            f"{h.fds[0]} -> {h.fds[1]}, threads {h.threads[0]} -> {h.threads[1]}, RSS "
+            f"{h.rss_kib[0] / 1024:.1f} -> {h.rss_kib[1] / 1024:.1f} MiB ({h.rss_x:.2f}x): "
+            f"{'flat' if h.flat else 'NOT FLAT'}"
+        )
+    if h.restart_outcome:
+        daemons, dirs, specs, records = h.restart_left
+        print(
+            f"  kubelet restart during an MPS Prepare: the call ended {h.restart_outcome}; "
+            f"left {daemons} MPS daemons, {dirs} MPS directories, {specs} CDI specs, "
+            f"{records} records (undone {h.restart_undo_s:.1f} s after the restart); "
+            f"retry {h.retry}"
+        )
 
 
 async def scenario_lifecycle(quick: bool, only: str = "") -> tuple[str, bool]:
