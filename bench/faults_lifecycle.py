@@ -70,6 +70,7 @@ from gpuslice.core.dra.prepared import Checkpoint, decode, encode
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError, DraRegistration
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
+from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.mps.control import PID_FILE, ControlProgram, process_alive
 from gpuslice.mps.manager import HEALTH_COMMAND
 from gpuslice.mps.process import MpsError
@@ -278,22 +279,30 @@ async def unprepare_all(node: DraNode, held: list[Held], row: Row) -> None:
 class Registrations:
     """Registrations the DRA kubelet emulator accepts, counted by watching its current
     registration change (a new object per accepted registration; the emulator keeps no
-    count of its own). Polled every 10 ms: a loop re-registering faster than that still
-    shows, as at least one per poll."""
+    count of its own), every 10 ms, and only for a registration socket not counted before
+    (`kubelet.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
+    happens to register twice (it scanned an agent's stale socket while the new agent put
+    its own in place: a race of the emulator's, seen once in six reboots) counts once, while
+    agents re-creating their sockets against each other count every time."""
 
     def __init__(self, kubelet: DraKubeletEmulator) -> None:
         self._kubelet = kubelet
         self.count = 0
         self._last: DraRegistration | None = kubelet.registration(DRIVER)
+        self._counted: SocketId | None = (
+            None if self._last is None else socket_identity(self._last.registration_socket)
+        )
         self._task: asyncio.Task[None] | None = None
 
     async def _poll(self) -> None:
         while True:
             current = self._kubelet.registration(DRIVER)
             if current is not None and current is not self._last:
-                self.count += 1
-            if current is not None:
                 self._last = current
+                identity = socket_identity(current.registration_socket)
+                if identity is None or identity != self._counted:
+                    self.count += 1
+                    self._counted = identity
             await asyncio.sleep(0.01)
 
     def __enter__(self) -> Registrations:
