@@ -352,6 +352,10 @@ async def start_agent(
 async def measure(node: DraNode, held: list[Held], row: Row) -> None:
     row.lost_specs, row.lost_records = lost_files(node, held)
     row.replaced = await replaced(held)
+    if 0 < (row.lost_specs or 0) < len(held):  # which ones, when it is not all of them
+        specs = {p.name for p in node.cdi_specs()}
+        gone = [h.ref.name for h in held if not any(h.ref.uid in s for s in specs)]
+        row.notes.append(f"CDI spec gone: {', '.join(gone)}")
     if not node.daemon.running:
         row.fail(f"agent exited ({node.daemon.proc and node.daemon.proc.returncode})")
 
