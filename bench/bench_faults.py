@@ -22,8 +22,15 @@ relative to a baseline taken in the same run on the same daemon:
   `gpuslice.testing.hostile_checkpoints` at start; start-to-serving / a good start, Prepare.
 - probes (`faults_probes.py`, a daemon of its own): 100 slow and 100 idle reconnecting
   clients on the HTTP endpoint; probe latency p50/p99 / an unloaded probe, probes not 200.
+- lifecycle (`faults_lifecycle.py`, agents of their own per case): upgrade, checkpoint
+  removed, API-less start then restart, two agents (DRA and device plugin), SIGKILL (DRA
+  and device plugin) and SIGTERM under MPS clients, reboot, with claims or pods in place;
+  what each lost (goal: 0), and what already holds (3,000 Prepare/Unprepare cycles flat, a
+  kubelet restart mid-Prepare undone). In the full run and under `--lifecycle` (alone);
+  `--quick` skips it.
 
-    PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick]
+    PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick] [--lifecycle]
+        [--require-nothing-lost]
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from gpuslice.testing.hostile_configs import HOSTILE
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults_checkpoint import scenario_checkpoint
 from faults_claims import scenario_claims
+from faults_lifecycle import scenario_lifecycle
 from faults_probes import scenario_probes
 
 NODE = "sim:8xh100-80gb"
@@ -355,7 +363,24 @@ async def scenario_corpus(n: Node) -> tuple[int, float]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of each count")
-    q = parser.parse_args().quick
+    parser.add_argument(
+        "--lifecycle",
+        action="store_true",
+        help="only the lifecycle cases (faults_lifecycle.py); with --quick, 300 soak cycles",
+    )
+    parser.add_argument(
+        "--require-nothing-lost",
+        action="store_true",
+        help="exit 1 when a lifecycle case lost anything or what held no longer does",
+    )
+    args = parser.parse_args()
+    q = args.quick
+    if args.lifecycle:
+        summary, clean = await scenario_lifecycle(q)
+        print(f"Closing note: {summary}.")
+        if args.require_nothing_lost and not clean:
+            raise SystemExit(1)
+        return
     scale = 10 if q else 1
     port = free_port()
     async with node(metrics_port=port) as n:
@@ -370,12 +395,19 @@ async def main() -> None:
     await scenario_claims(q)
     checkpoints = await scenario_checkpoint(q)
     probes = await scenario_probes(q)
+    # the lifecycle cases take about two minutes even at their smallest (every case starts
+    # agents, MPS daemons and an API double of its own), too long for the smoke run
+    lifecycle, clean = ("lifecycle cases skipped (--quick; run --lifecycle)", True)
+    if not q:
+        lifecycle, clean = await scenario_lifecycle(q)
     print(
         f"Closing note: Allocates under config flips and kubelet restarts took {allocate_x:.1f}x "
         f"an idle Allocate at p50; {refused} of {len(HOSTILE)} hostile configs were rejected "
         f"with every device kept, the slowest in {corpus_x:.1f}x a valid reload; "
-        f"{checkpoints}; {probes}."
+        f"{checkpoints}; {probes}; {lifecycle}."
     )
+    if args.require_nothing_lost and not clean:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

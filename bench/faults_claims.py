@@ -88,10 +88,12 @@ class DraNode:
     def cdi_root(self) -> Path:
         return self.root / "cdi"
 
-    async def until(self, predicate: Callable[[], bool], what: str) -> float:
+    async def until(
+        self, predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+    ) -> float:
         t0 = time.perf_counter()
         while not predicate():
-            if time.perf_counter() - t0 > WAIT_S or not self.daemon.running:
+            if time.perf_counter() - t0 > timeout_s or not self.daemon.running:
                 raise SystemExit(f"timed out waiting for {what}:\n{self.daemon.log()[-4000:]}")
             await asyncio.sleep(0.02)
         return time.perf_counter() - t0
@@ -139,8 +141,28 @@ class DraNode:
         return registration.endpoint
 
 
+def dra_agent(
+    root: Path, kubeconfig: Path, node_spec: str = NODE_SPEC, log_name: str = "daemon.log"
+) -> DaemonProcess:
+    """The `gpuslice plugin --dra` process of the node in `root` (not started): a function
+    of its own so the lifecycle bench can start a second one, or one without an API."""
+    return DaemonProcess(
+        [
+            "--node", node_spec, "--config-file", str(root / "config.yaml"),
+            "--node-name", NODE_NAME, "--kubeconfig", str(kubeconfig),
+            "--dra", "--dra-plugin-dir", str(root / "plug"),
+            "--dra-registry-dir", str(root / "reg"), "--cdi-root", str(root / "cdi"),
+            "--no-compute-mode", "--mps-control", FAKE_MPS, "--no-labels",
+        ],
+        log_path=root / log_name,
+        env={"GPUSLICE_SIM_CONTROL_DIR": str(root / "ctl"), HOLD_ENV: str(root / "hold")},
+    )  # fmt: skip
+
+
 @contextlib.asynccontextmanager
-async def dra_node(before_start: Callable[[Path], None] | None = None) -> AsyncIterator[DraNode]:
+async def dra_node(
+    before_start: Callable[[Path], None] | None = None, node_spec: str = NODE_SPEC
+) -> AsyncIterator[DraNode]:
     """`before_start` gets the plugin directory to put things in before the daemon starts."""
     root = Path(tempfile.mkdtemp(prefix="gsc-", dir="/tmp"))
     if before_start is not None:
@@ -154,18 +176,7 @@ async def dra_node(before_start: Callable[[Path], None] | None = None) -> AsyncI
         api.add_device_class(GPU_CLASS)
         kubelet = DraKubeletEmulator(root / "reg", tick_s=0.5)
         await kubelet.start()
-        daemon = DaemonProcess(
-            [
-                "--node", NODE_SPEC, "--config-file", str(root / "config.yaml"),
-                "--node-name", NODE_NAME,
-                "--kubeconfig", str(api.write_kubeconfig(root / "kubeconfig")),
-                "--dra", "--dra-plugin-dir", str(root / "plug"),
-                "--dra-registry-dir", str(root / "reg"), "--cdi-root", str(root / "cdi"),
-                "--no-compute-mode", "--mps-control", FAKE_MPS, "--no-labels",
-            ],
-            log_path=root / "daemon.log",
-            env={"GPUSLICE_SIM_CONTROL_DIR": str(root / "ctl"), HOLD_ENV: str(hold_dir)},
-        )  # fmt: skip
+        daemon = dra_agent(root, api.write_kubeconfig(root / "kubeconfig"), node_spec)
         await daemon.start()
         node = DraNode(root, api, kubelet, daemon, hold_dir)
         try:
@@ -178,7 +189,7 @@ async def dra_node(before_start: Callable[[Path], None] | None = None) -> AsyncI
             )
             yield node
         finally:
-            await daemon.terminate()
+            await node.daemon.terminate()  # the one running now: a bench may replace it
             await kubelet.stop()
             shutil.rmtree(root, ignore_errors=True)
 

@@ -1,0 +1,853 @@
+#!/usr/bin/env python3
+"""Lifecycle events of the agent on a node with work in place, and what each one loses.
+
+Every case runs real `gpuslice plugin` processes (`gpuslice.testing.daemon.DaemonProcess`)
+on a simulated node in a temp directory, with the fake MPS control program, the kubelet
+emulators and the Kubernetes API double, the way `faults_claims.py` and `tests/e2e_dra` do.
+Before the event the node has work on it: DRA claims prepared through the kubelet emulator
+(two with an MPS GpuConfig, so two claim MPS daemons, one plain), or, in device-plugin
+mode, an MPS config with two pods admitted (the daemon's clients). After the event it
+counts what was lost (the goal of every column is 0):
+
+- lost CDI specs / lost records: claims still running whose CDI spec file, or whose entry in
+  `gpuslice-checkpoint.json`, is gone (a pod whose spec is gone cannot restart its
+  containers; a claim without a record is never undone);
+- daemons replaced: MPS control daemons of running claims or pods whose pid changed, that
+  died, or that no longer answer (their clients were cut off);
+- MPS dirs left: claim MPS directories still there after every claim was unprepared;
+- extra registrations: registrations the kubelet emulator accepted beyond one per agent
+  start that should register (two agents fighting over a socket register in a loop).
+
+The cases, each on a node of its own:
+
+- upgrade: the record under the name an older build wrote (`checkpoint.json`) at start;
+- checkpoint removed: no record at start, claims prepared;
+- API-less start: a corrupt record while the API is unreachable (one row), then the next
+  start with the API back (a second row: what the first start wrote is what it trusts);
+- two agents (DRA): a second agent starts while the first lingers (a force-deleted pod),
+  a claim is prepared through whichever the kubelet reaches, then the first one exits;
+- two agents (device plugin): the same on one device-plugin socket with MPS;
+- SIGKILL (DRA, MPS claims): the agent killed and started again, nothing else (the control:
+  DRA mode leaves claim daemons running for the next agent by design);
+- SIGKILL / SIGTERM (device plugin, MPS, two pods admitted): the agent ends and starts again;
+- reboot: the agent and every MPS daemon killed, the record's boot ID changed (the agent
+  reads the real one, so a record from "another boot" is what a reboot leaves), pid files
+  left behind; the kubelet then prepares one MPS claim and the plain one again (their
+  pods restart) and unprepares the other MPS claim (its pod is gone).
+
+And what already holds, kept in view: 3,000 Prepare/Unprepare cycles (`--quick`: 300) with
+the agent's file descriptors, threads and RSS flat (end against start after a warm-up), and
+a kubelet restart while a Prepare waits on its MPS daemon, undone cleanly (nothing left,
+the retry succeeds).
+
+    PYTHONPATH=src .venv/bin/python bench/faults_lifecycle.py [--quick] [--require-nothing-lost]
+
+`--require-nothing-lost` exits 1 when any case lost anything or what holds no longer does:
+the check for the day every lifecycle fix is in. `bench_faults.py --lifecycle` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from faults_claims import DRIVER, MPS, DraNode, dra_agent, dra_node, timed_cycle
+
+from gpuslice.core.dra.claims import claim_daemon_key
+from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.prepared import Checkpoint, decode, encode
+from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError, DraRegistration
+from gpuslice.emulator.kubelet import KubeletEmulator
+from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
+from gpuslice.kubelet.sockets import SocketId, socket_identity
+from gpuslice.mps.control import PID_FILE, ControlProgram, process_alive
+from gpuslice.mps.manager import HEALTH_COMMAND
+from gpuslice.mps.process import MpsError
+from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
+
+DRA_SPEC = "sim:8xh100-80gb"
+"""Room for the three claims in place and the ones a case prepares during its event."""
+OLD_CHECKPOINT_NAME = "checkpoint.json"
+"""What builds before the rename wrote (`host.checkpoint_file.CHECKPOINT_NAME`'s note)."""
+FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
+DP_RES = "nvidia.com/gpu"
+DP_REPLICAS = 4
+WAIT_S = 60.0
+SETTLE_S = 1.5
+"""After an agent is back: time for a registration loop or a late cleanup to show."""
+DIRS_S = 3.0
+"""Grace for MPS directories to go after the last Unprepare answered."""
+FIGHT_S = 4.0
+"""How long two agents run side by side before the first one exits."""
+OVERLAP_WAIT_S = 15.0
+"""How long a second agent is given to register while the first still runs: a fix may
+have it wait for the first instead, which the two-agent cases then let exit."""
+
+
+# -- what a case reports ----------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One case's losses; None where a column does not apply (device plugin: no CDI specs,
+    no record) or could not be measured (said in the note)."""
+
+    case: str
+    claims: int
+    lost_specs: int | None = None
+    lost_records: int | None = None
+    replaced: int | None = None
+    dirs_left: int | None = None
+    extra_registrations: int | None = None
+    notes: list[str] = field(default_factory=list)
+    failed: bool = False
+    """Something went wrong besides a loss (an agent that never came back, a failed call):
+    the row's zeros then prove nothing, so the case does not count as losing nothing."""
+
+    def fail(self, note: str) -> None:
+        self.failed = True
+        self.notes.append(f"FAILED: {note}")
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == 0 and not self.failed
+
+    @property
+    def lost(self) -> int:
+        counts = (
+            self.lost_specs,
+            self.lost_records,
+            self.replaced,
+            self.dirs_left,
+            self.extra_registrations,
+        )
+        return sum(c for c in counts if c is not None)
+
+
+@dataclass
+class Holds:
+    """What already holds: the soak's resource ends against its starts, and the undo of a
+    Prepare cut by a kubelet restart."""
+
+    cycles: int = 0
+    fds: tuple[int, int] = (0, 0)
+    threads: tuple[int, int] = (0, 0)
+    rss_kib: tuple[int, int] = (1, 1)
+    cycle_s: float = 0.0
+    restart_left: tuple[int, int, int, int] = (0, 0, 0, 0)
+    restart_undo_s: float = 0.0
+    restart_outcome: str = ""
+    retry: str = ""
+
+    @property
+    def rss_x(self) -> float:
+        return self.rss_kib[1] / self.rss_kib[0]
+
+    @property
+    def flat(self) -> bool:
+        """Flat: at most 2 more descriptors and threads (a connection, a worker being
+        replaced) and RSS within 10 % (the allocator's arenas), after the warm-up."""
+        return (
+            self.fds[1] - self.fds[0] <= 2
+            and self.threads[1] - self.threads[0] <= 2
+            and self.rss_x <= 1.10
+        )
+
+    @property
+    def undone(self) -> bool:
+        return self.restart_left == (0, 0, 0, 0) and self.retry == "succeeded"
+
+
+# -- DRA: claims in place, the agent restarted, what is left -----------------------------------
+
+
+@dataclass
+class Held:
+    """A claim prepared before the event; `pipe` and `pid` for an MPS claim's daemon."""
+
+    ref: ClaimRef
+    pipe: Path | None = None
+    pid: int = 0
+
+
+def _read_pid(pipe: Path) -> int:
+    try:
+        return int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _pid_written(pipe: Path) -> Callable[[], bool]:
+    return lambda: _read_pid(pipe) != 0
+
+
+async def answers(pipe: Path) -> bool:
+    """Whether the daemon in `pipe` answers its health command, asked the way the agent
+    asks it (`ControlProgram` over the fake control program)."""
+    control = ControlProgram(pipe, pipe.parent / "log", command=FAKE_MPS, timeout_s=5.0)
+    try:
+        float((await control.send(HEALTH_COMMAND)).strip())
+    except (MpsError, ValueError):
+        return False
+    return True
+
+
+async def place(node: DraNode, names: list[tuple[str, str, bool]]) -> list[Held]:
+    """Claims `(name, device, mps)` allocated and prepared in one kubelet call, as a pod's."""
+    mps = [{"opaque": {"driver": DRIVER, "parameters": MPS}}]
+    refs = [node.claim(name, device, mps if with_mps else None) for name, device, with_mps in names]
+    results = await node.kubelet.prepare(DRIVER, refs)
+    held = []
+    for ref, (_, _, with_mps) in zip(refs, names, strict=True):
+        if results[ref.uid].error:
+            raise SystemExit(f"Prepare of {ref.name} failed: {results[ref.uid].error}")
+        if not with_mps:
+            held.append(Held(ref))
+            continue
+        pipe = next((node.plugin_dir / "mps").glob(f"{ref.uid}-*/pipe"))
+        await node.until(_pid_written(pipe), f"{ref.name}'s daemon")
+        held.append(Held(ref, pipe, _read_pid(pipe)))
+    return held
+
+
+IN_PLACE = [("mps-0", "gpu-0", True), ("mps-1", "gpu-1", True), ("plain-2", "gpu-2", False)]
+
+
+def recorded(node: DraNode) -> set[str]:
+    """Claim UIDs in the record under its current name; none when it is missing or unusable."""
+    try:
+        return set(node.recorded())
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def lost_files(node: DraNode, held: list[Held]) -> tuple[int, int]:
+    """(CDI specs, records) of `held` that are gone."""
+    specs = {p.name for p in node.cdi_specs()}
+    records = recorded(node)
+    no_spec = sum(1 for h in held if not any(h.ref.uid in s for s in specs))
+    return no_spec, sum(1 for h in held if h.ref.uid not in records)
+
+
+async def replaced(held: list[Held]) -> int:
+    """MPS daemons of `held` that died, changed pid, or stopped answering."""
+    count = 0
+    for h in held:
+        if h.pipe is None:
+            continue
+        same = _read_pid(h.pipe) == h.pid and process_alive(h.pid)
+        count += not (same and await answers(h.pipe))
+    return count
+
+
+def mps_dirs(node: DraNode) -> list[Path]:
+    root = node.plugin_dir / "mps"
+    return sorted(p for p in root.iterdir() if (p / "pipe").is_dir()) if root.is_dir() else []
+
+
+async def unprepare_all(node: DraNode, held: list[Held], row: Row) -> None:
+    """The pods end: every claim unprepared; the claim MPS directories left are counted."""
+    if node.kubelet.registration(DRIVER) is None:
+        row.fail("driver not registered at the end: nothing could be unprepared")
+        return
+    errors = await node.kubelet.unprepare(DRIVER, [h.ref for h in held])
+    failed = [e for e in errors.values() if e]
+    if failed:
+        row.fail(f"{len(failed)} Unprepares failed: {failed[0][:80]}")
+    for _ in range(int(DIRS_S / 0.05)):  # Unprepare removes them before it answers
+        if not mps_dirs(node):
+            break
+        await asyncio.sleep(0.05)
+    row.dirs_left = len(mps_dirs(node))
+    alive = sum(1 for h in held if h.pid and process_alive(h.pid))
+    if alive:
+        row.fail(f"{alive} MPS daemons still running after Unprepare")
+
+
+class Registrations:
+    """Registrations the DRA kubelet emulator accepts, counted by watching its current
+    registration change (a new object per accepted registration; the emulator keeps no
+    count of its own), every 10 ms, and only for a registration socket not counted before
+    (`kubelet.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
+    happens to register twice (it scanned an agent's stale socket while the new agent put
+    its own in place: a race of the emulator's, seen once in six reboots) counts once, while
+    agents re-creating their sockets against each other count every time."""
+
+    def __init__(self, kubelet: DraKubeletEmulator) -> None:
+        self._kubelet = kubelet
+        self.count = 0
+        self._last: DraRegistration | None = kubelet.registration(DRIVER)
+        self._counted: SocketId | None = (
+            None if self._last is None else socket_identity(self._last.registration_socket)
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def _poll(self) -> None:
+        while True:
+            current = self._kubelet.registration(DRIVER)
+            if current is not None and current is not self._last:
+                self._last = current
+                identity = socket_identity(current.registration_socket)
+                if identity is None or identity != self._counted:
+                    self.count += 1
+                    self._counted = identity
+            await asyncio.sleep(0.01)
+
+    def __enter__(self) -> Registrations:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def dead_kubeconfig(node: DraNode) -> Path:
+    """A kubeconfig naming a loopback port nobody listens on: the API unreachable."""
+    doc = node.api.kubeconfig()
+    doc["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{free_port()}"
+    path = node.root / "kubeconfig-dead"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+async def start_agent(
+    node: DraNode, log_name: str, kubeconfig: Path | None = None, within_s: float = WAIT_S
+) -> bool:
+    """Start a new agent process for the node (it replaces `node.daemon`) and wait until it
+    loaded its record and, with the API up, registered anew; False if it did not within
+    `within_s` (or exited)."""
+    before = node.kubelet.registration(DRIVER)
+    node.daemon = dra_agent(node.root, kubeconfig or node.root / "kubeconfig", DRA_SPEC, log_name)
+    await node.daemon.start()
+    try:
+        loaded = "dra-checkpoint-loaded"
+        await node.until(lambda: loaded in node.daemon.log(), "record loaded", within_s)
+        if kubeconfig is None:
+            await node.until(
+                lambda: (
+                    (now := node.kubelet.registration(DRIVER)) is not None and now is not before
+                ),
+                "registration",
+                within_s,
+            )
+    except SystemExit:
+        return False
+    await asyncio.sleep(SETTLE_S)
+    return True
+
+
+async def measure(node: DraNode, held: list[Held], row: Row) -> None:
+    row.lost_specs, row.lost_records = lost_files(node, held)
+    row.replaced = await replaced(held)
+    if 0 < (row.lost_specs or 0) < len(held):  # which ones, when it is not all of them
+        specs = {p.name for p in node.cdi_specs()}
+        gone = [h.ref.name for h in held if not any(h.ref.uid in s for s in specs)]
+        row.notes.append(f"CDI spec gone: {', '.join(gone)}")
+    if not node.daemon.running:
+        row.fail(f"agent exited ({node.daemon.proc and node.daemon.proc.returncode})")
+
+
+async def restart_case(
+    case: str, between: Callable[[DraNode], None], *, sigkill: bool = False
+) -> Row:
+    """Claims in place, the agent stopped (SIGTERM, or SIGKILL), `between` done to its
+    files, a new agent started."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        row = Row(case, len(held))
+        with Registrations(node.kubelet) as regs:
+            if sigkill:
+                assert node.daemon.proc is not None
+                node.daemon.proc.kill()
+                await node.daemon.proc.wait()
+            else:
+                await node.daemon.terminate()
+            between(node)
+            if not await start_agent(node, "agent-2.log"):
+                row.fail("the agent did not come back")
+            await measure(node, held, row)
+            await unprepare_all(node, held, row)
+            row.extra_registrations = regs.count - 1
+        return row
+
+
+def to_old_name(node: DraNode) -> None:
+    (node.plugin_dir / CHECKPOINT_NAME).rename(node.plugin_dir / OLD_CHECKPOINT_NAME)
+
+
+def removed(node: DraNode) -> None:
+    (node.plugin_dir / CHECKPOINT_NAME).unlink()
+
+
+def untouched(node: DraNode) -> None:
+    """Nothing done to the node's files: the restart alone."""
+
+
+async def case_dra_sigkill() -> list[Row]:
+    """The control: DRA mode keeps claim daemons across agent restarts by design."""
+    return [await restart_case("SIGKILL (DRA, MPS claims)", untouched, sigkill=True)]
+
+
+async def case_upgrade() -> list[Row]:
+    return [await restart_case(f"upgrade (record as {OLD_CHECKPOINT_NAME})", to_old_name)]
+
+
+async def case_removed() -> list[Row]:
+    return [await restart_case("checkpoint removed", removed)]
+
+
+async def case_api_less() -> list[Row]:
+    """A corrupt record met with the API unreachable, then the next start with it back."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        first = Row("API-less start, corrupt record", len(held))
+        second = Row("  then restart, API back", len(held))
+        with Registrations(node.kubelet) as regs:
+            await node.daemon.terminate()
+            path = node.plugin_dir / CHECKPOINT_NAME
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
+            if not await start_agent(node, "agent-2.log", dead_kubeconfig(node)):
+                first.fail("the agent did not load its record")
+            await measure(node, held, first)
+            # without the API the record cannot be rebuilt yet: not counted here; what it
+            # holds now is what the next start (the second row) goes by
+            first.notes.append(
+                f"record holds {len(held) - (first.lost_records or 0)} of "
+                f"{len(held)}; " + ("registered" if node.kubelet.registration(DRIVER) else
+                                    "not registered")
+            )  # fmt: skip
+            first.lost_records = None
+            first.extra_registrations = max(0, regs.count - 1)
+            await node.daemon.terminate()
+            seen = regs.count
+            if not await start_agent(node, "agent-3.log"):
+                second.fail("the agent did not come back")
+            await measure(node, held, second)
+            await unprepare_all(node, held, second)
+            second.extra_registrations = regs.count - seen - 1
+        return [first, second]
+
+
+async def case_two_dra_agents() -> list[Row]:
+    """A force-deleted pod's agent (A) lingers while its replacement (B) starts and serves a
+    new claim; B's container then restarts (B2). Between B's exit and B2's start the kubelet
+    prepares one more claim through whichever agent it reaches; then A finally exits. Three
+    registrations are right (B, B2, and none for A); a record or CDI spec of either new
+    claim gone is what a stale agent writing over B's record costs."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        row = Row("two agents (DRA)", len(held) + 2)
+        lingering = node.daemon
+        with Registrations(node.kubelet) as regs:
+            if not await start_agent(node, "agent-b.log", within_s=OVERLAP_WAIT_S):
+                # a fix may make B wait for A: then A's exit lets it go on
+                row.notes.append("the second agent waited for the first")
+                await lingering.terminate()
+                await node.until(lambda: node.kubelet.registration(DRIVER) is not None, "B")
+            held += await place(node, [("during-3", "gpu-3", False)])
+            await node.daemon.terminate()  # B's container restarts
+            await asyncio.sleep(SETTLE_S)
+            late = [("after-4", "gpu-4", False)]
+            try:
+                held += await place(node, late)
+                row.notes.append("a Prepare between B's exit and B2's start was answered")
+            except (SystemExit, DraKubeletError):
+                late_pending = True
+            else:
+                late_pending = False
+            if not await start_agent(node, "agent-b2.log"):
+                row.fail("B2 never registered")
+            if late_pending:  # the kubelet retries the pod's Prepare
+                held += await place(node, late)
+            await lingering.terminate()  # the force-deleted pod's process finally ends
+            await asyncio.sleep(SETTLE_S)
+            await measure(node, held, row)
+            await unprepare_all(node, held, row)
+            row.extra_registrations = regs.count - 2
+        return [row]
+
+
+def reboot_record(node: DraNode) -> None:
+    """The record as a reboot leaves it: written under another boot ID."""
+    path = node.plugin_dir / CHECKPOINT_NAME
+    claims = dict(decode(path.read_bytes(), "").checkpoint.claims)
+    path.write_bytes(encode(Checkpoint("bench-boot-before-the-reboot", claims)))
+
+
+async def case_reboot() -> list[Row]:
+    """Everything killed, the record from another boot, pid files left; the kubelet then
+    prepares two claims again and unprepares the third (its pod is gone)."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        row = Row("reboot (new boot ID)", len(held))
+        with Registrations(node.kubelet) as regs:
+            assert node.daemon.proc is not None
+            node.daemon.proc.kill()
+            await node.daemon.proc.wait()
+            for h in held:
+                if h.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(h.pid, signal.SIGKILL)
+            for _ in range(500):  # the agent is down: `node.until` would give up at once
+                if not any(process_alive(h.pid) for h in held if h.pid):
+                    break
+                await asyncio.sleep(0.01)
+            reboot_record(node)
+            await node.kubelet.restart()
+            if not await start_agent(node, "agent-2.log"):
+                row.fail("the agent did not come back")
+            again, gone = [held[0], held[2]], held[1]
+            results = await node.kubelet.prepare(DRIVER, [h.ref for h in again])
+            failed = [r.error for r in results.values() if r.error]
+            if failed:
+                row.fail(f"{len(failed)} Prepares after the reboot failed: {failed[0][:80]}")
+            errors = await node.kubelet.unprepare(DRIVER, [gone.ref])
+            if errors[gone.ref.uid]:
+                row.fail(f"Unprepare of the gone claim failed: {errors[gone.ref.uid][:80]}")
+            await asyncio.sleep(SETTLE_S)
+            assert gone.pipe is not None
+            if gone.pipe.parent.exists():
+                row.notes.append("the gone claim's MPS directory kept")
+            row.lost_specs, row.lost_records = lost_files(node, again)
+            # its daemon is new after a reboot (the old one died with it): it must answer
+            mps_again = held[0]
+            assert mps_again.pipe is not None
+            row.replaced = 0 if await answers(mps_again.pipe) else 1
+            await unprepare_all(node, held, row)
+            row.extra_registrations = regs.count - 1
+        return [row]
+
+
+# -- device plugin with MPS: pods admitted, the agent ended and started -------------------------
+
+
+@dataclass
+class DpNode:
+    root: Path
+    kubelet: KubeletEmulator
+    daemon: DaemonProcess
+    starts: int = 1
+
+    @property
+    def pipe(self) -> Path:
+        return self.root / "mps" / DP_RES / "pipe"
+
+    def agent(self) -> DaemonProcess:
+        self.starts += 1
+        return dp_agent(self.root, f"agent-{self.starts}.log")
+
+    async def until(self, predicate: Callable[[], bool], within_s: float = WAIT_S) -> bool:
+        try:
+            await self.kubelet.wait_for(predicate, within_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+def dp_agent(root: Path, log_name: str) -> DaemonProcess:
+    """The device-plugin agent with MPS, as `tests/e2e/test_mps.py` starts it."""
+    return DaemonProcess(
+        [
+            "--node", "sim:1xl40s", "--config-file", str(root / "config.yaml"),
+            "--device-plugin-path", str(root / "dp"), "--no-compute-mode",
+            "--mps-control", " ".join(FAKE_MPS), "--mps-root", str(root / "mps"),
+            "--mps-health-interval", "0.5", "--no-labels",
+        ],
+        log_path=root / log_name,
+        env={"GPUSLICE_SIM_CONTROL_DIR": str(root / "ctl")},
+    )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def dp_node() -> AsyncIterator[DpNode]:
+    root = Path(tempfile.mkdtemp(prefix="gsl-", dir="/tmp"))
+    (root / "dp").mkdir()
+    (root / "config.yaml").write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n"
+        f"    - name: {DP_RES}\n      replicas: {DP_REPLICAS}\n",
+        encoding="utf-8",
+    )
+    kubelet = KubeletEmulator(root / "dp")
+    await kubelet.start()
+    node = DpNode(root, kubelet, dp_agent(root, "agent-1.log"))
+    await node.daemon.start()
+    try:
+        if not await node.until(lambda: kubelet.allocatable(DP_RES) == DP_REPLICAS):
+            raise SystemExit(f"the MPS agent never got ready:\n{node.daemon.log()[-4000:]}")
+        yield node
+    finally:
+        await node.daemon.terminate()
+        await kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def dp_case(case: str, event: Callable[[DpNode], Awaitable[int]]) -> list[Row]:
+    """Two pods admitted (the MPS daemon's clients); `event` returns how many registrations
+    the agent starts it made should have caused; then the daemon is checked."""
+    async with dp_node() as node:
+        for i in range(2):
+            await node.kubelet.admit("default", f"client-{i}", [("main", {DP_RES: 1})])
+        pid = _read_pid(node.pipe)
+        row = Row(case, 2)
+        before = node.kubelet.registrations[DP_RES]
+        expected = await event(node)
+        if not await node.until(lambda: node.kubelet.allocatable(DP_RES) == DP_REPLICAS):
+            row.fail("replicas never allocatable again")
+        await asyncio.sleep(SETTLE_S)
+        same = _read_pid(node.pipe) == pid and process_alive(pid)
+        row.replaced = int(not (same and await answers(node.pipe)))
+        row.extra_registrations = node.kubelet.registrations[DP_RES] - before - expected
+        if not node.daemon.running:
+            row.fail("the agent is not running at the end")
+        return [row]
+
+
+async def _restarted(node: DpNode, end: Callable[[DaemonProcess], Awaitable[object]]) -> int:
+    before = node.kubelet.registrations[DP_RES]
+    await end(node.daemon)
+    node.daemon = node.agent()
+    await node.daemon.start()
+    await node.until(lambda: node.kubelet.registrations[DP_RES] > before)
+    return 1
+
+
+async def _sigkill(daemon: DaemonProcess) -> None:
+    assert daemon.proc is not None
+    daemon.proc.kill()
+    await daemon.proc.wait()
+
+
+async def case_dp_sigkill() -> list[Row]:
+    return await dp_case("SIGKILL (device plugin, MPS)", lambda n: _restarted(n, _sigkill))
+
+
+async def case_dp_sigterm() -> list[Row]:
+    return await dp_case(
+        "SIGTERM (device plugin, MPS)", lambda n: _restarted(n, lambda d: d.terminate())
+    )
+
+
+async def _second_dp_agent(node: DpNode) -> int:
+    first = node.daemon
+    before = node.kubelet.registrations[DP_RES]
+    node.daemon = node.agent()
+    await node.daemon.start()
+    await node.until(lambda: node.kubelet.registrations[DP_RES] > before, OVERLAP_WAIT_S)
+    await asyncio.sleep(FIGHT_S)
+    await first.terminate()  # the lingering one ends (a second one waiting may go on)
+    return 1
+
+
+async def case_two_dp_agents() -> list[Row]:
+    return await dp_case("two agents (device plugin, MPS)", _second_dp_agent)
+
+
+# -- what already holds ----------------------------------------------------------------------
+
+
+def _proc_figures(pid: int) -> tuple[int, int, int]:
+    """(open descriptors, threads, RSS KiB) of `pid`."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return fds, int(status["Threads"]), int(status["VmRSS"].split()[0])
+
+
+async def hold_soak(cycles: int, holds: Holds) -> None:
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        assert node.daemon.proc is not None
+        pid = node.daemon.proc.pid
+        ref = node.claim("soak", "gpu-0")
+        for _ in range(50):  # warm-up: lazy imports, first connections, caches
+            await timed_cycle(node, ref)
+        start = _proc_figures(pid)
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            await timed_cycle(node, ref)
+        holds.cycle_s = (time.perf_counter() - t0) / cycles
+        end = _proc_figures(pid)
+        holds.cycles = cycles
+        holds.fds, holds.threads, holds.rss_kib = (
+            (start[0], end[0]),
+            (start[1], end[1]),
+            (start[2], end[2]),
+        )
+
+
+async def hold_kubelet_restart(holds: Holds) -> None:
+    """An MPS claim's Prepare waits on its daemon (held at its start) when the kubelet
+    restarts: its connection goes, the call is cancelled, the Prepare must be undone."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        mps = [{"opaque": {"driver": DRIVER, "parameters": MPS}}]
+        ref = node.claim("cut", "gpu-0", mps)
+        daemon_dir = node.plugin_dir / "mps" / claim_daemon_key(ref.uid, [node.gpu_uuid("gpu-0")])
+        pid_file = daemon_dir / "pipe" / PID_FILE
+        hold = node.hold_dir / daemon_dir.name
+        hold.touch()
+        call = asyncio.ensure_future(node.kubelet.prepare(DRIVER, [ref]))
+        await node.until(lambda: pid_file.exists() or call.done(), "the held daemon started")
+        pid = _read_pid(pid_file.parent)
+        await node.kubelet.restart()
+        await asyncio.wait([call])
+        if call.cancelled():  # the emulator closing its channel cancels the call client-side
+            outcome = "cancelled"
+        elif (exc := call.exception()) is not None:
+            outcome = f"{type(exc).__name__}: {str(exc)[:80]}"
+        else:
+            outcome = f"answered: {call.result()[ref.uid].error[:80] or 'prepared'}"
+
+        def left() -> tuple[int, int, int, int]:
+            return (
+                int(pid != 0 and process_alive(pid)),
+                int(daemon_dir.exists()),
+                len([p for p in node.cdi_specs() if ref.uid in p.name]),
+                int(ref.uid in recorded(node)),
+            )
+
+        t0 = time.perf_counter()
+        with contextlib.suppress(SystemExit):
+            await node.until(lambda: left() == (0, 0, 0, 0), "the cut Prepare undone")
+        holds.restart_undo_s = time.perf_counter() - t0
+        holds.restart_left, holds.restart_outcome = left(), outcome
+        hold.unlink(missing_ok=True)
+        await node.kubelet.wait_registered(DRIVER, WAIT_S)
+        retry = (await node.kubelet.prepare(DRIVER, [ref]))[ref.uid]
+        holds.retry = "succeeded" if not retry.error else f"failed: {retry.error[:80]}"
+        await node.kubelet.unprepare(DRIVER, [ref])
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+CASES: list[Callable[[], Awaitable[list[Row]]]] = [
+    case_upgrade,
+    case_removed,
+    case_api_less,
+    case_two_dra_agents,
+    case_reboot,
+    case_dra_sigkill,
+    case_two_dp_agents,
+    case_dp_sigkill,
+    case_dp_sigterm,
+]
+
+
+def _cell(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def print_table(rows: list[Row]) -> None:
+    print("\nlifecycle: what each event lost (goal: 0 in every column; '-': does not apply)")
+    head = ("case", "claims/pods", "lost CDI", "lost records", "daemons replaced",
+            "MPS dirs left", "extra regs")  # fmt: skip
+    print(f"{head[0]:<34}" + "".join(f"{h:>{len(h) + 2}}" for h in head[1:]) + "  notes")
+    for r in rows:
+        cells = (r.claims, r.lost_specs, r.lost_records, r.replaced, r.dirs_left,
+                 r.extra_registrations)  # fmt: skip
+        line = f"{r.case:<34}" + "".join(
+            f"{_cell(c):>{len(h) + 2}}" for c, h in zip(cells, head[1:], strict=True)
+        )
+        print(line + ("  " + "; ".join(r.notes) if r.notes else ""))
+
+
+def print_holds(h: Holds) -> None:
+    """What already holds, for the parts that ran."""
+    print("\nlifecycle: what already holds")
+    if h.cycles:
+        print(
+            f"  {h.cycles} Prepare/Unprepare cycles ({h.cycle_s * 1e3:.1f} ms each): descriptors "
+            f"{h.fds[0]} -> {h.fds[1]}, threads {h.threads[0]} -> {h.threads[1]}, RSS "
+            f"{h.rss_kib[0] / 1024:.1f} -> {h.rss_kib[1] / 1024:.1f} MiB ({h.rss_x:.2f}x): "
+            f"{'flat' if h.flat else 'NOT FLAT'}"
+        )
+    if h.restart_outcome:
+        daemons, dirs, specs, records = h.restart_left
+        print(
+            f"  kubelet restart during an MPS Prepare: the call ended {h.restart_outcome}; "
+            f"left {daemons} MPS daemons, {dirs} MPS directories, {specs} CDI specs, "
+            f"{records} records (undone {h.restart_undo_s:.1f} s after the restart); "
+            f"retry {h.retry}"
+        )
+
+
+async def scenario_lifecycle(quick: bool, only: str = "") -> tuple[str, bool]:
+    """Runs every case (those whose function name holds `only`, when given), prints the
+    tables; returns (one-line summary, nothing lost and what held still holds)."""
+    rows: list[Row] = []
+    for case in CASES:
+        if only in case.__name__:
+            t0 = time.perf_counter()
+            rows += await case()
+            print(f"{case.__name__}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    holds = Holds()
+    if only in "hold_soak":
+        t0 = time.perf_counter()
+        await hold_soak(300 if quick else 3000, holds)
+        print(f"hold_soak: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if only in "hold_kubelet_restart":
+        t0 = time.perf_counter()
+        await hold_kubelet_restart(holds)
+        print(f"hold_kubelet_restart: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    else:
+        holds.retry = "succeeded"  # not run: neither reported nor held against the run
+    if rows:
+        print_table(rows)
+    if holds.cycles or holds.restart_outcome:
+        print_holds(holds)
+    losing = [r for r in rows if not r.clean]
+    parts = [
+        f"lifecycle: {len(rows) - len(losing)} of {len(rows)} cases lost nothing"
+        + (f" (losing: {', '.join(r.case.strip() for r in losing)})" if losing else "")
+    ]
+    if holds.cycles:
+        parts.append(
+            f"{holds.cycles} Prepare/Unprepare cycles ended at {holds.rss_x:.2f}x their RSS, "
+            f"{'flat' if holds.flat else 'NOT flat'}"
+        )
+    if holds.restart_outcome:
+        parts.append(
+            "a kubelet restart mid-Prepare "
+            + ("undone cleanly" if holds.undone else "NOT undone cleanly")
+        )
+    summary = "; ".join(parts)
+    print(summary)
+    return summary, not losing and holds.flat and holds.undone
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="300 soak cycles instead of 3,000")
+    parser.add_argument(
+        "--require-nothing-lost",
+        action="store_true",
+        help="exit 1 when a case lost anything or what held no longer does",
+    )
+    parser.add_argument(
+        "--case", default="", help="only the cases whose function name holds this (see --list)"
+    )
+    parser.add_argument("--list", action="store_true", help="print the case names and stop")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join([c.__name__ for c in CASES] + ["hold_soak", "hold_kubelet_restart"]))
+        return
+    summary, clean = asyncio.run(scenario_lifecycle(args.quick, args.case))
+    print(f"Closing note: {summary}.")
+    if args.require_nothing_lost and not clean:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
