@@ -98,17 +98,10 @@ def test_a_bench_with_quick_and_a_closing_note_passes_the_smoke(tmp_path: Path) 
 
 # -- the lifecycle cases of bench_faults.py ----------------------------------------------------
 # `bench_faults.py --quick` leaves them out (two minutes and more together), so each case of
-# `faults_lifecycle.py` is run here on its own: it must run to its end and report itself.
-# What it lost is asserted only for the cases in NOTHING_LOST (run with
-# `--require-nothing-lost`): what already holds, and each case whose fix is in. The others
-# show today's losses in their table and pass; a fix adds its case to NOTHING_LOST.
-
-NOTHING_LOST = frozenset({"case_dra_sigkill", "hold_soak", "hold_kubelet_restart"})
-"""Cases that must lose nothing. Not yet (their fix in flight): case_upgrade, case_removed
-(a missing record read as nothing prepared), case_api_less (a corrupt record met without the
-API written as a valid empty one), case_two_dra_agents and case_two_dp_agents (two agents on
-one node), case_dp_sigkill and case_dp_sigterm (the device plugin's MPS daemon replaced under
-its clients), case_reboot (a claim's MPS directory kept for a pid file of the last boot)."""
+# `faults_lifecycle.py` is run here on its own, with `--require-nothing-lost`: an upgrade, a
+# lost or corrupt record, an API-less start, two agents, an agent killed under MPS clients
+# and a reboot must cost no running claim or pod its device (hardening round 4, issue 30),
+# and what already held (the Prepare/Unprepare soak, a kubelet restart mid-Prepare) holds.
 
 LIFECYCLE = ROOT / "bench" / "faults_lifecycle.py"
 LIFECYCLE_GUARD_S = 150
@@ -136,9 +129,8 @@ def lifecycle_cases() -> list[str]:
 @pytest.mark.parametrize("case", lifecycle_cases())
 def test_each_lifecycle_case_runs_and_reports(case: str) -> None:
     assert case != LIST_FAILED, f"run `{LIFECYCLE.name} --list` to see why it cannot list its cases"
-    strict = ["--require-nothing-lost"] if case in NOTHING_LOST else []
     proc = subprocess.run(
-        [sys.executable, str(LIFECYCLE), "--quick", "--case", case, *strict],
+        [sys.executable, str(LIFECYCLE), "--quick", "--case", case, "--require-nothing-lost"],
         cwd=ROOT,
         capture_output=True,
         text=True,
