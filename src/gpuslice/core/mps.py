@@ -71,7 +71,25 @@ class MpsDaemonSpec:
     """Same order as `gpu_uuids`."""
     active_thread_percentage: int
     pinned_mem_limits_mib: tuple[tuple[int, int], ...]
-    """(GPU index, MiB) pairs. Indices, not UUIDs: limits set by UUID did not take effect."""
+    """(device index, MiB) pairs. Indices, not UUIDs: limits set by UUID did not take
+    effect. The GPU's index for a whole-GPU daemon; for a MIG daemon the MIG device's
+    position in `mig_uuids`, which is how the daemon, seeing only those, numbers them."""
+    mig_uuids: tuple[str, ...] = ()
+    """The MIG devices a DRA claim's daemon serves (NVIDIA's driver runs MPS on MIG
+    devices this way): its `CUDA_VISIBLE_DEVICES`, so the MPS server it starts opens those
+    devices and not the whole GPU. Empty for a whole-GPU daemon, whose environment is left
+    as it always was (every GPU visible), so a daemon started before this field existed is
+    still the same daemon. A MIG daemon leaves the GPU's compute mode alone: that is a
+    whole-GPU setting, and the GPU's other MIG devices may serve other claims."""
+    multi_user: bool = False
+    """NVIDIA's `mpsConfig.multiUser`: the daemon is started with `-M`, so one MPS server
+    serves clients of every user ID; without it, a client of another uid waits until the
+    running server's clients are done and the server is replaced."""
+
+    @property
+    def start_args(self) -> tuple[str, ...]:
+        """The control program's arguments that start the daemon (NVIDIA's template)."""
+        return ("-d", "-M") if self.multi_user else ("-d",)
 
     @property
     def commands(self) -> tuple[str, ...]:
