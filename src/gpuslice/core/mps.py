@@ -104,8 +104,9 @@ class MpsDaemonSpec:
 def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
     """The daemon for one MPS resource; None when it has no whole GPU to serve.
 
-    MIG devices are left out: MPS on MIG needs one daemon per MIG device, which NVIDIA does
-    not support either (the plan rejects MPS with MIG before this is reached).
+    MIG devices are left out: NVIDIA's device plugin does not run MPS on MIG devices, and
+    the plan rejects a node config asking for it before this is reached. (A DRA claim's
+    `MigDeviceConfig` may ask for it, as with NVIDIA's DRA driver: `core.dra.claims`.)
     """
     uuids: list[GpuUuid] = []
     indices: list[int] = []
