@@ -108,13 +108,20 @@ def test_a_config_source_that_is_neither_class_nor_claim_is_refused() -> None:
         resolve(alloc([result("r", "gpu-0")], [cfg(mps, source="FromElsewhere")]), DRIVER, KINDS)
 
 
-def test_nvidias_multi_user_field_is_read_and_true_is_refused_plainly() -> None:
-    base = {"apiVersion": API, "kind": "GpuConfig"}
-    off = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}})
-    assert resolve(alloc([result("r", "gpu-0")], [cfg(off)]), DRIVER, KINDS)[0].strategy == "MPS"
-    on = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
-    with pytest.raises(ClaimConfigError, match="multiUser"):
-        resolve(alloc([result("r", "gpu-0")], [cfg(on)]), DRIVER, KINDS)
+def test_nvidias_multi_user_field_is_read_both_ways() -> None:
+    """NVIDIA's `mpsConfig.multiUser` (its driver's HEAD): false is the default daemon,
+    true a multi-user one, on a GpuConfig and on a MigDeviceConfig alike."""
+    for kind, device in (("GpuConfig", "gpu-0"), ("MigDeviceConfig", "gpu-0-mig-1g10gb-19-0")):
+        base = {"apiVersion": API, "kind": kind}
+        off = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}})
+        got = resolve(alloc([result("r", device)], [cfg(off)]), DRIVER, KINDS)[0]
+        assert (got.strategy, got.mps) == ("MPS", MpsSettings(multi_user=False))
+        on = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+        got = resolve(alloc([result("r", device)], [cfg(on)]), DRIVER, KINDS)[0]
+        assert got.mps == MpsSettings(multi_user=True)
+    bad = dict(base, sharing={"strategy": "MPS", "mpsConfig": {"multiUser": "yes"}})
+    with pytest.raises(ClaimConfigError, match=r"config\[0\].opaque.parameters: .*multiUser"):
+        resolve(alloc([result("r", "gpu-0")], [cfg(bad)]), DRIVER, KINDS)
 
 
 def test_a_mig_device_takes_only_a_mig_device_config() -> None:

@@ -240,6 +240,21 @@ CASES: dict[str, tuple[str, str, Json]] = {
             ],
         ),
     ),
+    "MigDeviceConfig MPS": (
+        MIG_NODE,
+        "version: v1\n",
+        claim(
+            "mig-mps",
+            cls="mig.nvidia.com",
+            config=gpu_config(
+                {
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi", "multiUser": True},
+                },
+                kind="MigDeviceConfig",
+            ),
+        ),
+    ),
     "MIG by CEL": (
         MIG_NODE,
         "version: v1\n",
@@ -319,23 +334,44 @@ async def test_a_claims_time_slicing_on_a_share_fits_with_the_drivers_warning(
 
 
 async def test_a_claim_the_driver_would_refuse_shows_the_drivers_error(sock_dir: Path) -> None:
-    """MPS on a MIG device passes the scheduler and fails at Prepare: the what-if says so
-    with the driver's text, and the next claim still sees that MIG device as taken."""
+    """A MIG device's MPS config with a limit key that names no device of it passes the
+    scheduler and fails at Prepare: the what-if says so with the driver's text, and the
+    next claim still sees that MIG device as taken."""
     node = await make_node(sock_dir, MIG_NODE)
-    mps_on_mig = claim(
+    bad_key = claim(
         "mps-mig",
         cls="mig.nvidia.com",
-        config=gpu_config({"strategy": "MPS"}, kind="MigDeviceConfig"),
+        config=gpu_config(
+            {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}},
+            kind="MigDeviceConfig",
+        ),
     )
     after = claim("next", cls="mig.nvidia.com")
-    ref = node.allocate(mps_on_mig)
+    ref = node.allocate(bad_key)
     real = (await node.driver.prepare([ref]))[ref.uid]
-    asked = dict(mps_on_mig, metadata={**mps_on_mig["metadata"], "uid": ref.uid})
+    asked = dict(bad_key, metadata={**bad_key["metadata"], "uid": ref.uid})
     refused, taken = node.predict([asked, after]).claims
     assert (refused.stage, refused.error) == ("prepare", real.error)
-    assert "MPS on MIG device" in refused.error
+    assert "key '3' is neither a UUID of the config's devices nor an index below 1" in refused.error
     assert taken.fits
     assert taken.devices[0].device == "gpu-1-mig-1g10gb-19-1"
+
+
+async def test_mps_on_a_mig_device_is_predicted_with_its_own_daemon(sock_dir: Path) -> None:
+    """NVIDIA's driver runs MPS on a MIG device; the what-if shows it as Prepare does it:
+    the MIG device's own daemon (pipe mounts), its limit, and multi-user when asked."""
+    node = await make_node(sock_dir, MIG_NODE)
+    _, _, obj = CASES["MigDeviceConfig MPS"]
+    (c,) = node.predict([obj]).claims
+    assert c.fits, c.error
+    (d,) = c.devices
+    assert (d.type, d.sharing, d.mps_pinned_limit_mib) == ("mig", "mps", 4096)
+    assert d.sharing_text == (
+        "MPS on the MIG device (its own daemon sees only it): 100% of SMs per client, "
+        "pinned memory limit 4096 MiB, multi-user daemon (clients of any user ID)"
+    )
+    assert dict(d.env)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert dict(d.env)["NVIDIA_VISIBLE_DEVICES"] == d.uuid
 
 
 def test_claims_files_multi_document_list_and_template() -> None:

@@ -107,6 +107,41 @@ spec:
     assert device["entitlement"] == {"kind": "mps", "memory_mib": 20480, "sm_fraction": 0.5}
 
 
+def test_mps_on_a_mig_device_multi_user_is_shown_as_prepare_runs_it(tmp_path: Path) -> None:
+    """NVIDIA's MigDeviceConfig with MPS and multiUser, as a user would check it first."""
+    path = claims_file(
+        tmp_path,
+        """
+kind: ResourceClaim
+metadata: {name: mig-mps, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: mig
+      exactly: {deviceClassName: mig.nvidia.com}
+    config:
+    - opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: MigDeviceConfig
+          sharing:
+            strategy: MPS
+            mpsConfig: {defaultPinnedDeviceMemoryLimit: 5Gi, multiUser: true}
+""",
+    )
+    code, doc = as_json("describe", "--node", MIG_NODE, "--claims", str(path))
+    assert code == 0
+    (device,) = doc["claims"][0]["devices"]
+    assert (device["type"], device["sharing"], device["mps_pinned_limit_mib"]) == (
+        "mig", "mps", 5120)  # fmt: skip
+    assert device["mounts"][0]["host_path"].endswith("/pipe")
+    code, out, _ = run("describe", "--node", MIG_NODE, "--claims", str(path))
+    assert code == 0
+    assert "MPS on the MIG device" in out
+    assert "multi-user daemon" in out
+
+
 def test_a_mig_device_chosen_by_cel(tmp_path: Path) -> None:
     path = claims_file(
         tmp_path,

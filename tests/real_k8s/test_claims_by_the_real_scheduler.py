@@ -1,9 +1,10 @@
 """Claims allocated by the real kube-scheduler from the slices the agent published, then
 prepared and unprepared by the agent's driver reading them from the real API server: a
 whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
-selector, memory shares (DRAConsumableCapacity), an extended-resource `nvidia.com/gpu` pod
-(DRAExtendedResource: the scheduler makes its claim), a tainted GPU passed over, and the
-kubelet's wipe of the node's slices repaired by the publisher.
+selector, MPS on a MIG device (multi-user), memory shares (DRAConsumableCapacity), an
+extended-resource `nvidia.com/gpu` pod (DRAExtendedResource: the scheduler makes its
+claim), a tainted GPU passed over, and the kubelet's wipe of the node's slices repaired by
+the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
@@ -356,6 +357,37 @@ async def test_a_mig_device_picked_by_a_cel_selector(
     [mig] = [m for m in gpu.mig_devices if m.profile == "2g.10gb"]
     assert env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
     assert await driver.unprepare([ref]) == {ref.uid: ""}
+
+
+async def test_mps_on_a_mig_device_runs_its_own_multi_user_daemon(
+    make_node: Callable[..., Awaitable[DraNode]], mps_manager: MpsDaemonManager
+) -> None:
+    """NVIDIA's MigDeviceConfig with MPS and multiUser, stored by the real API server and
+    allocated by the real scheduler: the driver runs a multi-user daemon seeing only that
+    MIG device, and stops it at Unprepare."""
+    node = await make_node("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    profile = f"device.attributes['{DRIVER}'].profile == '3g.20gb'"
+    sharing = {"strategy": "MPS", "mpsConfig": {"multiUser": True}}
+    config = {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", "sharing": sharing}
+    request = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": profile}}]}
+    node.claim("mig-mps", request, config)
+    node.pod("p", "mig-mps")
+    claim, ref = await node.allocated("mig-mps")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    [entry] = claim["status"]["allocation"]["devices"]["config"]
+    assert entry["opaque"]["parameters"] == config
+    driver = node.driver(mps=mps_manager)
+    await driver.load()
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    [gpu] = node.state.current.inventory.gpus
+    [mig] = [m for m in gpu.mig_devices if m.profile == "3g.20gb"]
+    [spec] = mps_manager.specs
+    assert (spec.mig_uuids, spec.multi_user, spec.gpu_uuids) == ((mig.uuid,), True, (gpu.uuid,))
+    env = node.cdi_env(ref.uid, result["device"])
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_MPS_PIPE_DIRECTORY"]) == (
+        mig.uuid, "/tmp/nvidia-mps")  # fmt: skip
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert mps_manager.specs == ()
 
 
 async def test_memory_shares_are_what_the_claims_ask_for(

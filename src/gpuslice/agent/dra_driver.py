@@ -443,6 +443,8 @@ class DraDriver:
             gpus,
             thread_percentage=applied.thread_percentage,
             limits_mib=dict(applied.limits_mib),
+            mig_uuids=applied.mig_uuids,
+            multi_user=applied.multi_user,
         )
 
     def _gpu_indices(self) -> dict[str, int]:

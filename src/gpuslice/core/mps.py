@@ -71,7 +71,25 @@ class MpsDaemonSpec:
     """Same order as `gpu_uuids`."""
     active_thread_percentage: int
     pinned_mem_limits_mib: tuple[tuple[int, int], ...]
-    """(GPU index, MiB) pairs. Indices, not UUIDs: limits set by UUID did not take effect."""
+    """(device index, MiB) pairs. Indices, not UUIDs: limits set by UUID did not take
+    effect. The GPU's index for a whole-GPU daemon; for a MIG daemon the MIG device's
+    position in `mig_uuids`, which is how the daemon, seeing only those, numbers them."""
+    mig_uuids: tuple[str, ...] = ()
+    """The MIG devices a DRA claim's daemon serves (NVIDIA's driver runs MPS on MIG
+    devices this way): its `CUDA_VISIBLE_DEVICES`, so the MPS server it starts opens those
+    devices and not the whole GPU. Empty for a whole-GPU daemon, whose environment is left
+    as it always was (every GPU visible), so a daemon started before this field existed is
+    still the same daemon. A MIG daemon leaves the GPU's compute mode alone: that is a
+    whole-GPU setting, and the GPU's other MIG devices may serve other claims."""
+    multi_user: bool = False
+    """NVIDIA's `mpsConfig.multiUser`: the daemon is started with `-M`, so one MPS server
+    serves clients of every user ID; without it, a client of another uid waits until the
+    running server's clients are done and the server is replaced."""
+
+    @property
+    def start_args(self) -> tuple[str, ...]:
+        """The control program's arguments that start the daemon (NVIDIA's template)."""
+        return ("-d", "-M") if self.multi_user else ("-d",)
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -86,8 +104,9 @@ class MpsDaemonSpec:
 def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
     """The daemon for one MPS resource; None when it has no whole GPU to serve.
 
-    MIG devices are left out: MPS on MIG needs one daemon per MIG device, which NVIDIA does
-    not support either (the plan rejects MPS with MIG before this is reached).
+    MIG devices are left out: NVIDIA's device plugin does not run MPS on MIG devices, and
+    the plan rejects a node config asking for it before this is reached. (A DRA claim's
+    `MigDeviceConfig` may ask for it, as with NVIDIA's DRA driver: `core.dra.claims`.)
     """
     uuids: list[GpuUuid] = []
     indices: list[int] = []

@@ -401,8 +401,12 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
         return ("mps" if share.strategy == "mps" else "time-slicing"), text
     if sharing.strategy == "MPS":
         pct, limit = mps or (None, None)
-        text = f"MPS: {pct if pct is not None else 100}% of SMs per client"
+        mig = dw.device.kind == "mig"
+        where = " on the MIG device (its own daemon sees only it)" if mig else ""
+        text = f"MPS{where}: {pct if pct is not None else 100}% of SMs per client"
         text += f", pinned memory limit {limit} MiB" if limit is not None else ", no memory limit"
+        if sharing.mps is not None and sharing.mps.multi_user:
+            text += ", multi-user daemon (clients of any user ID)"
         return "mps", text
     shared_by = sharing.shared_by or 1
     if sharing.strategy == "TimeSlicing" or shared_by > 1:

@@ -12,7 +12,12 @@ daemon's directory (the parent of its pipe directory: a claim daemon's key), the
 has started (its pid file is written, so `-d` returns as the real one's does) but opens no
 control socket. Removing the file lets it go on; so does removing its pipe directory.
 
-Run it as `python -m gpuslice.emulator.fake_mps_control [-d]`. It ships in the package (not
+`-d -M` starts a multi-user daemon, as the real program's `-M` does (NVIDIA's DRA driver
+starts it so for `mpsConfig.multiUser`). What the daemon was started with, which the real
+one keeps to itself, is written to `control.log` on its start, for tests to read:
+`Control <pid> Started multi-user=<yes|no> CUDA_VISIBLE_DEVICES=<value or unset>`.
+
+Run it as `python -m gpuslice.emulator.fake_mps_control [-d [-M]]`. It ships in the package (not
 in `gpuslice.testing`) because `gpuslice demo --dra` runs claims with MPS on it.
 """
 
@@ -107,7 +112,7 @@ def _held(pipe: Path) -> bool:
     return bool(hold_dir) and (Path(hold_dir) / pipe.parent.name).exists()
 
 
-def _serve(pipe: Path, log: Path) -> int:
+def _serve(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
     """The daemon: answer one command per connection until `quit`."""
     sock_path = pipe / SOCKET_NAME
     sock_path.unlink(missing_ok=True)
@@ -125,7 +130,11 @@ def _serve(pipe: Path, log: Path) -> int:
         server.bind(str(sock_path))
         server.listen(16)
         (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
-        logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Started\n")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        logf.write(
+            f"[{time.strftime('%F %T')}] Control {os.getpid()} Started "
+            f"multi-user={'yes' if multi_user else 'no'} CUDA_VISIBLE_DEVICES={visible}\n"
+        )
         server.settimeout(1.0)
         while not state.quitting:
             try:
@@ -182,7 +191,7 @@ def _answers(pipe: Path) -> bool:
     return True
 
 
-def _daemonize(pipe: Path, log: Path) -> int:
+def _daemonize(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
     """`-d`: start the server in its own session and return once it accepts commands."""
     pid_file = pipe / PID_FILE
     # Like the real program, "running" means a daemon answers on the pipe directory; the
@@ -197,7 +206,13 @@ def _daemonize(pipe: Path, log: Path) -> int:
     devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
     child = os.posix_spawn(
         sys.executable,
-        [sys.executable, "-m", "gpuslice.emulator.fake_mps_control", "--serve"],
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.emulator.fake_mps_control",
+            "--serve",
+            *(["-M"] if multi_user else []),
+        ],
         os.environ,
         file_actions=devnull,
         setsid=True,
@@ -241,13 +256,13 @@ def _client(pipe: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pipe, log = _dirs()
-    if args == ["-d"]:
-        return _daemonize(pipe, log)
-    if args == ["--serve"]:
-        return _serve(pipe, log)
+    if args in (["-d"], ["-d", "-M"]):
+        return _daemonize(pipe, log, multi_user="-M" in args)
+    if args in (["--serve"], ["--serve", "-M"]):
+        return _serve(pipe, log, multi_user="-M" in args)
     if not args:
         return _client(pipe)
-    print(f"unsupported arguments: {' '.join(args)} (this fake knows -d)", file=sys.stderr)
+    print(f"unsupported arguments: {' '.join(args)} (this fake knows -d, -d -M)", file=sys.stderr)
     return 2
 
 

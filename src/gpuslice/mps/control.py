@@ -86,17 +86,25 @@ class ControlProgram:
         timeout_s: float = 10.0,
         quit_grace_s: float = 5.0,
         logger: BoundLogger | None = None,
+        visible_devices: Sequence[str] = (),
+        start_args: Sequence[str] = ("-d",),
     ) -> None:
+        """`visible_devices`: the daemon's `CUDA_VISIBLE_DEVICES` (a MIG daemon's MIG
+        devices); empty leaves the variable as `env` has it. `start_args`: `-d`, with `-M`
+        for a multi-user daemon (`MpsDaemonSpec.start_args`)."""
         if not command:
             raise ValueError("the MPS control command must not be empty")
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self._command = tuple(command)
+        self._start_args = tuple(start_args)
         self._env = {
             **(os.environ if env is None else env),
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
         }
+        if visible_devices:
+            self._env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
         self._timeout_s = timeout_s
         self._quit_grace_s = quit_grace_s
         self._log = logger or get_logger("gpuslice.mps")
@@ -122,19 +130,26 @@ class ControlProgram:
                 env=env,
                 timeout_s=timeout_s,
                 quit_grace_s=quit_grace_s,
+                visible_devices=spec.mig_uuids,
+                start_args=spec.start_args,
             )
 
         return make
 
     async def start_daemon(self) -> None:
-        """`-d`, then pin the daemon it left: see `gpuslice.mps.identity` for why."""
+        """`-d` (`-d -M` multi-user), then pin the daemon it left: see
+        `gpuslice.mps.identity` for why."""
         not_before = boot_ticks()
         done = await run_program(
-            (*self._command, "-d"), env=self._env, stdin_text=None, timeout_s=self._timeout_s
+            (*self._command, *self._start_args),
+            env=self._env,
+            stdin_text=None,
+            timeout_s=self._timeout_s,
         )
         if done.returncode != 0:
             detail = done.stderr or done.stdout or "no output"
-            raise MpsError(f"`{self._shown} -d` exited with status {done.returncode}: {detail}")
+            shown = " ".join((self._shown, *self._start_args))
+            raise MpsError(f"`{shown}` exited with status {done.returncode}: {detail}")
         self._adopt(not_before)
 
     def _adopt(self, not_before: int) -> None:

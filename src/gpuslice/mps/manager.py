@@ -267,8 +267,8 @@ class MpsDaemonManager:
         return False
 
     async def _set_exclusive(self, daemon: _Daemon) -> None:
-        if self._compute_mode is None:
-            return
+        if self._compute_mode is None or daemon.spec.mig_uuids:
+            return  # a MIG daemon: compute mode is the whole GPU's (see MpsDaemonSpec)
         for uuid in daemon.spec.gpu_uuids:
             try:
                 await self._compute_mode.set_mode(uuid, "EXCLUSIVE_PROCESS")
@@ -311,9 +311,10 @@ class MpsDaemonManager:
             await _quietly(daemon.control.terminate())
             return False
         self._log.info(
-            "MPS daemon for %s started on %s with %s",
+            "MPS daemon for %s started on %s%s with %s",
             spec.resource,
-            ", ".join(spec.gpu_uuids),
+            ", ".join(spec.mig_uuids or spec.gpu_uuids),
+            " (multi-user)" if spec.multi_user else "",
             "; ".join(spec.commands),
         )
         self._mark(spec, True)
@@ -447,13 +448,20 @@ def _make_dirs(spec: MpsDaemonSpec) -> None:
 
 
 def _settings(spec: MpsDaemonSpec) -> dict[str, object]:
-    """What a running daemon keeps from its start: the GPUs and the limits it was told."""
-    return {
+    """What a running daemon keeps from its start: the GPUs and the limits it was told,
+    and (only where set, so a whole-GPU daemon's record reads as it always has) the MIG
+    devices it sees and its multi-user mode."""
+    settings: dict[str, object] = {
         "gpu_uuids": list(spec.gpu_uuids),
         "gpu_indices": list(spec.gpu_indices),
         "active_thread_percentage": spec.active_thread_percentage,
         "pinned_mem_limits_mib": [list(pair) for pair in spec.pinned_mem_limits_mib],
     }
+    if spec.mig_uuids:
+        settings["mig_uuids"] = list(spec.mig_uuids)
+    if spec.multi_user:
+        settings["multi_user"] = True
+    return settings
 
 
 def _record(spec: MpsDaemonSpec) -> None:

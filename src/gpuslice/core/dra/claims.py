@@ -159,11 +159,6 @@ def claim_work(
             chosen, notice = _on_a_share(chosen, device, share, where)
             if notice is not None:
                 notices.append(notice)
-        if chosen.strategy == "MPS" and device.kind == "mig":
-            raise ClaimError(
-                f"{where}: {chosen.source}: MPS on MIG device {device.name} is not supported "
-                "by gpuslice; use a whole GPU, or time-slicing on the MIG device"
-            )
         admin = result.get("adminAccess") is True
         work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share, admin))
     return ClaimWork(ref, tuple(work), _groups(work), tuple(dict.fromkeys(notices)))
@@ -257,8 +252,11 @@ def daemon_spec(
     *,
     thread_percentage: int | None = None,
     limits_mib: Mapping[int, int] | None = None,
+    mig_uuids: Sequence[str] = (),
+    multi_user: bool = False,
 ) -> MpsDaemonSpec:
-    """A control daemon under `<root>/<key>/` for `gpus` ((UUID, index) pairs)."""
+    """A control daemon under `<root>/<key>/` for `gpus` ((UUID, index) pairs), serving
+    the MIG devices `mig_uuids` of those GPUs when given (see `MpsDaemonSpec`)."""
     base = f"{root.rstrip('/')}/{key}"
     return MpsDaemonSpec(
         resource=ResourceName(key),
@@ -272,39 +270,67 @@ def daemon_spec(
         gpu_indices=tuple(i for _, i in gpus),
         active_thread_percentage=100 if thread_percentage is None else thread_percentage,
         pinned_mem_limits_mib=tuple(sorted((limits_mib or {}).items())),
+        mig_uuids=tuple(mig_uuids),
+        multi_user=multi_user,
     )
 
 
 def group_daemon_spec(claim_uid: str, group: GroupWork, root: str) -> MpsDaemonSpec | None:
     """The daemon an MPS config group gets (None when the group is not MPS): its
     defaults are the config's thread percentage and pinned limits (per device UUID or
-    index into the group's GPUs, as NVIDIA reads `defaultPerDevicePinnedMemoryLimit`)."""
+    index into the group's devices, as NVIDIA reads `defaultPerDevicePinnedMemoryLimit`).
+
+    A `MigDeviceConfig` group's daemon serves its MIG devices as NVIDIA's driver runs it:
+    they are its `CUDA_VISIBLE_DEVICES`, its ID is hashed from their UUIDs, and the limit
+    keys are their UUIDs or indices into them, sorted as NVIDIA sorts them (so a claim's
+    `"0"` means the same device on both drivers). The daemon numbers the devices it sees
+    from 0, so a MIG device's limit is sent for its position there."""
     mps = group.sharing.mps
     if group.sharing.strategy != "MPS" or mps is None:
         return None
     gpus: dict[str, int] = {}
     for d in group.devices:
         gpus.setdefault(d.device.gpu.uuid, d.device.gpu.index)
-    known = set(gpus) | {str(i) for i in range(len(gpus))}
+    mig = group.sharing.kind == "mig"
+    units = sorted({d.device.uuid for d in group.devices}) if mig else list(gpus)
+    known = set(units) | {str(i) for i in range(len(units))}
     for key in mps.per_device_limit_mib:
         if key not in known:
             raise ClaimError(
                 f"{group.sharing.source}: mpsConfig.defaultPerDevicePinnedMemoryLimit key "
                 f"{key!r} is neither a UUID of the config's devices nor an index below "
-                f"{len(gpus)}"
+                f"{len(units)}"
             )
+    if mps.multi_user:
+        _check_multi_user(group)
     limits: dict[int, int] = {}
-    for position, (uuid, index) in enumerate(gpus.items()):
+    for position, uuid in enumerate(units):
         limit = mps.limit_for(uuid, position)
         if limit is not None:
-            limits[index] = limit
+            limits[position if mig else gpus[uuid]] = limit
     return daemon_spec(
-        claim_daemon_key(claim_uid, list(gpus)),
+        claim_daemon_key(claim_uid, units),
         root,
         list(gpus.items()),
         thread_percentage=mps.active_thread_percentage,
         limits_mib=limits,
+        mig_uuids=units if mig else (),
+        multi_user=mps.multi_user,
     )
+
+
+VOLTA = (7, 0)
+"""Multi-user MPS needs compute capability 7.0 or newer (NVIDIA's driver checks the same)."""
+
+
+def _check_multi_user(group: GroupWork) -> None:
+    for d in group.devices:
+        if d.device.gpu.compute_capability < VOLTA:
+            major, minor = d.device.gpu.compute_capability
+            raise ClaimError(
+                f"{group.sharing.source}: mpsConfig.multiUser true needs a Volta or newer GPU "
+                f"(compute capability 7.0); device {d.device.name} has {major}.{minor}"
+            )
 
 
 def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:

@@ -151,11 +151,15 @@ def _mps(
         mps_key=spec.resource,
         thread_percentage=spec.active_thread_percentage,
         limits_mib=spec.pinned_mem_limits_mib,
+        mig_uuids=spec.mig_uuids,
+        multi_user=spec.multi_user,
     )
     steps.append(StartDaemon(spec, record))
     limits = dict(spec.pinned_mem_limits_mib)
     mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
     for dw in group.devices:
+        # the limit's index: the GPU's, or the MIG device's place among the daemon's devices
+        index = spec.mig_uuids.index(dw.device.uuid) if spec.mig_uuids else dw.device.gpu.index
         cdi.append(_device(dw, mounts))
         uses.append(
             DeviceUse(
@@ -163,7 +167,7 @@ def _mps(
                 dw.device.uuid,
                 "mps",
                 group.sharing.shared_by or 1,
-                entitlement_mib=limits.get(dw.device.gpu.index),
+                entitlement_mib=limits.get(index),
                 thread_percentage=spec.active_thread_percentage,
                 admin=dw.admin,
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -57,7 +58,12 @@ class AppliedSharing:
     thread_percentage: int | None = None
     """The daemon's default active thread percentage (to start it again after a restart)."""
     limits_mib: tuple[tuple[int, int], ...] = ()
-    """The daemon's (GPU index, MiB) pinned memory limits."""
+    """The daemon's (device index, MiB) pinned memory limits (`MpsDaemonSpec`)."""
+    mig_uuids: tuple[str, ...] = ()
+    """The MIG devices the daemon serves (its `CUDA_VISIBLE_DEVICES`); empty: whole GPUs.
+    Kept so a restarted agent rebuilds the same daemon and takes it over."""
+    multi_user: bool = False
+    """The daemon was started multi-user (`-M`), for the same reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +183,20 @@ def _optional_int(value: object, what: str, low: int = 0, high: int = _MAX) -> i
     return None if value is None else _int(value, what, low, high)
 
 
+_MIG_UUID = re.compile(r"MIG-[A-Za-z0-9/_-]{1,120}")
+
+
+def _mig_uuids(value: object) -> tuple[str, ...]:
+    """`migDevices`: MIG UUIDs only, since they become a daemon's `CUDA_VISIBLE_DEVICES`
+    (a comma or a GPU's UUID there would widen what the daemon opens)."""
+    if not isinstance(value, list) or len(value) > 4096:
+        raise ValueError(f"migDevices: {str(value)[:40]!r} is not a list of MIG UUIDs")
+    for uuid in value:
+        if not isinstance(uuid, str) or _MIG_UUID.fullmatch(uuid) is None:
+            raise ValueError(f"migDevices: {str(uuid)[:40]!r} is not a MIG UUID")
+    return tuple(value)
+
+
 def _checksum(data: Mapping[str, Any]) -> str:
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
@@ -249,6 +269,10 @@ def _applied_json(a: AppliedSharing) -> dict[str, Any]:
         out["threadPercentage"] = a.thread_percentage
     if a.limits_mib:
         out["limitsMiB"] = [[index, mib] for index, mib in a.limits_mib]
+    if a.mig_uuids:
+        out["migDevices"] = list(a.mig_uuids)
+    if a.multi_user:
+        out["multiUser"] = True
     return out
 
 
@@ -266,6 +290,8 @@ def _applied(a: Mapping[str, Any]) -> AppliedSharing:
             (_int(i, "limitsMiB index", 0, 4096), _int(m, "limitsMiB", 0))
             for i, m in a.get("limitsMiB", ())
         ),
+        mig_uuids=_mig_uuids(a.get("migDevices", [])),
+        multi_user=a.get("multiUser") is True,
     )
 
 

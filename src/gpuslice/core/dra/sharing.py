@@ -58,16 +58,9 @@ class _MpsConfig(_Strict):
     default_per_device_pinned_memory_limit: dict[str, str | int] | None = Field(
         None, alias="defaultPerDevicePinnedMemoryLimit"
     )
-    multi_user: bool | None = Field(None, alias="multiUser")
-    """NVIDIA's newer field; gpuslice runs its daemons only the default way, so `true` is
-    refused plainly rather than ignored."""
-
-    @field_validator("multi_user")
-    @classmethod
-    def _single_user(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("true is not supported by gpuslice (omit it, or set false)")
-        return v
+    multi_user: bool | None = Field(None, alias="multiUser", strict=True)
+    """NVIDIA's `multiUser`: the claim's daemon serves clients of several user IDs
+    (`nvidia-cuda-mps-control -d -M`); Volta or newer, checked against the devices."""
 
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
@@ -125,6 +118,7 @@ class MpsSettings:
     pinned_limit_mib: int | None = None
     per_device_limit_mib: Mapping[str, int] = field(default_factory=dict)
     """Key: a device UUID, or an index into the group's devices (as a string)."""
+    multi_user: bool = False
 
     def limit_for(self, uuid: str, index: int) -> int | None:
         for key in (uuid, str(index)):
@@ -240,6 +234,7 @@ def _sharing(
                 else None
             ),
             per_device_limit_mib={k: _mib(v) for k, v in per_device.items()},
+            multi_user=bool(mps_cfg and mps_cfg.multi_user),
         )
     elif isinstance(cfg.sharing, _GpuSharing) and cfg.sharing.time_slicing_config is not None:
         name = cfg.sharing.time_slicing_config.interval
