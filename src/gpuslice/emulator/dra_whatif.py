@@ -394,10 +394,21 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
     share, sharing = dw.share, dw.sharing
     if share is not None:
         how = "MPS" if share.strategy == "mps" else "time-slicing"
+        memory = f"{share.memory_mib} MiB" if share.memory_mib else "no memory reserved"
         text = (
-            f"{share.shares} of {share.replicas} shares ({how}), {share.memory_mib} MiB"
+            f"{share.shares} of {share.replicas} shares ({how}), {memory}"
             f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"
         )
+        if share.cores and share.strategy == "mps":
+            text += (
+                f", {share.cores}% of the SMs (cores: the MPS client's active thread percentage)"
+            )
+        elif share.cores:
+            text += (
+                f", {share.cores}% of the SMs (cores) reserved for the scheduler only: "
+                "time-slicing does not limit a process to a share of the SMs, so it is "
+                "not enforced"
+            )
         return ("mps" if share.strategy == "mps" else "time-slicing"), text
     if sharing.strategy == "MPS":
         pct, limit = mps or (None, None)
