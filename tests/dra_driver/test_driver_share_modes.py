@@ -175,12 +175,22 @@ async def test_memory_mode_a_claim_that_asks_nothing_takes_the_gpu_sized_ones_sh
         node.claim("c", memory="40Gi")  # 40 + 30 + 40 > 80
 
 
-async def test_count_mode_fits_n_claims(sock_dir: Path) -> None:
+async def test_count_mode_fits_n_claims_each_free_to_use_the_memory(sock_dir: Path) -> None:
+    """N shares and no memory by default: the guard holds such a share to no part of the
+    memory (its entitlement is the device's), as no hint limits it either."""
     node = await make_node(sock_dir, SharesMode("count", 3))
-    for i in range(3):
-        node.claim(f"c{i}")
+    refs = [node.claim(f"c{i}") for i in range(3)]
     with pytest.raises(AllocationError):
         node.claim("c3")
+    driver = node.driver()
+    await driver.load()
+    results = await driver.prepare(refs)
+    assert all(r.error == "" for r in results.values()), results
+    plan = driver.claims_plan()
+    assert plan is not None
+    memory_mib = node.state.current.inventory.gpus[0].memory_mib
+    entitlements = {d.entitlement_mib for r in plan.resources for d in r.devices}
+    assert entitlements == {memory_mib}
 
 
 async def test_disabled_allocates_each_gpu_whole(sock_dir: Path) -> None:
