@@ -145,6 +145,23 @@ def test_nvidias_modes_offer_every_mig_device_too_and_round_memory_to_whole_mib(
         assert re.fullmatch(r"\d+[MG]i", device["capacity"]["memory"]["value"])
 
 
+def test_an_offered_mig_devices_engines_and_slices_are_taken_only_when_asked_for() -> None:
+    """Without a policy each allocation would consume all of a capacity (KEP-5075): the
+    copy engines or memory slices would make the first claim the only one."""
+    (device, *_) = published("sim:1xa100-40gb/mig=3g.20gb*1+1g.5gb*2", SharesMode("count", 4))
+    others = set(device["capacity"]) - {"memory", SHARES_CAPACITY, CORES_CAPACITY}
+    assert {"multiprocessors", "copyEngines", "memorySlice4"} <= others
+    for name in others:
+        value = device["capacity"][name]["value"]
+        if value == "0":  # the API refuses a step above the value; all of nothing is nothing
+            assert "requestPolicy" not in device["capacity"][name]
+            continue
+        assert device["capacity"][name]["requestPolicy"] == {
+            "default": "0",
+            "validRange": {"min": "0", "max": value, "step": "1"},
+        }
+
+
 def test_an_mps_config_makes_the_offers_mps_in_nvidias_modes_too() -> None:
     inventory, plan = node("sim:1xh100-80gb", SHARED.format(strategy="mps"))
     (offer,) = share_offers(plan, SharesMode("count", 2), dra_devices(inventory)).values()

@@ -471,6 +471,29 @@ async def test_nvidias_memory_and_count_modes_fit_what_nvidias_do(
     assert await node.unschedulable(f"c{fit}"), node.scheduler_log()
 
 
+async def test_a_mig_device_offered_unlimited_goes_to_several_claims(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """A MIG device's engines and memory slices are taken only when asked for, so in
+    `unlimited` mode two claims share it (the API server takes their request policies)."""
+    node = await make_node(
+        "sim:1xa100-40gb/mig=7g.40gb*1", "version: v1\n", SharesMode("unlimited")
+    )
+    mig = {"deviceClassName": "mig.nvidia.com"}
+    for name in ("a", "b"):
+        node.claim(name, mig)
+        node.pod(name, name)
+    (a, ref_a), (b, ref_b) = [await node.allocated(n) for n in ("a", "b")]
+    [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
+    assert ra["device"] == rb["device"] == "gpu-0-mig-7g40gb-0-0"
+    assert ra["shareID"] != rb["shareID"]
+    driver = node.driver()
+    await driver.load()
+    results = await driver.prepare([ref_a, ref_b])
+    assert all(r.error == "" for r in results.values()), results
+    assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
+
+
 async def test_an_extended_resource_pod_gets_a_claim_the_scheduler_made(
     make_node: Callable[..., Awaitable[DraNode]],
 ) -> None:

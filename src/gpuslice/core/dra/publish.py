@@ -311,6 +311,17 @@ def device_json(
     }
     if offer is not None and (offer.replicas > 1 or offer.mode != "replicas"):
         out["allowMultipleAllocations"] = True
+        for name, value in device.capacity.items():
+            if name != "memory" and value > 0:
+                # a MIG device's engines and memory slices: without a policy each allocation
+                # would consume all of them (KEP-5075), and the device could be held by one
+                # claim only; they describe the device, they are not what shares divide.
+                # (A capacity of 0 takes no policy: the API refuses a step above the value,
+                # and consuming all of nothing holds nothing.)
+                capacity[name]["requestPolicy"] = {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": quantity(value), "step": "1"},
+                }
         memory = device.capacity.get("memory", offer.memory_mib * MIB)
         if offer.mode == "replicas":
             capacity["memory"] = {
