@@ -27,6 +27,7 @@ from gpuslice.core.dra.publish import (
 )
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
+from gpuslice.emulator.dra_whatif import slice_devices
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
@@ -75,7 +76,7 @@ def test_the_flag_takes_nvidias_values_and_gpuslices_replicas(text: str, mode: S
     assert SharesMode.parse(str(mode)) == mode
 
 
-@pytest.mark.parametrize("text", ["", "0", "-2", "Memory", "2.5", "shares"])
+@pytest.mark.parametrize("text", ["", "0", "-2", "Memory", "2.5", "shares", "²"])
 def test_any_other_value_is_refused_naming_the_flag_and_the_value(text: str) -> None:
     with pytest.raises(ValueError, match=rf"--consumable-shares {text!r}: must be 'replicas'"):
         SharesMode.parse(text)
@@ -266,3 +267,10 @@ def test_no_cores_keeps_the_share_fraction() -> None:
 def test_cores_outside_0_to_100_are_refused_naming_the_field(cores: str) -> None:
     with pytest.raises(ClaimError, match=r"results\[0\]\.consumedCapacity"):
         _work(ShareOffer(4, "mps", TOTAL), {CORES_CAPACITY: cores})
+
+
+def test_the_demos_summary_reads_slices_published_in_count_mode() -> None:
+    """A memory default of 0 (count mode) is no memory, not an unreadable quantity."""
+    devices = published("sim:2xh100-80gb", SharesMode("count", 2))
+    summary = slice_devices([{"spec": {"devices": devices}}])
+    assert [(d.shares, d.share_memory_mib) for d in summary] == [(2, 0), (2, 0)]

@@ -263,11 +263,17 @@ def slice_devices(slices: Sequence[Json]) -> tuple[SliceDevice, ...]:
                     uuid=_attr(device, "uuid") or "",
                     shares=int(str(shares["value"])) if shares else None,
                     share_memory_mib=(
-                        quantity_mib(policy["default"]) if shares and "default" in policy else None
+                        _default_mib(policy["default"]) if shares and "default" in policy else None
                     ),
                 )
             )
     return tuple(out)
+
+
+def _default_mib(value: object) -> int:
+    """A memory policy's default in MiB; 0 where it is none (NVIDIA's count mode), which
+    `quantity_mib` refuses as below 1Mi."""
+    return 0 if str(value).strip() == "0" else quantity_mib(value)
 
 
 def node_slices(inventory: Inventory, plan: Plan, *, driver: str, node: str) -> list[Json]:

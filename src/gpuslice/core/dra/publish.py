@@ -100,7 +100,7 @@ class SharesMode:
         value = text.strip()
         if value in ("replicas", "disabled", "memory", "unlimited"):
             return cls(value)  # type: ignore[arg-type]
-        if value.isdigit() and int(value) > 0:
+        if value.isascii() and value.isdigit() and int(value) > 0:
             return cls("count", int(value))
         raise ValueError(
             f"--consumable-shares {text!r}: must be 'replicas', 'disabled', 'memory', "
