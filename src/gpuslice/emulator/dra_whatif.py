@@ -40,8 +40,10 @@ from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
     MIB,
+    REPLICAS,
     SHARES_CAPACITY,
     DraDevice,
+    SharesMode,
     device_json,
     dra_devices,
     share_offers,
@@ -276,11 +278,14 @@ def _default_mib(value: object) -> int:
     return 0 if str(value).strip() == "0" else quantity_mib(value)
 
 
-def node_slices(inventory: Inventory, plan: Plan, *, driver: str, node: str) -> list[Json]:
+def node_slices(
+    inventory: Inventory, plan: Plan, *, driver: str, node: str, shares: SharesMode = REPLICAS
+) -> list[Json]:
     """The ResourceSlice objects the agent would publish for this inventory and plan (all
-    devices healthy), with the publisher's own functions."""
-    offers = share_offers(plan)
-    devices = [device_json(d, [], offers.get(d.uuid)) for d in dra_devices(inventory)]
+    devices healthy) with `--consumable-shares shares`, with the publisher's own functions."""
+    ours = dra_devices(inventory)
+    offers = share_offers(plan, shares, ours)
+    devices = [device_json(d, [], offers.get(d.uuid)) for d in ours]
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -505,15 +510,17 @@ def what_if(
     driver: str = DRIVER,
     pool: str = POOL,
     mps_root: str = MPS_ROOT,
+    shares: SharesMode = REPLICAS,
 ) -> WhatIf:
-    """Allocate then "prepare" each claim in order on the node `inventory` + `plan` describe.
+    """Allocate then "prepare" each claim in order on the node `inventory` + `plan` describe,
+    its devices offered as `--consumable-shares shares` would.
 
     Raises ClaimsFileError only for a claim the allocator cannot even read; a claim that
     does not fit or that the driver would refuse is an outcome with its error.
     """
-    slices = node_slices(inventory, plan, driver=driver, node=pool)
+    slices = node_slices(inventory, plan, driver=driver, node=pool, shares=shares)
     devices = {d.name: d for d in dra_devices(inventory)}
-    by_uuid = share_offers(plan)
+    by_uuid = share_offers(plan, shares, devices.values())
     offers = {n: by_uuid[d.uuid] for n, d in devices.items() if d.uuid in by_uuid}
     in_use: list[Json] = []
     outcomes: list[ClaimOutcome] = []
