@@ -212,11 +212,18 @@ def test_the_agent_runs_in_dra_mode_with_the_clis_variables() -> None:
         "DRA_PLUGIN_DIR": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "DRA_REGISTRY_DIR": "/var/lib/kubelet/plugins_registry",
         "CDI_ROOT": "/var/run/cdi",
+        "CONSUMABLE_SHARES": "replicas",
     }
     for name, value in dra_env.items():
         assert env[name] == value, name
         assert name in envvars, f"`gpuslice plugin` reads no {name}"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+@pytest.mark.parametrize("value", ["memory", "unlimited", "disabled", "4"])
+def test_nvidias_consumable_shares_values_reach_the_agent(value: str) -> None:
+    env = env_of(one(render(dra={**DRA, "consumableShares": value}), "DaemonSet"))
+    assert env["CONSUMABLE_SHARES"] == value
 
 
 @pytest.mark.parametrize(
@@ -451,6 +458,10 @@ def test_resource_slice_policy(
             "dra.deviceClasses.extendedResourceName: 'gpu' is not valid",
         ),
         ({"dra": {"enabled": "yes"}}, "dra.enabled: 'yes' is not of type 'boolean'"),
+        (
+            {"dra": {"consumableShares": "half"}},
+            "dra.consumableShares: 'half' does not match",
+        ),
     ],
 )
 def test_a_typo_under_dra_is_refused_by_the_schema_and_by_helm(

@@ -197,6 +197,16 @@ CASES: dict[str, tuple[str, str, Json]] = {
         claim("ts", exactly={"capacity": {"requests": {"memory": "30Gi"}}}),
     ),
     "MPS share": ("sim:1xh100-80gb", SHARED_4.format(strategy="mps"), claim("ms")),
+    "MPS share with cores": (
+        "sim:1xh100-80gb",
+        SHARED_4.format(strategy="mps"),
+        claim("mc", exactly={"capacity": {"requests": {"cores": "20", "memory": "10Gi"}}}),
+    ),
+    "time-slicing share with cores": (
+        "sim:1xh100-80gb",
+        SHARED_4.format(strategy="timeSlicing"),
+        claim("tc", exactly={"capacity": {"requests": {"cores": "20"}}}),
+    ),
     "GpuConfig MPS": (
         "sim:2xh100-80gb",
         "version: v1\n",
@@ -456,3 +466,22 @@ def test_claims_from_kubectl_get_o_json_are_read() -> None:
     )
     (loaded,) = load_claims(text)
     assert loaded["metadata"] == {"name": "a", "namespace": "ml"}
+
+
+async def test_cores_are_the_mps_thread_percentage_and_said_to_be_unenforced_when_time_sliced(
+    sock_dir: Path,
+) -> None:
+    ask = {"capacity": {"requests": {"cores": "20", "memory": "10Gi"}}}
+    mps = await make_node(sock_dir, "sim:1xh100-80gb", SHARED_4.format(strategy="mps"))
+    (device,) = mps.predict([claim("m", exactly=ask)]).claims[0].devices
+    assert device.mps_thread_percentage == 20
+    assert "20% of the SMs (cores: the MPS client's active thread percentage)" in (
+        device.sharing_text
+    )
+    workdir = sock_dir / "ts"
+    workdir.mkdir()
+    ts = await make_node(workdir, "sim:1xh100-80gb", SHARED_4.format(strategy="timeSlicing"))
+    (device,) = ts.predict([claim("t", exactly=ask)]).claims[0].devices
+    assert "20% of the SMs (cores) reserved for the scheduler only" in device.sharing_text
+    assert "not enforced" in device.sharing_text
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in dict(device.env)

@@ -204,3 +204,34 @@ def test_device_classes_without_claims_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = run("describe", "--node", "sim:1xt4", "--device-classes", str(path))
     assert code == 2
     assert "--device-classes goes with --claims" in err
+
+
+def test_describe_claims_takes_the_agents_consumable_shares(tmp_path: Path) -> None:
+    """Five claims that ask for nothing on one GPU the config does not share: whole GPUs
+    (`replicas`, the default) fit one; NVIDIA's `unlimited` fits all five."""
+    docs = [
+        f"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: c{i}}}\n"
+        "spec:\n  devices:\n    requests:\n    - name: gpu\n"
+        "      exactly: {deviceClassName: gpu.nvidia.com}\n"
+        for i in range(5)
+    ]
+    path = str(claims_file(tmp_path, *docs))
+    code, doc = as_json("describe", "--node", "sim:1xh100-80gb", "--claims", path)
+    assert code == 1
+    assert [c["fits"] for c in doc["claims"]] == [True, False, False, False, False]
+    code, doc = as_json(
+        "describe",
+        "--node",
+        "sim:1xh100-80gb",
+        "--claims",
+        path,
+        "--consumable-shares",
+        "unlimited",
+    )
+    assert code == 0
+    assert all(c["fits"] for c in doc["claims"])
+    code, _, err = run(
+        "describe", "--node", "sim:1xh100-80gb", "--claims", path, "--consumable-shares", "lots"
+    )
+    assert code == 2
+    assert "--consumable-shares 'lots': must be 'replicas'" in err

@@ -1,10 +1,10 @@
 """Claims allocated by the real kube-scheduler from the slices the agent published, then
 prepared and unprepared by the agent's driver reading them from the real API server: a
 whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
-selector, MPS on a MIG device (multi-user), memory shares (DRAConsumableCapacity), an
-extended-resource `nvidia.com/gpu` pod (DRAExtendedResource: the scheduler makes its
-claim), a tainted GPU passed over, and the kubelet's wipe of the node's slices repaired by
-the publisher.
+selector, MPS on a MIG device (multi-user), memory shares (DRAConsumableCapacity), NVIDIA's
+share modes and `cores`, an extended-resource `nvidia.com/gpu` pod (DRAExtendedResource: the
+scheduler makes its claim), a tainted GPU passed over, and the kubelet's wipe of the node's
+slices repaired by the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
@@ -33,6 +33,7 @@ from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
@@ -123,20 +124,30 @@ class DraNode:
     state: PlanState
     client: AsyncClient
     workdir: Path
+    shares: SharesMode = REPLICAS
     publisher: SlicePublisher = field(init=False)
     api: DraApi = field(init=False)
 
     def __post_init__(self) -> None:
         self.api = DraApi(self.client, self.name, DRIVER)
         self.publisher = SlicePublisher(
-            self.api, driver=DRIVER, node=self.name, snapshot=lambda: self.state.current
+            self.api,
+            driver=DRIVER,
+            node=self.name,
+            snapshot=lambda: self.state.current,
+            shares=self.shares,
         )
 
     def driver(
         self, *, mps: MpsDaemonManager | None = None, timeslice: RecordingTimeslice | None = None
     ) -> DraDriver:
         return DraDriver(
-            DriverSettings(DRIVER, self.name, mps_root=str(self.workdir / "mps")),
+            DriverSettings(
+                DRIVER,
+                self.name,
+                mps_root=str(self.workdir / "mps"),
+                consumable_shares=self.shares,
+            ),
             objects=self.api,
             checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
             cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),
@@ -175,6 +186,17 @@ class DraNode:
         create(self.plane, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
         return pod
 
+    async def unschedulable(self, pod: str) -> str:
+        """The scheduler's message once it has found no room for `pod` (its PodScheduled
+        condition False, reason Unschedulable)."""
+        async with asyncio.timeout(30):
+            while True:
+                obj = get(self.plane, "pod", "-n", NAMESPACE, f"{self.name}-{pod}")
+                for cond in (obj.get("status") or {}).get("conditions") or ():
+                    if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                        return str(cond.get("message", ""))
+                await asyncio.sleep(0.1)
+
     async def allocated(self, claim: str) -> tuple[Json, ClaimRef]:
         """The claim once the scheduler allocated it (its full name), and its ref."""
         name = claim if claim.startswith(self.name) else f"{self.name}-{claim}"
@@ -211,7 +233,9 @@ async def make_node(
     slices the agent publishes for the simulated `spec` under `config`."""
     clients: list[AsyncClient] = []
 
-    async def make(spec: str, config: str = "version: v1\n") -> DraNode:
+    async def make(
+        spec: str, config: str = "version: v1\n", shares: SharesMode = REPLICAS
+    ) -> DraNode:
         name = f"dra-sched-{next(_NODES)}"
         create(plane, {"apiVersion": "v1", "kind": "Node",
                        "metadata": {"name": name, "labels": {NODE_LABEL: name}}})  # fmt: skip
@@ -229,7 +253,7 @@ async def make_node(
         state = PlanState(build_plan(inventory, parse_config(config)), inventory)
         client = make_client(plane.kubeconfig, trust_env=False)
         clients.append(client)
-        node = DraNode(plane, name, state, client, sock_dir / name)
+        node = DraNode(plane, name, state, client, sock_dir / name, shares)
         node.workdir.mkdir()
         assert (await node.publisher.publish_once()).create
         return node
@@ -323,7 +347,11 @@ async def test_mps_shares_of_one_gpu_go_to_two_claims_and_one_daemon(
     assert ra["device"] == rb["device"] == "gpu-0"
     assert ra["shareID"] != rb["shareID"]
     memory_mib = node.state.current.inventory.gpus[0].memory_mib
-    assert ra["consumedCapacity"] == {"shares": "1", "memory": f"{memory_mib // 2}Mi"}
+    assert ra["consumedCapacity"] == {
+        "shares": "1",
+        "memory": f"{memory_mib // 2}Mi",
+        "cores": "0",
+    }
 
     driver = node.driver(mps=mps_manager)
     await driver.load()
@@ -403,8 +431,12 @@ async def test_memory_shares_are_what_the_claims_ask_for(
     (big, ref_big), (small, ref_small) = [await node.allocated(n) for n in ("big", "small")]
     [rbig], [rsmall] = (c["status"]["allocation"]["devices"]["results"] for c in (big, small))
     memory_mib = node.state.current.inventory.gpus[0].memory_mib
-    assert rbig["consumedCapacity"] == {"shares": "1", "memory": "30Gi"}
-    assert rsmall["consumedCapacity"] == {"shares": "1", "memory": f"{memory_mib // 4}Mi"}
+    assert rbig["consumedCapacity"] == {"shares": "1", "memory": "30Gi", "cores": "0"}
+    assert rsmall["consumedCapacity"] == {
+        "shares": "1",
+        "memory": f"{memory_mib // 4}Mi",
+        "cores": "0",
+    }
     driver = node.driver()
     await driver.load()
     results = await driver.prepare([ref_big, ref_small])
@@ -413,6 +445,84 @@ async def test_memory_shares_are_what_the_claims_ask_for(
     assert node.cdi_env(ref_small.uid, "gpu-0")["GPUSLICE_GPU_FRACTION"] == "0.25"
     assert await driver.unprepare([ref_big, ref_small]) == {ref_big.uid: "", ref_small.uid: ""}
     assert node.cdi_files() == []
+
+
+async def test_nvidias_share_modes_and_cores_on_the_real_scheduler(
+    make_node: Callable[..., Awaitable[DraNode]], mps_manager: MpsDaemonManager
+) -> None:
+    """`--consumable-shares unlimited` on a GPU the config shares by MPS: the API server
+    takes NVIDIA's policies and `cores`, the scheduler gives "30 % of the SMs and 20Gi" to
+    one claim and nothing to one that asks for nothing, and keeps the SMs within 100 %;
+    Prepare turns the cores into the client's active thread percentage."""
+    node = await make_node("sim:1xh100-80gb", shared("mps", 2), SharesMode("unlimited"))
+    (device,) = node.publisher.wanted_devices(node.state.current)
+    assert device["capacity"]["cores"]["value"] == "100"
+    node.claim("a", {**GPU, "capacity": {"requests": {"cores": "30", "memory": "20Gi"}}})
+    node.claim("b", GPU)
+    node.claim("c", {**GPU, "capacity": {"requests": {"cores": "80"}}})
+    for name in ("a", "b"):
+        node.pod(name, name)
+    (a, ref_a), (b, ref_b) = [await node.allocated(n) for n in ("a", "b")]
+    [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
+    assert ra["consumedCapacity"] == {"memory": "20Gi", "cores": "30"}
+    assert rb["consumedCapacity"] == {"memory": "0", "cores": "0"}
+    node.pod("c", "c")
+    assert await node.unschedulable("c")  # 30 + 80 > 100 % of the SMs
+
+    driver = node.driver(mps=mps_manager)
+    await driver.load()
+    results = await driver.prepare([ref_a, ref_b])
+    assert all(r.error == "" for r in results.values()), results
+    env_a, env_b = node.cdi_env(ref_a.uid, "gpu-0"), node.cdi_env(ref_b.uid, "gpu-0")
+    assert env_a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert env_b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env_b
+    assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
+
+
+@pytest.mark.parametrize(
+    ("mode", "fit"),
+    [
+        # memory: a claim that asks for nothing takes all the memory, a second finds none
+        (SharesMode("memory"), 1),
+        # N = 2 shares: two claims that ask for nothing, not a third
+        (SharesMode("count", 2), 2),
+    ],
+)
+async def test_nvidias_memory_and_count_modes_fit_what_nvidias_do(
+    make_node: Callable[..., Awaitable[DraNode]], mode: SharesMode, fit: int
+) -> None:
+    node = await make_node("sim:1xh100-80gb", "version: v1\n", mode)
+    for i in range(fit + 1):
+        node.claim(f"c{i}", GPU)
+        node.pod(f"c{i}", f"c{i}")
+    for i in range(fit):
+        await node.allocated(f"c{i}")
+    assert await node.unschedulable(f"c{fit}"), node.scheduler_log()
+
+
+async def test_a_mig_device_offered_unlimited_goes_to_several_claims(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """A MIG device's engines and memory slices are taken only when asked for, so in
+    `unlimited` mode two claims share it (the API server takes their request policies)."""
+    node = await make_node(
+        "sim:1xa100-40gb/mig=7g.40gb*1", "version: v1\n", SharesMode("unlimited")
+    )
+    mig = {"deviceClassName": "mig.nvidia.com"}
+    for name in ("a", "b"):
+        node.claim(name, mig)
+        node.pod(name, name)
+    (a, ref_a), (b, ref_b) = [await node.allocated(n) for n in ("a", "b")]
+    [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
+    assert ra["device"] == rb["device"] == "gpu-0-mig-7g40gb-0-0"
+    assert ra["shareID"] != rb["shareID"]
+    driver = node.driver()
+    await driver.load()
+    results = await driver.prepare([ref_a, ref_b])
+    assert all(r.error == "" for r in results.values()), results
+    assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
 
 
 async def test_an_extended_resource_pod_gets_a_claim_the_scheduler_made(

@@ -180,6 +180,7 @@ def wire_dra(
             driver=dra.driver_name,
             node=settings.node_name,
             mps_root=str(plugin_dir / "mps"),
+            consumable_shares=dra.consumable_shares,
         ),
         objects=objects,
         checkpoint=CheckpointFile(plugin_dir / CHECKPOINT_NAME),
@@ -199,6 +200,7 @@ def wire_dra(
         snapshot=snapshot,
         xids=lambda: agent.last_xid,
         resync_s=dra.resync_s,
+        shares=dra.consumable_shares,
     )
     front = DraFrontEnd(
         lambda: agent.state,

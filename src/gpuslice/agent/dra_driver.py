@@ -53,7 +53,7 @@ from gpuslice.core.dra.prepared import (
     decode,
     encode,
 )
-from gpuslice.core.dra.publish import dra_devices, share_offers
+from gpuslice.core.dra.publish import REPLICAS, SharesMode, dra_devices, share_offers
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -81,6 +81,8 @@ class DriverSettings:
     """The node's name: the pool every device of this node is published in."""
     mps_root: str
     """Where claim MPS daemons keep their pipe, log and shm directories."""
+    consumable_shares: SharesMode = REPLICAS
+    """Which devices are offered as shares, and how (what the publisher publishes)."""
     mps_ready_timeout_s: float = 10.0
     """How long Prepare waits for a new MPS daemon to answer before failing the claim."""
     api_timeout_s: float = 15.0
@@ -587,7 +589,7 @@ class DraDriver:
         if snap is None:
             raise ClaimError("the driver has not read this node's GPUs yet")
         devices = {d.name: d for d in dra_devices(snap.inventory)}
-        by_uuid = share_offers(snap.plan)
+        by_uuid = share_offers(snap.plan, self.settings.consumable_shares, devices.values())
         offers = {name: by_uuid[d.uuid] for name, d in devices.items() if d.uuid in by_uuid}
         return claim_work(
             claim,

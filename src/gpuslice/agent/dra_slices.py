@@ -26,7 +26,9 @@ from typing import Any
 
 from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.publish import (
+    REPLICAS,
     Health,
+    SharesMode,
     SliceChanges,
     device_json,
     dra_devices,
@@ -58,6 +60,7 @@ class SlicePublisher:
         xids: Callable[[], Mapping[str, int | None]] = dict,
         resync_s: float = 10.0,
         backoff: Backoff | None = None,
+        shares: SharesMode = REPLICAS,
     ) -> None:
         """`resync_s` caps the delay between retries after a failed publish (the API server
         away); at rest nothing is re-read."""
@@ -67,6 +70,7 @@ class SlicePublisher:
         self._snapshot = snapshot
         self._xids = xids
         self.resync_s = resync_s
+        self.shares = shares
         self._tainted_since: dict[str, str] = {}
         self._node_uid: str | None = None
         self._stored: tuple[tuple[str, str], ...] | None = None
@@ -89,7 +93,8 @@ class SlicePublisher:
         self.last_error = ""
 
     def wanted_devices(self, snap: Snapshot) -> list[Json]:
-        offers = share_offers(snap.plan)
+        devices = dra_devices(snap.inventory)
+        offers = share_offers(snap.plan, self.shares, devices)
         xids = self._xids()
         unhealthy = {u: xids.get(u) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
@@ -99,7 +104,7 @@ class SlicePublisher:
             self._tainted_since.setdefault(uuid, _now())
         health = Health(unhealthy)
         out = []
-        for device in dra_devices(snap.inventory):
+        for device in devices:
             since = self._tainted_since.get(device.uuid) or self._tainted_since.get(
                 device.gpu.uuid, ""
             )

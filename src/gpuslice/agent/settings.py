@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import GuardParams
 from gpuslice.core.guard.model import ClaimOverride, GuardAction
 
@@ -72,6 +73,11 @@ class DraSettings:
     resync_s: float = 10.0
     """`DRA_RESYNC_INTERVAL`: seconds between checks that this node's ResourceSlices are
     still there (the kubelet deletes them when it restarts)."""
+    consumable_shares: SharesMode = REPLICAS
+    """`CONSUMABLE_SHARES`: which devices are offered as consumable shares. gpuslice's
+    `replicas` (the GPUs the config shares, N ways) by default; NVIDIA's
+    `--consumable-shares` values (`disabled`, `memory`, `unlimited`, N) for every device of
+    the node, so a cluster moving from NVIDIA's driver keeps its claims' meaning."""
 
     @property
     def plugin_path(self) -> Path:

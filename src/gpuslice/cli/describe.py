@@ -22,6 +22,7 @@ from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
+from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.host.configfiles import MAX_BYTES
 from gpuslice.host.textfile import read_text
 
@@ -121,6 +122,15 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     help="DeviceClasses to use with --claims instead of NVIDIA's gpu.nvidia.com and "
     "mig.nvidia.com.",
 )
+@click.option(
+    "--consumable-shares",
+    "shares",
+    envvar="CONSUMABLE_SHARES",
+    default="replicas",
+    show_default=True,
+    help="With --claims: the agent's --consumable-shares (replicas, disabled, memory, "
+    "unlimited or N).",
+)
 @output_option
 @reports_errors
 def describe_command(
@@ -129,6 +139,7 @@ def describe_command(
     node: str,
     claims_file: Path | None,
     classes_file: Path | None,
+    shares: str,
     output: str,
 ) -> None:
     """Show what this node would advertise with a config, and what each replica gets.
@@ -140,9 +151,13 @@ def describe_command(
     """
     if classes_file is not None and claims_file is None:
         raise click.UsageError("--device-classes goes with --claims")
+    try:
+        mode = SharesMode.parse(shares)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--consumable-shares'") from None
     view = plan_for(node, config_file, config_name)
     if claims_file is not None:
-        _describe_claims(view, claims_file, classes_file, output)
+        _describe_claims(view, claims_file, classes_file, output, mode)
         return
     report = describe_plan(view.plan, view.inventory)
     if output == "table":
@@ -152,7 +167,11 @@ def describe_command(
 
 
 def _describe_claims(
-    view: NodeView, claims_file: Path, classes_file: Path | None, output: str
+    view: NodeView,
+    claims_file: Path,
+    classes_file: Path | None,
+    output: str,
+    shares: SharesMode = REPLICAS,
 ) -> None:
     # the allocator imports celpy: loaded only when claims are asked about
     from gpuslice.emulator.dra_whatif import (
@@ -169,7 +188,7 @@ def _describe_claims(
         if classes_file is not None
         else list(DEFAULT_DEVICE_CLASSES)
     )
-    report = what_if(view.inventory, view.plan, claims, classes)
+    report = what_if(view.inventory, view.plan, claims, classes, shares=shares)
     if output == "table":
         title = f"node {view.backend_name} · DRA driver {report.driver}"
         if view.config_name:

@@ -31,6 +31,7 @@ from gpuslice.agent.settings import (
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.logsetup import setup_logging
+from gpuslice.core.dra.publish import SharesMode
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.logs import get_logger
@@ -399,6 +400,15 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     "are watched: nothing is re-read at rest).",
 )
 @click.option(
+    "--consumable-shares",
+    envvar="CONSUMABLE_SHARES",
+    default="replicas",
+    show_default=True,
+    help="Which GPUs DRA offers as consumable shares: 'replicas' (those the config shares, "
+    "N ways), or NVIDIA's --consumable-shares values for every GPU and MIG device: "
+    "'disabled', 'memory', 'unlimited' or a positive integer N (DRA mode).",
+)
+@click.option(
     "--node-lock-wait",
     envvar="NODE_LOCK_WAIT",
     type=click.FloatRange(min=0),
@@ -494,7 +504,17 @@ def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
         cdi_root=params["cdi_root"],
         nvidia_smi=tuple(params["nvidia_smi"].split()),
         resync_s=params["dra_resync_interval"],
+        consumable_shares=_shares_mode(params["consumable_shares"]),
     )
+
+
+def _shares_mode(text: str) -> SharesMode:
+    """An unknown value stops the daemon before it publishes anything: a typo must not turn
+    into devices offered differently than the operator asked."""
+    try:
+        return SharesMode.parse(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--consumable-shares'") from None
 
 
 async def _serve(

@@ -40,8 +40,10 @@ from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
     MIB,
+    REPLICAS,
     SHARES_CAPACITY,
     DraDevice,
+    SharesMode,
     device_json,
     dra_devices,
     share_offers,
@@ -263,18 +265,27 @@ def slice_devices(slices: Sequence[Json]) -> tuple[SliceDevice, ...]:
                     uuid=_attr(device, "uuid") or "",
                     shares=int(str(shares["value"])) if shares else None,
                     share_memory_mib=(
-                        quantity_mib(policy["default"]) if shares and "default" in policy else None
+                        _default_mib(policy["default"]) if shares and "default" in policy else None
                     ),
                 )
             )
     return tuple(out)
 
 
-def node_slices(inventory: Inventory, plan: Plan, *, driver: str, node: str) -> list[Json]:
+def _default_mib(value: object) -> int:
+    """A memory policy's default in MiB; 0 where it is none (NVIDIA's count mode), which
+    `quantity_mib` refuses as below 1Mi."""
+    return 0 if str(value).strip() == "0" else quantity_mib(value)
+
+
+def node_slices(
+    inventory: Inventory, plan: Plan, *, driver: str, node: str, shares: SharesMode = REPLICAS
+) -> list[Json]:
     """The ResourceSlice objects the agent would publish for this inventory and plan (all
-    devices healthy), with the publisher's own functions."""
-    offers = share_offers(plan)
-    devices = [device_json(d, [], offers.get(d.uuid)) for d in dra_devices(inventory)]
+    devices healthy) with `--consumable-shares shares`, with the publisher's own functions."""
+    ours = dra_devices(inventory)
+    offers = share_offers(plan, shares, ours)
+    devices = [device_json(d, [], offers.get(d.uuid)) for d in ours]
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -394,10 +405,21 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
     share, sharing = dw.share, dw.sharing
     if share is not None:
         how = "MPS" if share.strategy == "mps" else "time-slicing"
+        memory = f"{share.memory_mib} MiB" if share.memory_mib else "no memory reserved"
         text = (
-            f"{share.shares} of {share.replicas} shares ({how}), {share.memory_mib} MiB"
+            f"{share.shares} of {share.replicas} shares ({how}), {memory}"
             f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"
         )
+        if share.cores and share.strategy == "mps":
+            text += (
+                f", {share.cores}% of the SMs (cores: the MPS client's active thread percentage)"
+            )
+        elif share.cores:
+            text += (
+                f", {share.cores}% of the SMs (cores) reserved for the scheduler only: "
+                "time-slicing does not limit a process to a share of the SMs, so it is "
+                "not enforced"
+            )
         return ("mps" if share.strategy == "mps" else "time-slicing"), text
     if sharing.strategy == "MPS":
         pct, limit = mps or (None, None)
@@ -492,15 +514,17 @@ def what_if(
     driver: str = DRIVER,
     pool: str = POOL,
     mps_root: str = MPS_ROOT,
+    shares: SharesMode = REPLICAS,
 ) -> WhatIf:
-    """Allocate then "prepare" each claim in order on the node `inventory` + `plan` describe.
+    """Allocate then "prepare" each claim in order on the node `inventory` + `plan` describe,
+    its devices offered as `--consumable-shares shares` would.
 
     Raises ClaimsFileError only for a claim the allocator cannot even read; a claim that
     does not fit or that the driver would refuse is an outcome with its error.
     """
-    slices = node_slices(inventory, plan, driver=driver, node=pool)
+    slices = node_slices(inventory, plan, driver=driver, node=pool, shares=shares)
     devices = {d.name: d for d in dra_devices(inventory)}
-    by_uuid = share_offers(plan)
+    by_uuid = share_offers(plan, shares, devices.values())
     offers = {n: by_uuid[d.uuid] for n, d in devices.items() if d.uuid in by_uuid}
     in_use: list[Json] = []
     outcomes: list[ClaimOutcome] = []

@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.dra.kubelet_api import ClaimRef
-from gpuslice.core.dra.publish import SHARES_CAPACITY, DraDevice, ShareOffer, ShareStrategy
+from gpuslice.core.dra.publish import (
+    CORES_CAPACITY,
+    SHARES_CAPACITY,
+    DraDevice,
+    ShareOffer,
+    ShareStrategy,
+)
 from gpuslice.core.dra.sharing import (
     INTERVALS,
     ClaimConfigError,
@@ -35,7 +42,15 @@ from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName
 
 Json = dict[str, Any]
-__all__ = ["SHARES_CAPACITY", "ClaimError", "ClaimWork", "DeviceWork", "ShareOffer", "ShareUse"]
+__all__ = [
+    "CORES_CAPACITY",
+    "SHARES_CAPACITY",
+    "ClaimError",
+    "ClaimWork",
+    "DeviceWork",
+    "ShareOffer",
+    "ShareUse",
+]
 
 
 class ClaimError(GpusliceError):
@@ -44,16 +59,23 @@ class ClaimError(GpusliceError):
 
 @dataclass(frozen=True, slots=True)
 class ShareUse:
-    """What one claim took of a shared GPU: shares of `replicas`, and memory."""
+    """What one claim took of a shared GPU: shares of `replicas`, memory and compute."""
 
     shares: int
     replicas: int
     memory_mib: int
+    """0: the claim reserved no memory (NVIDIA's `unlimited` and count modes by default), so
+    it is given no memory limit or hint."""
     strategy: ShareStrategy
+    cores: int = 0
+    """The percentage of the SMs the claim reserved (`cores`); 0 when it asked for none."""
 
     @property
     def thread_percentage(self) -> int:
-        """The MPS client limit: the claim's fraction of the SMs, at least 1 %."""
+        """The MPS client limit: the compute the claim reserved, else its fraction of the
+        shares; at least 1 %."""
+        if self.cores > 0:
+            return min(100, self.cores)
         return max(1, min(100, 100 * self.shares // self.replicas))
 
 
@@ -202,22 +224,45 @@ def _get(obj: object, key: str) -> str:
 def _share_use(
     result: Mapping[str, Any], device: DraDevice, offer: ShareOffer | None, where: str
 ) -> ShareUse:
+    """What the allocation consumed, as the scheduler recorded it; where a capacity is not
+    recorded, what the device's policy gives by default."""
     consumed = result.get("consumedCapacity") or {}
-    replicas = offer.replicas if offer is not None else 1
+    mode = offer.mode if offer is not None else "replicas"
+    replicas = offer.replicas if offer is not None and offer.counted else 1
     strategy: ShareStrategy = offer.strategy if offer is not None else "time-slicing"
     total_mib = device.capacity.get("memory", 0) // (1024 * 1024)
+    may_take_none = mode in ("unlimited", "count")
+    default_mib = {"memory": total_mib, "unlimited": 0, "count": 0}.get(mode, total_mib // replicas)
     try:
         memory = consumed.get("memory")
-        memory_mib = quantity_mib(memory) if memory is not None else total_mib // replicas
+        if memory is None:
+            memory_mib = default_mib
+        elif may_take_none and _is_zero(memory):
+            memory_mib = 0
+        else:
+            memory_mib = quantity_mib(memory)
         raw_shares = consumed.get(SHARES_CAPACITY)
-        shares = int(str(raw_shares)) if raw_shares is not None else 1
+        shares = int(str(raw_shares)) if raw_shares is not None and _counts(offer) else 1
+        raw_cores = consumed.get(CORES_CAPACITY)
+        cores = int(str(raw_cores)) if raw_cores is not None else 0
     except (ValueError, TypeError) as exc:
         raise ClaimError(f"{where}.consumedCapacity: {exc}") from None
-    if shares < 1 or memory_mib < 1 or memory_mib > max(total_mib, 1):
+    low = 0 if may_take_none else 1
+    if shares < 1 or not low <= memory_mib <= max(total_mib, 1) or not 0 <= cores <= 100:
         raise ClaimError(
             f"{where}.consumedCapacity: {dict(consumed)!r} does not fit device {device.name}"
         )
-    return ShareUse(min(shares, replicas), replicas, memory_mib, strategy)
+    return ShareUse(min(shares, replicas), replicas, memory_mib, strategy, cores)
+
+
+def _counts(offer: ShareOffer | None) -> bool:
+    """Whether the device counts shares (an unknown offer: as `replicas` mode did)."""
+    return offer is None or offer.counted
+
+
+def _is_zero(value: object) -> bool:
+    """A quantity of nothing (`0`, `0Mi`), which `quantity_mib` refuses as below 1Mi."""
+    return re.fullmatch(r"\s*0+(?:\.0*)?\s*(?:[KMGTPE]i?|k)?\s*", str(value)) is not None
 
 
 def _groups(work: Sequence[DeviceWork]) -> tuple[GroupWork, ...]:
@@ -335,12 +380,16 @@ def _check_multi_user(group: GroupWork) -> None:
 
 def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
     """What a share's containers are told: MPS client limits (enforced by the MPS server),
-    or for time-slicing the same memory hints the device plugin gives replicas."""
+    or for time-slicing the same memory hints the device plugin gives replicas. A share that
+    reserved no memory gets no memory limit or hint: it asked for none of it, and a hint of
+    the whole GPU would make frameworks that preallocate (XLA) take it from its neighbours."""
     if share.strategy == "mps":
-        return {
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share.memory_mib}M",
-        }
+        env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage)}
+        if share.memory_mib > 0:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
+        return env
+    if share.memory_mib == 0:
+        return {}
     fraction = min(1.0, share.memory_mib / total_mib) if total_mib else 1.0
     if share.memory_mib == total_mib * share.shares // share.replicas:
         fraction = share.shares / share.replicas  # the default size: exactly k of N

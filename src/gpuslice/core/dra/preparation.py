@@ -128,7 +128,8 @@ def _share(
             share.strategy,
             share.replicas,
             dw.share_id,
-            share.memory_mib,
+            # a share that reserved no memory is held to none of its own: the device's
+            share.memory_mib or dw.device.capacity.get("memory", 0) // MIB or None,
             share.thread_percentage if share.strategy == "mps" else None,
             admin=dw.admin,
         )

@@ -38,10 +38,17 @@ PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 SHARES_CAPACITY = "shares"
 """The capacity counting a shared GPU's shares, in the driver's domain
 (`gpu.nvidia.com/shares`), as NVIDIA's `ConsumableShares` count mode names it."""
+CORES_CAPACITY = "cores"
+"""A shared GPU's compute, in percent of its SMs (0..100), as HAMi's DRA driver names and
+counts it (NVIDIA's driver has none), so a claim written for HAMi (`cores: 30`) asks the same
+here. Under MPS a claim's cores become its clients' active thread percentage; time-slicing
+cannot hold a process to a fraction of the SMs, so there it is only bookkeeping for the
+scheduler."""
 NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 AttrKind = Literal["string", "int", "bool", "version"]
 ShareStrategy = Literal["time-slicing", "mps"]
+SharesKind = Literal["replicas", "disabled", "memory", "unlimited", "count"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # `nvidia-smi mig -lgip` profile IDs by GPU-instance shape (REFERENCE.md §2.2): the same on
@@ -73,28 +80,89 @@ class DraDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class SharesMode:
+    """Which devices DRA offers as consumable shares, and how (`--consumable-shares`).
+
+    `replicas` (the default) is gpuslice's own: the GPUs the node's config shares, N ways
+    for `replicas: N`. The others are NVIDIA's `--consumable-shares` values with NVIDIA's
+    meaning, for every GPU and MIG device of the node: `disabled` (none), `memory` (a claim
+    that asks for nothing takes all the memory), `unlimited` (it takes none) and a positive
+    integer N (`count`: N shares, one by default, and no memory unless asked)."""
+
+    kind: SharesKind = "replicas"
+    count: int = 0
+    """N, for `count`."""
+
+    @classmethod
+    def parse(cls, text: str) -> SharesMode:
+        """The flag's value; ValueError naming it otherwise (the daemon refuses to start
+        rather than publish something else than the operator asked)."""
+        value = text.strip()
+        if value in ("replicas", "disabled", "memory", "unlimited"):
+            return cls(value)  # type: ignore[arg-type]
+        if value.isascii() and value.isdigit() and int(value) > 0:
+            return cls("count", int(value))
+        raise ValueError(
+            f"--consumable-shares {text!r}: must be 'replicas', 'disabled', 'memory', "
+            "'unlimited' or a positive integer"
+        )
+
+    def __str__(self) -> str:
+        return str(self.count) if self.kind == "count" else self.kind
+
+
+REPLICAS = SharesMode()
+
+
+@dataclass(frozen=True, slots=True)
 class ShareOffer:
-    """A device this node offers as consumable shares: the node's config shares it N ways
-    (`replicas`), so N claims that ask for nothing each get one share and memory/N."""
+    """A device this node offers as consumable shares. In `replicas` mode the node's config
+    shares it N ways (`replicas`), so N claims that ask for nothing each get one share and
+    memory/N; the other modes are NVIDIA's (`SharesMode`)."""
 
     replicas: int
+    """The `shares` capacity (N); 1 where the mode publishes none (`memory`, `unlimited`)."""
     strategy: ShareStrategy
     memory_mib: int
+    mode: SharesKind = "replicas"
+
+    @property
+    def counted(self) -> bool:
+        """Whether the device publishes a `shares` capacity."""
+        return self.mode in ("replicas", "count")
 
 
-def share_offers(plan: Plan) -> dict[str, ShareOffer]:
-    """Physical UUID (GPU or MIG device) -> its offer, for every device the plan shares by
-    time-slicing or MPS: the config users already have decides which GPUs DRA shares."""
+def share_offers(
+    plan: Plan, mode: SharesMode = REPLICAS, devices: Iterable[DraDevice] = ()
+) -> dict[str, ShareOffer]:
+    """Physical UUID (GPU or MIG device) -> its offer. In `replicas` mode, every device the
+    plan shares by time-slicing or MPS: the config users already have decides which GPUs DRA
+    shares. In NVIDIA's modes, every one of `devices` (as NVIDIA's driver offers every GPU
+    and MIG device), shared by MPS where the node's config says so, else time-sliced."""
+    if mode.kind == "disabled":
+        return {}
     out: dict[str, ShareOffer] = {}
+    strategies: dict[str, ShareStrategy] = {}
     for resource in plan.resources:
         if resource.strategy == "none":
             continue
         for dev in resource.devices:
             if dev.replicas > 1:
+                strategies[dev.physical.uuid] = resource.strategy
                 out[dev.physical.uuid] = ShareOffer(
                     dev.replicas, resource.strategy, dev.physical.memory_mib
                 )
-    return out
+    if mode.kind == "replicas":
+        return out
+    return {
+        d.uuid: ShareOffer(
+            mode.count or 1,
+            strategies.get(d.uuid, "time-slicing"),
+            d.capacity.get("memory", 0) // MIB,
+            mode.kind,
+        )
+        for d in devices
+    }
 
 
 _BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
@@ -231,28 +299,64 @@ def device_json(
     device: DraDevice, device_taints: Sequence[Json], offer: ShareOffer | None = None
 ) -> Json:
     """The device as the API holds it. An offered device allows many allocations, each
-    consuming one share and memory/N unless its request asks for more (consumable
-    capacity, Kubernetes' DRAConsumableCapacity)."""
+    consuming what its request asks for, else the policy's default (consumable capacity,
+    Kubernetes' DRAConsumableCapacity): in `replicas` mode one share and memory/N; in
+    NVIDIA's modes what NVIDIA's `--consumable-shares` publishes. Every offered device also
+    has `cores` (default 0: a claim reserves compute only by asking for it)."""
     capacity: Json = {k: {"value": quantity(v)} for k, v in sorted(device.capacity.items())}
     out: Json = {
         "name": device.name,
         "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
         "capacity": capacity,
     }
-    if offer is not None and offer.replicas > 1:
+    if offer is not None and (offer.replicas > 1 or offer.mode != "replicas"):
         out["allowMultipleAllocations"] = True
-        capacity["memory"] = {
-            "value": quantity(device.capacity.get("memory", offer.memory_mib * MIB)),
+        for name, value in device.capacity.items():
+            if name != "memory" and value > 0:
+                # a MIG device's engines and memory slices: without a policy each allocation
+                # would consume all of them (KEP-5075), and the device could be held by one
+                # claim only; they describe the device, they are not what shares divide.
+                # (A capacity of 0 takes no policy: the API refuses a step above the value,
+                # and consuming all of nothing holds nothing.)
+                capacity[name]["requestPolicy"] = {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": quantity(value), "step": "1"},
+                }
+        memory = device.capacity.get("memory", offer.memory_mib * MIB)
+        if offer.mode == "replicas":
+            capacity["memory"] = {
+                "value": quantity(memory),
+                "requestPolicy": {
+                    "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
+                    "validRange": {"min": "1Mi", "step": "1Mi"},
+                },
+            }
+        else:
+            # NVIDIA's: the value rounded down to whole MiB (max and default must be
+            # multiples of the step, or the API server refuses the slice)
+            whole = quantity(memory // MIB * MIB, binary=True)
+            everything = offer.mode == "memory"
+            low = "1Mi" if everything else "0"
+            capacity["memory"] = {
+                "value": whole,
+                "requestPolicy": {
+                    "default": whole if everything else "0",
+                    "validRange": {"min": low, "max": whole, "step": "1Mi"},
+                },
+            }
+        if offer.counted:
+            capacity[SHARES_CAPACITY] = {
+                "value": quantity(offer.replicas),
+                "requestPolicy": {
+                    "default": "1",
+                    "validRange": {"min": "1", "max": quantity(offer.replicas), "step": "1"},
+                },
+            }
+        capacity[CORES_CAPACITY] = {
+            "value": "100",
             "requestPolicy": {
-                "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
-                "validRange": {"min": "1Mi", "step": "1Mi"},
-            },
-        }
-        capacity[SHARES_CAPACITY] = {
-            "value": quantity(offer.replicas),
-            "requestPolicy": {
-                "default": "1",
-                "validRange": {"min": "1", "max": quantity(offer.replicas), "step": "1"},
+                "default": "0",
+                "validRange": {"min": "0", "max": "100", "step": "1"},
             },
         }
     if device_taints:
