@@ -39,7 +39,9 @@ def prepare_verdict(raw: str) -> str:
     return "accept"
 
 
-@pytest.mark.parametrize("entry", corpus(), ids=lambda e: str(e["parameters"])[60:120])
+@pytest.mark.parametrize(
+    "entry", corpus(), ids=[f"{i}-{e['verdict']}" for i, e in enumerate(corpus())]
+)
 def test_prepare_gives_the_corpus_verdict(entry: dict[str, Any]) -> None:
     assert prepare_verdict(entry["parameters"]) == entry["verdict"], entry["parameters"]
 
@@ -64,11 +66,11 @@ def test_the_corpus_has_both_verdicts_and_no_repeats() -> None:
 )  # fmt: skip
 def test_what_json_does_not_say_is_refused_naming_the_field(raw: str, named: str) -> None:
     """Each once passed, or (a quantity of 400 digits) raised OverflowError, not a refusal."""
-    params = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
-    allocation = {"devices": {"results": [
-        {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}], "config": [
-        {"source": "FromClaim", "opaque": {"driver": DRIVER,
-                                           "parameters": json.loads(params + raw + "}")}}]}}  # fmt: skip
+    head = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
+    opaque = {"driver": DRIVER, "parameters": json.loads(head + raw + "}")}
+    config = {"source": "FromClaim", "opaque": opaque}
+    result = {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}
+    allocation = {"devices": {"results": [result], "config": [config]}}
     with pytest.raises(ClaimConfigError) as err:
         resolve(allocation, DRIVER, {"gpu-0": "gpu"})
     assert named in str(err.value)

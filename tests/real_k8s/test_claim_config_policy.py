@@ -134,8 +134,10 @@ def test_other_drivers_and_claims_without_configs_are_not_its_business(
     """Another driver's configs are opaque to gpuslice, as Prepare skips them unread; a claim
     with no config, or no devices, passes; a good config beside a bad one is still refused."""
     bad = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {}}'
-    no_devices = json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                             "metadata": {"name": "c-2", "namespace": NAMESPACE}, "spec": {}})  # fmt: skip
+    meta = {"name": "c-2", "namespace": NAMESPACE}
+    no_devices = json.dumps(
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta, "spec": {}}
+    )
     docs = {
         "c-0": _document("ResourceClaim", "c-0", [bad], driver="other.example.com"),
         "c-1": _document("ResourceClaim", "c-1", []),
