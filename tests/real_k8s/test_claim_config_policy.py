@@ -156,3 +156,34 @@ def test_the_policy_is_the_release_drivers_and_can_be_left_out() -> None:
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
     assert "c.opaque.driver == 'gpu.example.com'" in json.dumps(policy)
     assert _policy_manifests(validateClaimConfigs=False) == []
+
+
+def test_the_largest_claim_is_checked_within_the_servers_cel_cost_budget(
+    policy: envtest.ControlPlane,
+) -> None:
+    """32 configs (the API's most) of near 10Ki each (its most per config), each with the
+    most per-device limits Prepare takes (128), each limit a long string: the policy still
+    answers within the API server's CEL cost limits, as Prepare does: one more limit, or one
+    limit too small among them all, is refused naming the field."""
+    from test_opaque_corpus import prepare_verdict
+
+    def config(count: int, last: str = "0" * 60 + "1Gi") -> str:
+        limits = {str(i): "0" * 60 + "1Gi" for i in range(count - 1)} | {"last": last}
+        return json.dumps({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                           "sharing": {"strategy": "MPS", "mpsConfig": {
+                               "defaultPerDevicePinnedMemoryLimit": limits}}})  # fmt: skip
+
+    good, too_many, too_small = config(128), config(129), config(128, last="1Ki")
+    assert 9 * 1024 < len(good) <= 10 * 1024
+    docs = {
+        "c-0": _document("ResourceClaim", "c-0", [good] * 32),
+        "c-1": _document("ResourceClaim", "c-1", [good] * 31 + [too_many]),
+        "c-2": _document("ResourceClaim", "c-2", [good] * 31 + [too_small]),
+    }
+    got = _verdicts(policy, "ResourceClaim", docs)
+    assert got["c-0"] == "", got["c-0"][-300:]
+    assert "defaultPerDevicePinnedMemoryLimit (at most 128)" in got["c-1"], got["c-1"][-300:]
+    assert "defaultPerDevicePinnedMemoryLimit (at most 128)" in got["c-2"], got["c-2"][-300:]
+    assert [prepare_verdict(c) for c in (good, too_many, too_small)] == [
+        "accept", "refuse", "refuse"
+    ]  # fmt: skip

@@ -40,6 +40,7 @@ NVIDIA_API = "resource.nvidia.com/v1beta1"
 GPUSLICE_API = "resource.gpuslice.io/v1alpha1"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MIB = 1024 * 1024
+PER_DEVICE_LIMITS = 128
 
 
 class ClaimConfigError(GpusliceError):
@@ -88,8 +89,11 @@ class _MpsConfig(_Strict):
         None, alias="defaultPinnedDeviceMemoryLimit"
     )
     default_per_device_pinned_memory_limit: dict[str, _Quantity] | None = Field(
-        None, alias="defaultPerDevicePinnedMemoryLimit"
+        None, alias="defaultPerDevicePinnedMemoryLimit", max_length=PER_DEVICE_LIMITS
     )
+    """At most PER_DEVICE_LIMITS: a key names a device of the config's group (index or UUID;
+    NVIDIA's Prepare refuses any other), so no node has more; and the admission policy
+    checks them all within the API server's CEL cost limit."""
     multi_user: StrictBool | None = Field(None, alias="multiUser")
     """NVIDIA's newer field; gpuslice runs its daemons only the default way, so `true` is
     refused plainly rather than ignored."""
