@@ -123,9 +123,20 @@ def test_a_refusal_names_the_field_and_the_value(policy: envtest.ControlPlane) -
         "c-1": _document("ResourceClaim", "c-1", [
             '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "shraing": {}}']),
     }  # fmt: skip
+    mps = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
+    docs["c-2"] = _document("ResourceClaim", "c-2", [mps + '{"strategy": "Mps"}}'])
+    percentage = '{"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}}'
+    docs["c-3"] = _document("ResourceClaim", "c-3", [mps + percentage])
     got = _verdicts(policy, "ResourceClaim", docs)
     assert "resource.nvidia.com/v1beta1 GPUConfig" in got["c-0"]
     assert "unknown field(s) GpuConfig: shraing" in got["c-1"]
+    assert "spec.devices.config[].opaque.parameters.sharing.strategy: " in got["c-2"]
+    assert got["c-2"].endswith("; got Mps"), got["c-2"]
+    assert got["c-3"].endswith("from 0 to 100; got 150"), got["c-3"]
+    template = {"c-4": _document("ResourceClaimTemplate", "c-4", [mps + '{"strategy": 1}}'])}
+    refused = _verdicts(policy, "ResourceClaimTemplate", template)["c-4"]
+    assert "spec.spec.devices.config[].opaque.parameters.sharing.strategy: " in refused
+    assert refused.endswith("; got 1"), refused
 
 
 def test_other_drivers_and_claims_without_configs_are_not_its_business(
