@@ -16,12 +16,21 @@ config naming a request explicitly must fit the device (no `GpuConfig` on a MIG 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+)
 
 from gpuslice.core.config.problems import problems_from
 from gpuslice.core.errors import GpusliceError
@@ -31,6 +40,7 @@ NVIDIA_API = "resource.nvidia.com/v1beta1"
 GPUSLICE_API = "resource.gpuslice.io/v1alpha1"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MIB = 1024 * 1024
+PER_DEVICE_LIMITS = 128
 
 
 class ClaimConfigError(GpusliceError):
@@ -41,7 +51,30 @@ class ClaimConfigError(GpusliceError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    """JSON's field names only (`mpsConfig`, never `mps_config`), as NVIDIA's strict decoder
+    reads them: a name it refuses as unknown is refused here too."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _json_number(value: object) -> object:
+    """A JSON number, as the API server's admission policy sees it: a string or a boolean is
+    not one (pydantic would read "50" and true as numbers; NVIDIA's decoder and CEL do not),
+    and a float with no fraction (`50.0`, `5e1`) is the integer the API server makes of it."""
+    if isinstance(value, bool | str):
+        raise ValueError("must be a number, not a string or a boolean")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _json_quantity(value: object) -> object:
+    """A quantity: a string, or a JSON number as `_json_number` reads it."""
+    return value if isinstance(value, str) else _json_number(value)
+
+
+_Int = Annotated[int, BeforeValidator(_json_number)]
+_Quantity = Annotated[str | int, BeforeValidator(_json_quantity)]
 
 
 class _TimeSlicingConfig(_Strict):
@@ -49,16 +82,19 @@ class _TimeSlicingConfig(_Strict):
 
 
 class _MpsConfig(_Strict):
-    default_active_thread_percentage: int | None = Field(
+    default_active_thread_percentage: _Int | None = Field(
         None, alias="defaultActiveThreadPercentage", ge=0, le=100
     )
-    default_pinned_device_memory_limit: str | int | None = Field(
+    default_pinned_device_memory_limit: _Quantity | None = Field(
         None, alias="defaultPinnedDeviceMemoryLimit"
     )
-    default_per_device_pinned_memory_limit: dict[str, str | int] | None = Field(
-        None, alias="defaultPerDevicePinnedMemoryLimit"
+    default_per_device_pinned_memory_limit: dict[str, _Quantity] | None = Field(
+        None, alias="defaultPerDevicePinnedMemoryLimit", max_length=PER_DEVICE_LIMITS
     )
-    multi_user: bool | None = Field(None, alias="multiUser", strict=True)
+    """At most PER_DEVICE_LIMITS: a key names a device of the config's group (index or UUID;
+    NVIDIA's Prepare refuses any other), so no node has more; and the admission policy
+    checks them all within the API server's CEL cost limit."""
+    multi_user: StrictBool | None = Field(None, alias="multiUser")
     """NVIDIA's `multiUser`: the claim's daemon serves clients of several user IDs
     (`nvidia-cuda-mps-control -d -M`); Volta or newer, checked against the devices."""
 
@@ -104,7 +140,7 @@ class _GuardConfig(_Strict):
     api_version: Literal["resource.gpuslice.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["GuardConfig"]
     mode: Literal["off", "observe", "enforce"] | None = None
-    shared_by: int | None = Field(None, alias="sharedBy", ge=1, le=4096)
+    shared_by: _Int | None = Field(None, alias="sharedBy", ge=1, le=4096)
     """How many pods are meant to share each device of the claim: each is entitled to
     1/sharedBy of its memory (as `replicas` does for the device plugin). Default 1."""
 
@@ -153,12 +189,19 @@ def quantity_mib(value: object) -> int:
     return _mib(value)
 
 
+QUANTITY_PATTERN = r"[ \t\n\r\f\v]*([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([KMGTPE]i?|k|)[ \t\n\r\f\v]*"
+"""The quantities `_mib` reads. ASCII only, so the chart's admission policy (RE2, in CEL)
+reads the same strings (Python's `\\d` and `\\s` would also match other scripts' digits and
+spaces)."""
+
+
 def _mib(value: str | int) -> int:
-    """A Kubernetes quantity in whole MiB (NVIDIA rounds down; at least 1 MiB)."""
+    """A Kubernetes quantity in whole MiB (NVIDIA rounds down; at least 1 MiB). A value too
+    large for a float (hundreds of digits) is refused, not an OverflowError."""
     if isinstance(value, int):
         count = value
     else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|k|)\s*", value)
+        m = re.fullmatch(QUANTITY_PATTERN, value)
         if m is None:
             raise ValueError(f"not a quantity: {value!r}")
         scale = {
@@ -166,7 +209,10 @@ def _mib(value: str | int) -> int:
             "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
             "Ei": 2**60,
         }[m.group(2)]  # fmt: skip
-        count = int(float(m.group(1)) * scale)
+        scaled = float(m.group(1)) * scale
+        if not math.isfinite(scaled):
+            raise ValueError("too large")
+        count = int(scaled)
     mib = count // MIB
     if mib < 1:
         raise ValueError(f"must be at least 1Mi, got {value!r}")
