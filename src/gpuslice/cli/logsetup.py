@@ -82,14 +82,16 @@ def _fields_from_record(
 
 
 MAX_TRACE_CHARS = 4096
-"""A traceback (`exception`) keeps more than other values: its frames are what a crash
-report needs, and it only comes with a crash."""
+"""A traceback (`exception`) or a stack (`stack`: the watchdog's blocked loop) keeps more
+than other values: its frames, the innermost last, are what the report is for, and it only
+comes with a crash or a stuck loop."""
+TRACE_KEYS = frozenset({"exception", "stack"})
 MAX_ITEMS = 64
 """Entries of a list or mapping kept in a JSON log value; the rest are counted."""
 
 
 def _limit(key: str) -> int:
-    return MAX_TRACE_CHARS if key == "exception" else MAX_LOG_VALUE_CHARS
+    return MAX_TRACE_CHARS if key in TRACE_KEYS else MAX_LOG_VALUE_CHARS
 
 
 def _text_values(
