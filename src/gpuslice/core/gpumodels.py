@@ -29,7 +29,7 @@ from typing import Literal
 
 from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA
 
-Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper"]
+Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper", "blackwell"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +89,10 @@ class GpuModel:
     pci_class: int = PCI_CLASS_3D
     """`lspci` says "3D controller" for data-centre cards, "VGA compatible controller" for
     GeForce cards with display outputs."""
+    unified_memory: bool = False
+    """CPU and GPU share one memory (GB10 / DGX Spark, Jetson Thor): NVML's memory info
+    answers NOT_SUPPORTED there, so the simulator reports no memory figures for it (its
+    `memory_mib` is 0, as the NVML backend reports such a GPU)."""
 
     @property
     def mig_capable(self) -> bool:
@@ -245,6 +249,21 @@ MODELS: dict[str, GpuModel] = {
             "hopper",
             nvlinks=18,
             mig=H200_MIG,
+        ),
+        # DGX Spark: a unified-memory SoC; nvidia-smi shows "Not Supported" for its memory
+        # (NVIDIA's DGX Spark known issues), so no memory figure is modelled. 48 SMs (6144
+        # CUDA cores), sm_121; PCI ID and class from the PCI ID database (estimate: the
+        # class is not confirmed on hardware).
+        GpuModel(
+            "gb10",
+            "NVIDIA GB10",
+            0,
+            48,
+            (12, 1),
+            0x2E1210DE,
+            "blackwell",
+            pci_class=PCI_CLASS_VGA,
+            unified_memory=True,
         ),
     )
 }

@@ -115,8 +115,11 @@ class SnapshotCollector(Collector):
         for g in snap.gpus:
             labels = ["" if g.index is None else str(g.index), g.uuid, g.model, snap.hostname]
             s = g.status
-            fams["DCGM_FI_DEV_FB_USED"].add_metric(labels, s.memory_used_mib)
-            fams["DCGM_FI_DEV_FB_FREE"].add_metric(labels, s.memory_free_mib)
+            # A unified-memory GPU has no framebuffer figures: no series, as DCGM has none.
+            if s.memory_used_mib is not None:
+                fams["DCGM_FI_DEV_FB_USED"].add_metric(labels, s.memory_used_mib)
+            if s.memory_free_mib is not None:
+                fams["DCGM_FI_DEV_FB_FREE"].add_metric(labels, s.memory_free_mib)
             if s.gpu_util_percent is not None:
                 fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(labels, s.gpu_util_percent)
             if s.temperature_c is not None:

@@ -53,7 +53,11 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
             "?" if g.index is None else str(g.index),
             g.uuid,
             g.model,
-            f"{s.memory_used_mib} / {g.memory_total_mib} MiB",
+            (
+                f"{s.memory_used_mib} / {g.memory_total_mib} MiB"
+                if s.memory_used_mib is not None
+                else "n/a (unified memory)"
+            ),
             _opt(s.gpu_util_percent, "d") + ("%" if s.gpu_util_percent is not None else ""),
             _opt(s.temperature_c, "d") + ("C" if s.temperature_c is not None else ""),
             _opt(s.power_w, ".0f") + ("W" if s.power_w is not None else ""),

@@ -218,6 +218,10 @@ def _share_use(
         shares = int(str(raw_shares)) if raw_shares is not None else 1
     except (ValueError, TypeError) as exc:
         raise ClaimError(f"{where}.consumedCapacity: {exc}") from None
+    if total_mib == 0 and memory is None and shares >= 1:
+        # A unified-memory GPU publishes no memory capacity: its shares are by count only,
+        # and a share's memory is 0 (no limit, no memory hint).
+        return ShareUse(min(shares, replicas), replicas, 0, strategy)
     if shares < 1 or memory_mib < 1 or memory_mib > max(total_mib, 1):
         raise ClaimError(
             f"{where}.consumedCapacity: {dict(consumed)!r} does not fit device {device.name}"
@@ -311,9 +315,17 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
     """What a share's containers are told: MPS client limits (enforced by the MPS server),
     or for time-slicing the same memory hints the device plugin gives replicas."""
     if share.strategy == "mps":
+        envs = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage)}
+        if share.memory_mib:  # 0: a unified-memory GPU, no memory figure to pin
+            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
+        return envs
+    if total_mib == 0:  # unified memory: the SM-time fraction only, no memory limit
+        text = f"{math.floor(share.shares / share.replicas * 10_000) / 10_000:.4f}"
+        text = text.rstrip("0").rstrip(".")
         return {
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share.memory_mib}M",
+            "GPUSLICE_GPU_FRACTION": text,
+            "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": text,
         }
     fraction = min(1.0, share.memory_mib / total_mib) if total_mib else 1.0
     if share.memory_mib == total_mib * share.shares // share.replicas:

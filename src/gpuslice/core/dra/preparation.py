@@ -128,7 +128,7 @@ def _share(
             share.strategy,
             share.replicas,
             dw.share_id,
-            share.memory_mib,
+            share.memory_mib or None,
             share.thread_percentage if share.strategy == "mps" else None,
             admin=dw.admin,
         )

@@ -188,7 +188,8 @@ def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
             "uuid": ("string", gpu.uuid),
             **common,
         }
-        capacity = {"memory": gpu.memory_mib * MIB}
+        # No memory capacity where NVML reports none (unified memory), as NVIDIA's driver.
+        capacity = {"memory": gpu.memory_mib * MIB} if gpu.memory_reported else {}
         out.append(DraDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu, None, whole, capacity))
     _check(out)
     return tuple(out)
@@ -241,13 +242,14 @@ def device_json(
     }
     if offer is not None and offer.replicas > 1:
         out["allowMultipleAllocations"] = True
-        capacity["memory"] = {
-            "value": quantity(device.capacity.get("memory", offer.memory_mib * MIB)),
-            "requestPolicy": {
-                "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
-                "validRange": {"min": "1Mi", "step": "1Mi"},
-            },
-        }
+        if offer.memory_mib > 0:  # a unified-memory GPU is shared by count only
+            capacity["memory"] = {
+                "value": quantity(device.capacity.get("memory", offer.memory_mib * MIB)),
+                "requestPolicy": {
+                    "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
+                    "validRange": {"min": "1Mi", "step": "1Mi"},
+                },
+            }
         capacity[SHARES_CAPACITY] = {
             "value": quantity(offer.replicas),
             "requestPolicy": {
