@@ -127,6 +127,8 @@ class SnapshotCollector(Collector):
             if s.power_w is not None:
                 fams["DCGM_FI_DEV_POWER_USAGE"].add_metric(labels, s.power_w)
             fams["DCGM_FI_DEV_XID_ERRORS"].add_metric(labels, s.last_xid or 0)
+        # GPUs with no memory figure (unified memory): no memory share to export or exceed.
+        no_memory = {g.uuid for g in snap.gpus if g.memory_total_mib <= 0}
         for u in snap.attribution.usages:
             pod_labels = {
                 "namespace": u.namespace,
@@ -139,11 +141,15 @@ class SnapshotCollector(Collector):
             if claim:
                 pod_labels[CLAIM_LABEL] = claim
             ent = u.entitlement
+            shared_memory = u.gpu_uuid not in no_memory
             values: list[tuple[str, float | None]] = [
                 ("gpuslice_pod_memory_used_bytes", u.memory_used_bytes),
                 ("gpuslice_pod_sm_util_percent", u.sm_util_percent),
-                ("gpuslice_pod_entitled_memory_bytes", ent.memory_bytes),
-                ("gpuslice_pod_memory_over_share", int(u.memory_used_bytes > ent.memory_bytes)),
+                ("gpuslice_pod_entitled_memory_bytes", ent.memory_bytes if shared_memory else None),
+                (
+                    "gpuslice_pod_memory_over_share",
+                    int(u.memory_used_bytes > ent.memory_bytes) if shared_memory else None,
+                ),
                 ("gpuslice_pod_entitled_sm_fraction", ent.sm_fraction),
             ]
             for name, value in values:
