@@ -3,7 +3,8 @@ prepared and unprepared by the agent's driver reading them from the real API ser
 whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
 selector, memory shares (DRAConsumableCapacity), shares by count on a unified-memory GPU,
 an extended-resource `nvidia.com/gpu` pod (DRAExtendedResource: the scheduler makes its
-claim), a tainted GPU passed over, and the kubelet's wipe of the node's slices repaired by the publisher.
+claim), a tainted GPU passed over, and the kubelet's wipe of the node's slices repaired by
+the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
