@@ -8,6 +8,7 @@ from __future__ import annotations
 from gpuslice.backends import open_backend
 from gpuslice.core.advise.advice import advise
 from gpuslice.core.advise.history import GpuInfo, History, PodTrace
+from gpuslice.core.allocation.softlimits import soft_limit_envs
 from gpuslice.core.config.parsing import parse_config
 from gpuslice.core.describe import describe, report_to_dict
 from gpuslice.core.devices import Inventory
@@ -112,3 +113,13 @@ def test_advise_says_why_it_sizes_nothing_on_unified_memory() -> None:
     assert model.time_slicing is None
     assert model.mps is None
     assert any("unified memory" in n for n in model.notes), model.notes
+
+
+def test_time_sliced_replicas_get_the_fraction_hint_and_no_memory_limit_hint() -> None:
+    """A memory limit of 0 MiB would have a self-sizing program (vLLM) ask for nothing."""
+    inv = inventory()
+    (resource,) = build_plan(inv, parse_config(config("timeSlicing"))).resources
+    envs = soft_limit_envs(resource.devices[:2])
+    assert envs["GPUSLICE_GPU_FRACTION"] == "0.5"
+    assert envs["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert "GPUSLICE_MEMORY_LIMIT_MIB" not in envs
