@@ -394,10 +394,13 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
     share, sharing = dw.share, dw.sharing
     if share is not None:
         how = "MPS" if share.strategy == "mps" else "time-slicing"
-        text = (
-            f"{share.shares} of {share.replicas} shares ({how}), {share.memory_mib} MiB"
-            f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"
-        )
+        if not share.memory_mib:  # a unified-memory GPU: shares by count only
+            text = f"{share.shares} of {share.replicas} shares ({how}), no memory figure"
+        else:
+            text = (
+                f"{share.shares} of {share.replicas} shares ({how}), {share.memory_mib} MiB"
+                f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"
+            )
         return ("mps" if share.strategy == "mps" else "time-slicing"), text
     if sharing.strategy == "MPS":
         pct, limit = mps or (None, None)
