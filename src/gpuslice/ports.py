@@ -36,8 +36,9 @@ class GpuStatus:
     """Device-level telemetry for one GPU, read in one pass for the metrics snapshot."""
 
     gpu_uuid: str
-    memory_used_mib: int
-    memory_free_mib: int
+    memory_used_mib: int | None
+    """None where NVML reports no memory figures (a unified-memory GPU, `Gpu.memory_reported`)."""
+    memory_free_mib: int | None
     gpu_util_percent: int | None
     memory_util_percent: int | None
     temperature_c: int | None

@@ -17,6 +17,7 @@ SIM_NODES = (
     "sim:2xa100-80gb/mig=1g.10gb*7",
     "sim:1xa30/mig=2g.12gb+1g.6gb*2",
     "sim:1xh200/mig=all-1g.18gb",
+    "sim:1xgb10",  # unified memory: NVML reports no memory figure
 )
 
 

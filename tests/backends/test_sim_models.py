@@ -31,6 +31,7 @@ def inventory(spec: str) -> Inventory:
         ("a30", "NVIDIA A30", 24576, 56, (8, 0), True),
         ("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, 132, (9, 0), True),
         ("h200", "NVIDIA H200", 143771, 132, (9, 0), True),
+        ("gb10", "NVIDIA GB10", 0, 48, (12, 1), False),  # unified memory: none reported
     ],
 )
 def test_model_facts(

@@ -2,9 +2,9 @@
 prepared and unprepared by the agent's driver reading them from the real API server: a
 whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
 selector, MPS on a MIG device (multi-user), memory shares (DRAConsumableCapacity), NVIDIA's
-share modes and `cores`, an extended-resource `nvidia.com/gpu` pod (DRAExtendedResource: the
-scheduler makes its claim), a tainted GPU passed over, and the kubelet's wipe of the node's
-slices repaired by the publisher.
+share modes and `cores`, shares by count on a unified-memory GPU, an extended-resource
+`nvidia.com/gpu` pod (DRAExtendedResource: the scheduler makes its claim), a tainted GPU
+passed over, and the kubelet's wipe of the node's slices repaired by the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
@@ -363,6 +363,32 @@ async def test_mps_shares_of_one_gpu_go_to_two_claims_and_one_daemon(
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={memory_mib // 2}M"
     assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
     assert mps_manager.specs == ()
+
+
+async def test_a_unified_memory_gpu_is_shared_by_count_only(
+    make_node: Callable[..., Awaitable[DraNode]], mps_manager: MpsDaemonManager
+) -> None:
+    """A GB10 (NVML reports no memory for it): its device has no memory capacity, so the
+    scheduler gives each claim one share and no memory, and the MPS share carries its
+    thread percentage and no pinned memory limit."""
+    node = await make_node("sim:1xgb10", shared("mps", 2))
+    for name in ("a", "b"):
+        node.claim(name, GPU)
+        node.pod(name, name)
+    (a, ref_a), (b, ref_b) = [await node.allocated(n) for n in ("a", "b")]
+    [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
+    assert ra["device"] == rb["device"] == "gpu-0"
+    assert ra["shareID"] != rb["shareID"]
+    assert ra["consumedCapacity"] == rb["consumedCapacity"] == {"shares": "1"}
+
+    driver = node.driver(mps=mps_manager)
+    await driver.load()
+    results = await driver.prepare([ref_a, ref_b])
+    assert all(r.error == "" for r in results.values()), results
+    env = node.cdi_env(ref_a.uid, "gpu-0")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
+    assert await driver.unprepare([ref_a, ref_b]) == {ref_a.uid: "", ref_b.uid: ""}
 
 
 async def test_a_mig_device_picked_by_a_cel_selector(

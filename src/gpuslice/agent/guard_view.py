@@ -53,6 +53,7 @@ def guard_view_reader(
 
     `mode_of` (DRA mode) gives a resource's own guard mode, e.g. claim `claim:<ns>/<name>`
     -> its GuardConfig `mode`, None when it has none; it can only lower the node's mode."""
+    told_unified: set[str] = set()
 
     async def read() -> GuardView | None:
         plan = current()
@@ -64,16 +65,26 @@ def guard_view_reader(
         tenants = tenants_from(snap.attribution, mode_of)
         pids = [p for t in tenants for p in t.pids]
         identities = await asyncio.to_thread(cgroup_identities, pids, proc_root) if pids else {}
-        gpus = tuple(
-            GpuMemory(
-                g.uuid,
-                g.index,
-                g.memory_total_mib * MIB,
-                min(g.status.memory_free_mib, g.memory_total_mib) * MIB,
+        gpus = []
+        for g in snap.gpus:
+            free = g.status.memory_free_mib
+            if free is None or g.memory_total_mib <= 0:
+                # A unified-memory GPU: no memory figure to hold a share against; leaving it
+                # out of the view leaves its tenants unwatched (the guard is off there).
+                if g.uuid not in told_unified:
+                    told_unified.add(g.uuid)
+                    log.warning(
+                        "guard-off-unified-memory",
+                        gpu=g.uuid,
+                        reason="NVML reports no memory figure for this GPU (unified memory)",
+                    )
+                continue
+            gpus.append(
+                GpuMemory(
+                    g.uuid, g.index, g.memory_total_mib * MIB, min(free, g.memory_total_mib) * MIB
+                )
             )
-            for g in snap.gpus
-        )
-        return GuardView(gpus, tenants, identities)
+        return GuardView(tuple(gpus), tenants, identities)
 
     return read
 

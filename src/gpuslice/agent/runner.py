@@ -20,6 +20,7 @@ from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_confi
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.config.schema import Config
+from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
@@ -110,6 +111,9 @@ class Agent:
     async def initial_plan(self) -> tuple[Plan, Inventory, LoadedConfig]:
         """First plan: here a bad config is fatal (there is nothing in force to keep)."""
         inventory = await asyncio.to_thread(self.backend.inventory)
+        for gpu in inventory.gpus:
+            if not gpu.memory_reported:  # once, at start: why its memory features are off
+                log.warning("gpu-memory-not-reported", gpu=gpu.uuid, note=unified_memory_note(gpu))
         loaded, plan = await self._load(inventory)
         return plan, inventory, loaded
 

@@ -23,6 +23,10 @@ Choices worth knowing:
 - SM counts of whole GPUs: NVML's attribute query is for MIG devices; for a whole GPU we use
   it where the driver answers, else CUDA cores / cores per SM of the architecture.
 - MIG profile names are rebuilt from the GI profile (see `backends.mignames`).
+- Unified-memory GPUs (GB10 / DGX Spark, Jetson Thor) answer NOT_SUPPORTED to the memory
+  query: the GPU is listed with `memory_mib` 0 and its statuses carry no memory figures, as
+  NVIDIA's device plugin, GFD and DRA driver tolerate it (logged once per GPU); the
+  lost-GPU probe then asks for the UUID instead of the memory.
 """
 
 from __future__ import annotations
@@ -203,6 +207,8 @@ class NvmlBackend:
         self._stop = threading.Event()
         self._handles: list[Any] = []
         self._uuids: list[str] = []
+        self._unified: set[str] = set()
+        """GPUs whose memory query answered NOT_SUPPORTED (unified memory), told once."""
         try:
             self._enumerate()
         except BackendError:
@@ -263,7 +269,7 @@ class NvmlBackend:
         for handle in self._handles:
             try:
                 uuid = str(nv.nvmlDeviceGetUUID(handle))
-                mem = nv.nvmlDeviceGetMemoryInfo(handle)
+                mem = self._memory_info(handle, uuid)
             except nv.NVMLError as exc:
                 log.warning("nvml-status-failed", error=str(exc))
                 continue
@@ -275,8 +281,8 @@ class NvmlBackend:
             out.append(
                 GpuStatus(
                     gpu_uuid=uuid,
-                    memory_used_mib=int(mem.used) // MIB,
-                    memory_free_mib=int(mem.free) // MIB,
+                    memory_used_mib=None if mem is None else int(mem.used) // MIB,
+                    memory_free_mib=None if mem is None else int(mem.free) // MIB,
                     gpu_util_percent=None if util is None else int(util.gpu),
                     memory_util_percent=None if util is None else int(util.memory),
                     temperature_c=None if temp is None else int(temp),
@@ -337,7 +343,8 @@ class NvmlBackend:
     def _gpu(self, index: int, handle: Any) -> Gpu:
         nv = self._nv
         uuid = GpuUuid(str(nv.nvmlDeviceGetUUID(handle)))
-        memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB
+        mem = self._memory_info(handle, uuid)
+        memory_mib = 0 if mem is None else int(mem.total) // MIB
         pci = nv.nvmlDeviceGetPciInfo(handle)
         bus_id = str(pci.busId)
         major, minor_cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
@@ -645,10 +652,16 @@ class NvmlBackend:
         A failed wait does not say which device failed, so each GPU is asked once.
         """
         nv = self._nv
+        not_supported = getattr(nv, "NVMLError_NotSupported", ())
         lost = []
         for handle, uuid in zip(self._handles, self._uuids, strict=True):
             try:
-                nv.nvmlDeviceGetMemoryInfo(handle)
+                try:
+                    nv.nvmlDeviceGetMemoryInfo(handle)
+                except not_supported:
+                    # A unified-memory GPU does not answer the memory query (which says
+                    # nothing about it being lost): its UUID query reaches it instead.
+                    nv.nvmlDeviceGetUUID(handle)
             except nv.NVMLError_GpuIsLost:
                 lost.append(uuid)
             except nv.NVMLError:
@@ -658,6 +671,26 @@ class NvmlBackend:
         return [HealthEvent("lost", uuid) for uuid in who]
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _memory_info(self, handle: Any, uuid: str) -> Any:
+        """NVML's memory info, or None where the GPU has none to give: a unified-memory GPU
+        (GB10, Jetson Thor) answers NOT_SUPPORTED, which must not fail the inventory (the
+        node would publish nothing) nor the statuses. Told once per GPU, not per sample."""
+        nv = self._nv
+        not_supported = getattr(nv, "NVMLError_NotSupported", None)
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle)
+        except nv.NVMLError as exc:
+            if not_supported is None or not isinstance(exc, not_supported):
+                raise
+        if uuid not in self._unified:
+            self._unified.add(uuid)
+            log.warning(
+                "nvml-memory-not-supported",
+                gpu=uuid,
+                reason="unified memory: no memory label, capacity, MPS limit or guard here",
+            )
+        return None
 
     def _optional(self, fn: Any, *args: Any) -> Any:
         """Call an NVML query a device may not support; None when it does not answer."""

@@ -64,7 +64,7 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
         gpus.add_row(
             str(g.index),
             f"{g.product}\n[dim]{g.uuid}[/dim]",
-            f"{gib(g.memory_mib)} GiB",
+            f"{gib(g.memory_mib)} GiB" if g.memory_mib else "n/a (unified)",
             str(g.multiprocessors),
             "",
             "",
@@ -219,12 +219,16 @@ def slices_table(devices: Sequence[SliceDevice], title: str) -> Table:
     for d in devices:
         offered = "whole device"
         if d.shares:
-            offered = f"{d.shares} shares, {gib(d.share_memory_mib or 0)} GiB each by default"
+            offered = (
+                f"{d.shares} shares, {gib(d.share_memory_mib)} GiB each by default"
+                if d.share_memory_mib
+                else f"{d.shares} shares (by count: no memory capacity)"
+            )
         table.add_row(
             d.name,
             d.type,
             d.product + (f" · MIG {d.profile}" if d.profile else ""),
-            f"{gib(d.memory_mib)} GiB",
+            f"{gib(d.memory_mib)} GiB" if d.memory_mib else "n/a (unified)",
             offered,
         )
     if not devices:
@@ -251,6 +255,8 @@ def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
             for m in d.mounts:
                 env += f"\n[dim]mount {m.container_path} ← {short_ids(m.host_path)}[/dim]"
             guard = f"{d.entitlement}: {gib(d.entitlement_mib)} GiB"
+            if not d.memory_mib:  # unified memory: nothing for the guard to hold
+                guard = f"{d.entitlement}: no memory figure, not guarded"
             if d.sm_fraction is not None and d.entitlement != "exclusive":
                 guard += f", {d.sm_fraction:.0%} of SMs"
             if c.guard_mode:

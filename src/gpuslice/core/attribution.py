@@ -317,7 +317,7 @@ def entitlement_of(dev: AdvertisedDevice, gpu_sms: int | None) -> Entitlement:
     if dev.mps is not None:
         return Entitlement(
             "mps",
-            dev.mps.pinned_memory_limit_mib * MIB,
+            (dev.mps.pinned_memory_limit_mib or 0) * MIB,
             dev.mps.active_thread_percentage / 100.0,
         )
     if replicas == 1:

@@ -85,6 +85,20 @@ class DescribeReport:
     driver_version: str
 
 
+UNIFIED_MEMORY_WORDS = "unified memory: NVML reports no GPU memory figure"
+
+
+def unified_memory_note(gpu: Gpu) -> str:
+    """Why the memory features are off on a GPU whose memory NVML does not report: said once
+    per GPU by `describe` and logged once by the agent, so an operator is not left to guess
+    why a GB10 or Jetson Thor node has no memory label, capacity, MPS limit or guard."""
+    return (
+        f"GPU {gpu.index} ({gpu.product_name}, {gpu.uuid}): {UNIFIED_MEMORY_WORDS}; it is "
+        "shared by count only: no nvidia.com/gpu.memory label, no DRA memory capacity nor "
+        "shares by memory, no MPS pinned memory limit, no memory guard, no memory metrics"
+    )
+
+
 def gib(mib: float) -> str:
     """MiB as GiB with three significant digits: 46068 -> `45`, 3840 -> `3.75`."""
     value = mib / 1024
@@ -99,6 +113,11 @@ def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
         pct = dev.mps.active_thread_percentage if dev.mps else 100 // dev.replicas
         limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // dev.replicas
         sms = phys.multiprocessors * pct // 100
+        if not phys.memory_reported:
+            return (
+                f"{pct}% of SMs ({sms} of {phys.multiprocessors}), no pinned memory limit "
+                f"({UNIFIED_MEMORY_WORDS})"
+            )
         return (
             f"{pct}% of SMs ({sms} of {phys.multiprocessors}), pinned memory limit {limit} MiB; "
             f"total_memory inside the pod still reports the whole GPU ({gib(phys.memory_mib)} "
@@ -109,6 +128,8 @@ def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
         if phys.kind == "mig"
         else ""
     )
+    if not phys.memory_reported:
+        return f"1/{dev.replicas} of the time, no memory isolation ({UNIFIED_MEMORY_WORDS})"
     return (
         f"1/{dev.replicas} of the time{where}, no memory isolation, "
         f"{gib(phys.memory_mib / dev.replicas)} GiB if shared evenly"
@@ -136,7 +157,7 @@ def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
     if strategy == "mps":
         pct = dev.mps.active_thread_percentage if dev.mps else 100
         limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
-        return _Numbers("mps", pct / 100, pct, limit, True)
+        return _Numbers("mps", pct / 100, pct, limit or 0, bool(limit))
     if dev.replicas <= 1 or strategy == "none":
         isolation: Isolation = "mig" if phys.kind == "mig" else "none"
         return _Numbers(isolation, 1.0, None, phys.memory_mib, True)
@@ -190,7 +211,10 @@ def describe(plan: Plan, inventory: Inventory) -> DescribeReport:
     return DescribeReport(
         resources=tuple((r.name, len(r.devices)) for r in plan.resources),
         devices=gpus,
-        warnings=plan.warnings,
+        warnings=(
+            *plan.warnings,
+            *(unified_memory_note(g) for g in inventory.gpus if not g.memory_reported),
+        ),
         mig_strategy=plan.mig_strategy,
         driver_version=inventory.driver_version,
     )

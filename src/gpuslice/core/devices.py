@@ -75,6 +75,7 @@ class Gpu:
     product_name: str
     """Exactly as NVML's `nvmlDeviceGetName` returns it, e.g. `Tesla T4`."""
     memory_mib: int
+    """Total memory as NVML reports it; 0 where NVML does not (see `memory_reported`)."""
     multiprocessors: int
     compute_capability: tuple[int, int]
     pci_bus_id: str
@@ -98,6 +99,13 @@ class Gpu:
     @property
     def index_id(self) -> str:
         return str(self.index)
+
+    @property
+    def memory_reported(self) -> bool:
+        """False on a unified-memory GPU (GB10 / DGX Spark, Jetson Thor): NVML answers
+        NOT_SUPPORTED for its memory, so `memory_mib` is 0 and nothing may be sized from it
+        (labels, memory capacities, MPS limits, the guard); sharing by count still works."""
+        return self.memory_mib > 0
 
 
 @dataclass(frozen=True, slots=True)

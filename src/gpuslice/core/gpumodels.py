@@ -17,6 +17,10 @@ Sources (gpuslice's REFERENCE.md, which cites each):
   max instances, fractions), its placement listing (`nvidia-smi mig -lgipp`), and memory and
   SM counts from `nvidia-smi mig -lgip` on real systems (A100 80GB `1g.10gb` = 9.50 GiB =
   9728 MiB with 14 SMs, as in the seed user document).
+- GB10 (DGX Spark): `nvidia-smi` on the hardware shows `NVIDIA GB10` and "Not Supported"
+  for its memory (NVIDIA/k8s-device-plugin#1482, NVIDIA's DGX Spark known issues): CPU and
+  GPU share one LPDDR5X memory, so NVML's memory query answers NOT_SUPPORTED; 6144 CUDA
+  cores (48 SMs), compute capability 12.1.
 - Estimates, marked in the tables: H200 `1g.35gb`, `3g.71gb` and `4g.71gb` memory and SMs
   (no real `-lgip` output seen; derived from the 2g/7g values and the H100 SM counts), and
   all A30 memory values (go-nvml's mock; not confirmed on hardware).
@@ -29,7 +33,7 @@ from typing import Literal
 
 from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA
 
-Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper"]
+Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper", "blackwell"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,10 @@ class GpuModel:
     pci_class: int = PCI_CLASS_3D
     """`lspci` says "3D controller" for data-centre cards, "VGA compatible controller" for
     GeForce cards with display outputs."""
+    unified_memory: bool = False
+    """CPU and GPU share one memory (GB10 / DGX Spark, Jetson Thor): NVML's memory info
+    answers NOT_SUPPORTED there, so the simulator reports no memory figures for it (its
+    `memory_mib` is 0, as the NVML backend reports such a GPU)."""
 
     @property
     def mig_capable(self) -> bool:
@@ -245,6 +253,20 @@ MODELS: dict[str, GpuModel] = {
             "hopper",
             nvlinks=18,
             mig=H200_MIG,
+        ),
+        # DGX Spark: a unified-memory SoC, no memory figure (see the module docstring).
+        # Estimates: the PCI device ID (0x2E12, the PCI ID database) and the VGA class (it
+        # drives the box's display outputs) are not confirmed on hardware.
+        GpuModel(
+            "gb10",
+            "NVIDIA GB10",
+            0,
+            48,
+            (12, 1),
+            0x2E1210DE,
+            "blackwell",
+            pci_class=PCI_CLASS_VGA,
+            unified_memory=True,
         ),
     )
 }

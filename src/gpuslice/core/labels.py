@@ -225,13 +225,16 @@ def _full_gpu_labels(
     count = sum(1 for g in [*ordered, *also_counted] if g.product_name == first.product_name)
     if sharing.shared_suffix:
         product += "-SHARED"
-    return {
+    labels = {
         f"{name}.count": str(count),
         f"{name}.product": product,
         f"{name}.replicas": str(sharing.replicas),
         f"{name}.sharing-strategy": sharing.strategy,
-        f"{name}.memory": str(first.memory_mib),
-    } | _compute_labels(name, first)
+    }
+    if first.memory_reported:
+        # GFD writes no memory label where NVML reports no memory (a unified-memory GPU).
+        labels[f"{name}.memory"] = str(first.memory_mib)
+    return labels | _compute_labels(name, first)
 
 
 def _compute_labels(name: str, gpu: Gpu) -> dict[str, str]:

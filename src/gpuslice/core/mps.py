@@ -123,7 +123,8 @@ def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
         pct = dev.mps.active_thread_percentage if dev.mps else 100 // replicas
         mib = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // replicas
         percentages.append(pct)
-        memory[phys.gpu_index] = min(mib, memory.get(phys.gpu_index, mib))
+        if mib:  # none on a unified-memory GPU: the daemon sets no memory limit there
+            memory[phys.gpu_index] = min(mib, memory.get(phys.gpu_index, mib))
     if not uuids:
         return None
     base = mps_root(root)

@@ -405,7 +405,12 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
     share, sharing = dw.share, dw.sharing
     if share is not None:
         how = "MPS" if share.strategy == "mps" else "time-slicing"
-        memory = f"{share.memory_mib} MiB" if share.memory_mib else "no memory reserved"
+        if share.memory_mib:
+            memory = f"{share.memory_mib} MiB"
+        elif not dw.device.capacity.get("memory"):  # a unified-memory GPU: shares by count
+            memory = "no memory figure"
+        else:
+            memory = "no memory reserved"
         text = (
             f"{share.shares} of {share.replicas} shares ({how}), {memory}"
             f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"

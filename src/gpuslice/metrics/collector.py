@@ -115,8 +115,11 @@ class SnapshotCollector(Collector):
         for g in snap.gpus:
             labels = ["" if g.index is None else str(g.index), g.uuid, g.model, snap.hostname]
             s = g.status
-            fams["DCGM_FI_DEV_FB_USED"].add_metric(labels, s.memory_used_mib)
-            fams["DCGM_FI_DEV_FB_FREE"].add_metric(labels, s.memory_free_mib)
+            # A unified-memory GPU has no framebuffer figures: no series, as DCGM has none.
+            if s.memory_used_mib is not None:
+                fams["DCGM_FI_DEV_FB_USED"].add_metric(labels, s.memory_used_mib)
+            if s.memory_free_mib is not None:
+                fams["DCGM_FI_DEV_FB_FREE"].add_metric(labels, s.memory_free_mib)
             if s.gpu_util_percent is not None:
                 fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(labels, s.gpu_util_percent)
             if s.temperature_c is not None:
@@ -124,6 +127,8 @@ class SnapshotCollector(Collector):
             if s.power_w is not None:
                 fams["DCGM_FI_DEV_POWER_USAGE"].add_metric(labels, s.power_w)
             fams["DCGM_FI_DEV_XID_ERRORS"].add_metric(labels, s.last_xid or 0)
+        # GPUs with no memory figure (unified memory): no memory share to export or exceed.
+        no_memory = {g.uuid for g in snap.gpus if g.memory_total_mib <= 0}
         for u in snap.attribution.usages:
             pod_labels = {
                 "namespace": u.namespace,
@@ -136,11 +141,15 @@ class SnapshotCollector(Collector):
             if claim:
                 pod_labels[CLAIM_LABEL] = claim
             ent = u.entitlement
+            shared_memory = u.gpu_uuid not in no_memory
             values: list[tuple[str, float | None]] = [
                 ("gpuslice_pod_memory_used_bytes", u.memory_used_bytes),
                 ("gpuslice_pod_sm_util_percent", u.sm_util_percent),
-                ("gpuslice_pod_entitled_memory_bytes", ent.memory_bytes),
-                ("gpuslice_pod_memory_over_share", int(u.memory_used_bytes > ent.memory_bytes)),
+                ("gpuslice_pod_entitled_memory_bytes", ent.memory_bytes if shared_memory else None),
+                (
+                    "gpuslice_pod_memory_over_share",
+                    int(u.memory_used_bytes > ent.memory_bytes) if shared_memory else None,
+                ),
                 ("gpuslice_pod_entitled_sm_fraction", ent.sm_fraction),
             ]
             for name, value in values:

@@ -197,7 +197,7 @@ def _gpu_samples(
     for status in statuses:
         gpu = inventory.gpu_by_uuid(status.gpu_uuid) if inventory is not None else None
         if gpu is None:
-            total = status.memory_used_mib + status.memory_free_mib
+            total = (status.memory_used_mib or 0) + (status.memory_free_mib or 0)
             out.append(GpuSample(None, status.gpu_uuid, "", total, status))
         else:
             out.append(GpuSample(gpu.index, gpu.uuid, gpu.product_name, gpu.memory_mib, status))

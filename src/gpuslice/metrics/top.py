@@ -53,7 +53,11 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
             "?" if g.index is None else str(g.index),
             g.uuid,
             g.model,
-            f"{s.memory_used_mib} / {g.memory_total_mib} MiB",
+            (
+                f"{s.memory_used_mib} / {g.memory_total_mib} MiB"
+                if s.memory_used_mib is not None
+                else "n/a (unified memory)"
+            ),
             _opt(s.gpu_util_percent, "d") + ("%" if s.gpu_util_percent is not None else ""),
             _opt(s.temperature_c, "d") + ("C" if s.temperature_c is not None else ""),
             _opt(s.power_w, ".0f") + ("W" if s.power_w is not None else ""),
@@ -150,7 +154,11 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             "?" if g.get("index") is None else str(g["index"]),
             g["uuid"],
             g.get("model", ""),
-            f"{g.get('memory_used_mib', 0)} / {g.get('memory_total_mib', 0)} MiB",
+            (
+                f"{g['memory_used_mib']} / {g.get('memory_total_mib', 0)} MiB"
+                if g.get("memory_used_mib") is not None
+                else "n/a (unified memory)"
+            ),
             _pct(g.get("gpu_util_percent")),
             "-" if g.get("temperature_c") is None else f"{g['temperature_c']}C",
             "-" if g.get("power_w") is None else f"{g['power_w']:.0f}W",

@@ -134,11 +134,12 @@ class SimulatedBackend:
                     if p.gpu_uuid == gpu.uuid and p.used_memory_bytes is not None
                 )
                 load = self._load[gpu.uuid]
+                reported = gpu.memory_reported  # unified memory: NVML gives no figures
                 out.append(
                     GpuStatus(
                         gpu_uuid=gpu.uuid,
-                        memory_used_mib=used,
-                        memory_free_mib=max(0, gpu.memory_mib - used),
+                        memory_used_mib=used if reported else None,
+                        memory_free_mib=max(0, gpu.memory_mib - used) if reported else None,
                         gpu_util_percent=load.gpu_util_percent,
                         memory_util_percent=load.memory_util_percent,
                         temperature_c=load.temperature_c,
@@ -217,6 +218,11 @@ class SimulatedBackend:
         gpu = self._gpu(gpu_uuid)
         if gpu.mig_enabled:
             raise BackendError(f"process {pid}: growing memory is not simulated on MIG GPUs")
+        if not gpu.memory_reported:
+            raise BackendError(
+                f"process {pid}: growing memory is not simulated on GPU {gpu.uuid}, whose"
+                " memory is unified with the host's (no GPU memory figure to run out of)"
+            )
         self.remove_process(pid)
         with self._lock:
             self._advance_memory()

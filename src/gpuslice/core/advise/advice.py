@@ -117,8 +117,16 @@ def _advise_model(
     notes: list[str] = []
     current = current_override or _current(stats)
     key = model_key(model)
-    geometry = next((m.mig for m in MODELS.values() if m.product_name == model), None)
-    if memory_mib <= 0:
+    known = next((m for m in MODELS.values() if m.product_name == model), None)
+    geometry = known.mig if known is not None else None
+    if known is not None and known.unified_memory:
+        notes.append(
+            f"unified memory: NVML reports no GPU memory figure for {model}, so nothing is "
+            f"sized from memory (replicas, MPS limits); {len(stats)} pods not sized"
+        )
+        sized = []
+        memory_mib = 0
+    elif memory_mib <= 0:
         notes.append(
             f"no DCGM_FI_DEV_FB_USED/FB_FREE series name this GPU's model and memory: "
             f"{len(stats)} pods not sized"

@@ -158,10 +158,12 @@ def _mps_edits(
     limits = []
     for ordinal, dev in enumerate(shares.values()):
         assert dev.mps is not None
-        limits.append(f"{ordinal}={dev.mps.pinned_memory_limit_mib}M")
+        if dev.mps.pinned_memory_limit_mib is not None:  # None: unified memory, no limit
+            limits.append(f"{ordinal}={dev.mps.pinned_memory_limit_mib}M")
     percentage = min(d.mps.active_thread_percentage for d in shares.values() if d.mps is not None)
     envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percentage)
-    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+    if limits:
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
 
 
 def _device_specs(

@@ -53,11 +53,14 @@ def soft_limit_envs(devices: Sequence[AdvertisedDevice]) -> dict[str, str]:
         dev = by_gpu[uuid]
         fraction = min(1.0, n / dev.replicas)
         fractions.append(fraction)
-        limits.append(dev.physical.memory_mib * n // dev.replicas)
+        if dev.physical.memory_reported:  # unified memory: no MiB figure to hint at
+            limits.append(dev.physical.memory_mib * n // dev.replicas)
     share = f"{math.floor(min(fractions) * 10_000) / 10_000:.4f}".rstrip("0").rstrip(".")
-    return {
+    envs = {
         "GPUSLICE_GPU_FRACTION": share,
-        "GPUSLICE_MEMORY_LIMIT_MIB": str(min(limits)),
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": share,
     }
+    if limits:
+        envs["GPUSLICE_MEMORY_LIMIT_MIB"] = str(min(limits))
+    return dict(sorted(envs.items()))

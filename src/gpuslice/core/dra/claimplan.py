@@ -51,7 +51,8 @@ def _advertised(use: DeviceUse, pool: str, physical: PhysicalDevice) -> Advertis
     mps = None
     if use.strategy == "mps":
         limit = use.entitlement_mib or physical.memory_mib // max(use.shared_by, 1)
-        mps = MpsShare(use.thread_percentage or 100 // max(use.shared_by, 1), limit)
+        # 0: a unified-memory GPU, whose MPS shares have no pinned memory limit
+        mps = MpsShare(use.thread_percentage or 100 // max(use.shared_by, 1), limit or None)
     shared = use.shared_by > 1 or use.share_id is not None
     return AdvertisedDevice(
         id=dra_device_id(pool, use.device, use.share_id),

@@ -247,7 +247,9 @@ def _share_use(
         cores = int(str(raw_cores)) if raw_cores is not None else 0
     except (ValueError, TypeError) as exc:
         raise ClaimError(f"{where}.consumedCapacity: {exc}") from None
-    low = 0 if may_take_none else 1
+    # a unified-memory GPU publishes no memory capacity: shared by count only, and a share's
+    # memory is 0 (no limit, no memory hint)
+    low = 0 if may_take_none or total_mib == 0 else 1
     if shares < 1 or not low <= memory_mib <= max(total_mib, 1) or not 0 <= cores <= 100:
         raise ClaimError(
             f"{where}.consumedCapacity: {dict(consumed)!r} does not fit device {device.name}"
@@ -385,9 +387,17 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
     the whole GPU would make frameworks that preallocate (XLA) take it from its neighbours."""
     if share.strategy == "mps":
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage)}
-        if share.memory_mib > 0:
+        if share.memory_mib > 0:  # 0: none reserved, or a unified-memory GPU
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
         return env
+    if total_mib == 0:  # unified memory: the SM-time fraction only, no memory limit
+        text = f"{math.floor(share.shares / share.replicas * 10_000) / 10_000:.4f}"
+        text = text.rstrip("0").rstrip(".")
+        return {
+            "GPUSLICE_GPU_FRACTION": text,
+            "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": text,
+        }
     if share.memory_mib == 0:
         return {}
     fraction = min(1.0, share.memory_mib / total_mib) if total_mib else 1.0

@@ -256,7 +256,8 @@ def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
             "uuid": ("string", gpu.uuid),
             **common,
         }
-        capacity = {"memory": gpu.memory_mib * MIB}
+        # No memory capacity where NVML reports none (unified memory), as NVIDIA's driver.
+        capacity = {"memory": gpu.memory_mib * MIB} if gpu.memory_reported else {}
         out.append(DraDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu, None, whole, capacity))
     _check(out)
     return tuple(out)
@@ -323,7 +324,9 @@ def device_json(
                     "validRange": {"min": "0", "max": quantity(value), "step": "1"},
                 }
         memory = device.capacity.get("memory", offer.memory_mib * MIB)
-        if offer.mode == "replicas":
+        if memory <= 0:
+            pass  # a unified-memory GPU reports no memory: shared by count (and cores) only
+        elif offer.mode == "replicas":
             capacity["memory"] = {
                 "value": quantity(memory),
                 "requestPolicy": {

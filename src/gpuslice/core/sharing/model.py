@@ -65,6 +65,11 @@ class PhysicalDevice:
     gi_id: int | None = None
     ci_id: int | None = None
 
+    @property
+    def memory_reported(self) -> bool:
+        """False on a unified-memory GPU (`Gpu.memory_reported`): `memory_mib` is 0."""
+        return self.memory_mib > 0
+
     @classmethod
     def of_gpu(cls, gpu: Gpu) -> PhysicalDevice:
         """A whole GPU as an allocatable unit."""
@@ -107,8 +112,9 @@ class MpsShare:
 
     active_thread_percentage: int
     """`set_default_active_thread_percentage`: 100 // replicas (integer division, as NVIDIA)."""
-    pinned_memory_limit_mib: int
-    """`set_default_device_pinned_mem_limit <index> <MiB>M`: memory // replicas."""
+    pinned_memory_limit_mib: int | None
+    """`set_default_device_pinned_mem_limit <index> <MiB>M`: memory // replicas; None on a
+    unified-memory GPU (no memory figure to divide: no limit is set, only the SM share)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -332,7 +332,11 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         if pick.strategy == "mps":
             share = MpsShare(
                 active_thread_percentage=100 // entry.replicas,
-                pinned_memory_limit_mib=unit.physical.memory_mib // entry.replicas,
+                pinned_memory_limit_mib=(
+                    unit.physical.memory_mib // entry.replicas
+                    if unit.physical.memory_reported
+                    else None
+                ),
             )
         replicas = [
             AdvertisedDevice(
