@@ -74,7 +74,7 @@ def test_dra_device_has_no_memory_capacity_and_is_shared_by_count() -> None:
     assert "memory" not in device_json(device, [])["capacity"]
     shared = device_json(device, [], offer)
     assert shared["allowMultipleAllocations"] is True
-    assert set(shared["capacity"]) == {"shares"}
+    assert set(shared["capacity"]) == {"shares", "cores"}  # no memory
     assert shared["capacity"]["shares"]["value"] == "4"
 
 

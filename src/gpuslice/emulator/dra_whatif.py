@@ -411,10 +411,9 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
             memory = "no memory figure"
         else:
             memory = "no memory reserved"
-        text = (
-            f"{share.shares} of {share.replicas} shares ({how}), {memory}"
-            f"{'' if share.strategy == 'mps' else ' (not enforced by the GPU)'}"
-        )
+        text = f"{share.shares} of {share.replicas} shares ({how}), {memory}"
+        if share.strategy != "mps" and share.memory_mib:
+            text += " (not enforced by the GPU)"  # time-slicing: the memory reserved
         if share.cores and share.strategy == "mps":
             text += (
                 f", {share.cores}% of the SMs (cores: the MPS client's active thread percentage)"
