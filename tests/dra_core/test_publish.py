@@ -3,6 +3,8 @@ the generation rule for republishing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuslice.backends import open_backend
@@ -44,6 +46,25 @@ def test_whole_gpus_are_named_by_minor_with_nvidias_attributes() -> None:
     assert device_json(devices[0], [])["capacity"]["memory"] == {
         "value": str(gpu.memory_mib * 1024 * 1024)
     }
+
+
+def test_the_pcie_root_is_published_for_gpus_and_their_mig_devices() -> None:
+    """Kubernetes' `resource.kubernetes.io/pcieRoot`, as NVIDIA's driver publishes it: on
+    whole GPUs and, the parent's, on MIG devices; left out where the backend found none."""
+    inv = inventory("sim:4xh100-80gb")
+    roots = [
+        device_json(d, [])["attributes"]["resource.kubernetes.io/pcieRoot"]
+        for d in dra_devices(inv)
+    ]
+    expected = ("pci0000:00", "pci0000:00", "pci0000:10", "pci0000:10")
+    assert roots == [{"string": r} for r in expected]
+    mig = inventory("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    for device in dra_devices(mig):
+        attrs = device_json(device, [])["attributes"]
+        assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": mig.gpus[0].pcie_root}
+    unknown = dataclasses.replace(inv, gpus=(dataclasses.replace(inv.gpus[0], pcie_root=None),))
+    [device] = dra_devices(unknown)
+    assert "resource.kubernetes.io/pcieRoot" not in device_json(device, [])["attributes"]
 
 
 def test_versions_are_normalised_like_nvidias() -> None:

@@ -2,8 +2,9 @@
 prepared and unprepared by the agent's driver reading them from the real API server: a
 whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked by a CEL
 selector, memory shares (DRAConsumableCapacity), an extended-resource `nvidia.com/gpu` pod
-(DRAExtendedResource: the scheduler makes its claim), a tainted GPU passed over, and the
-kubelet's wipe of the node's slices repaired by the publisher.
+(DRAExtendedResource: the scheduler makes its claim), a tainted GPU passed over, two GPUs
+under one PCIe root by `matchAttribute`, and the kubelet's wipe of the node's slices
+repaired by the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
@@ -457,3 +458,34 @@ async def test_the_kubelets_wipe_of_the_slices_is_repaired(
     claim, _ = await node.allocated("c")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == node.name
+
+
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+async def test_two_gpus_under_one_pcie_root_by_match_attribute(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """The real server accepts slices with `resource.kubernetes.io/pcieRoot`, and a claim
+    whose two requests must match on it gets two GPUs under one root. The simulated node
+    puts GPUs 0-1 under one root and 2-3 under another; GPU 0 is lost, so the first fit
+    (GPUs 1 and 2) straddles the roots and only the constraint leads to GPUs 2 and 3."""
+    node = await make_node("sim:4xh100-80gb")
+    lost = node.state.current.inventory.gpus[0].uuid
+    node.state.publish(unhealthy=frozenset({lost}))
+    assert (await node.publisher.publish_once()).update
+    [stored] = await node.api.list_slices()
+    roots = {d["name"]: d["attributes"][PCIE_ROOT]["string"] for d in stored["spec"]["devices"]}
+    assert roots == {"gpu-0": "pci0000:00", "gpu-1": "pci0000:00",
+                     "gpu-2": "pci0000:10", "gpu-3": "pci0000:10"}  # fmt: skip
+    requests = [{"name": n, "exactly": GPU} for n in ("a", "b")]
+    constraints = [{"requests": ["a", "b"], "matchAttribute": PCIE_ROOT}]
+    create(node.plane, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"{node.name}-pair", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": requests, "constraints": constraints}},
+    })  # fmt: skip
+    node.pod("p", "pair")
+    claim, _ = await node.allocated("pair")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted((r["request"], r["device"]) for r in results) == [("a", "gpu-2"), ("b", "gpu-3")]

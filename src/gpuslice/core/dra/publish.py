@@ -8,6 +8,9 @@ same GPUs under gpuslice. Devices are `gpu-<minor>` for whole GPUs and
 devices. A GPU in MIG mode is published as its MIG devices only (NVIDIA's driver also
 published the whole GPU, kubernetes-sigs/dra-driver-nvidia-gpu#719).
 
+Kubernetes' standard attributes (`resource.kubernetes.io/pciBusID`, `pcieRoot`, `numaNode`)
+go on every device, MIG devices carrying their parent's, so claims can align GPUs with NICs.
+
 Health becomes device taints (NVIDIA's keys under the driver's domain): an XID taints with
 its code, a lost GPU with `gpu-lost`; both `NoSchedule`, so running pods stay and new
 claims go elsewhere.
@@ -39,6 +42,9 @@ SHARES_CAPACITY = "shares"
 """The capacity counting a shared GPU's shares, in the driver's domain
 (`gpu.nvidia.com/shares`), as NVIDIA's `ConsumableShares` count mode names it."""
 NUMA_NODE = "resource.kubernetes.io/numaNode"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The GPU's PCIe root complex (`pci0000:64`), Kubernetes' standard attribute: a claim's
+`matchAttribute` on it puts a GPU and a NIC (or two GPUs) under one root."""
 
 AttrKind = Literal["string", "int", "bool", "version"]
 ShareStrategy = Literal["time-slicing", "mps"]
@@ -151,6 +157,8 @@ def _common(gpu: Gpu, inventory: Inventory) -> dict[str, tuple[AttrKind, str | i
     }
     if gpu.pci_bus_id:
         attrs[PCI_BUS_ID] = ("string", _extended_bdf(gpu.pci_bus_id))
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = ("string", gpu.pcie_root)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs[NUMA_NODE] = ("int", gpu.numa_node)
     return attrs
