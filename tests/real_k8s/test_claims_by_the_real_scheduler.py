@@ -489,3 +489,46 @@ async def test_two_gpus_under_one_pcie_root_by_match_attribute(
     claim, _ = await node.allocated("pair")
     results = claim["status"]["allocation"]["devices"]["results"]
     assert sorted((r["request"], r["device"]) for r in results) == [("a", "gpu-2"), ("b", "gpu-3")]
+
+
+async def test_a_cordoned_gpu_is_passed_over_and_an_informational_taint_is_not(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """GPU 0 cordoned by the operator (`gpuslice.io/gpu-cordon`, NoSchedule), GPU 1 with an
+    ignored XID (NVIDIA's `xid` taint, effect `None`): the real scheduler allocates GPU 1,
+    so the cordon keeps a claim off and the informational taint does not."""
+    node = await make_node("sim:2xh100-80gb")
+    g0, g1 = (g.uuid for g in node.state.current.inventory.gpus)
+    node.state.publish(cordoned=frozenset({g0}), noticed={g1: 43})
+    assert (await node.publisher.publish_once()).update
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+
+
+async def test_an_operators_device_taint_rule_is_taken_by_the_real_server(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """Kubernetes' own way to taint a device (docs/dra.md): a DeviceTaintRule
+    (resource.k8s.io/v1beta2, gate DRADeviceTaintRules, beta and off by default in 1.36)
+    naming the driver, the pool (the node) and the device, as an operator writes it. The
+    server stores it with the taint's `timeAdded` set; the agent's slices are untouched
+    (the rule is applied in the scheduler's view, not written into the slice)."""
+    node = await make_node("sim:2xh100-80gb")
+    name = f"{node.name}-maintenance"
+    taint = {"key": "example.com/maintenance", "value": "psu", "effect": "NoSchedule"}
+    selector = {"driver": DRIVER, "pool": node.name, "device": "gpu-0"}
+    create(node.plane, {
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": name}, "spec": {"deviceSelector": selector, "taint": taint},
+    })  # fmt: skip
+    stored = get(node.plane, "devicetaintrules.v1beta2.resource.k8s.io", name)
+    assert stored["spec"]["deviceSelector"] == selector
+    assert {k: stored["spec"]["taint"][k] for k in taint} == taint
+    assert stored["spec"]["taint"]["timeAdded"]
+    [published] = await node.api.list_slices()
+    assert all("taints" not in d for d in published["spec"]["devices"])
+    deleted = node.plane.kubectl("delete", "devicetaintrules.v1beta2.resource.k8s.io", name)
+    assert deleted.returncode == 0, deleted.stderr

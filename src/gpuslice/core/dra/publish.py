@@ -13,7 +13,8 @@ go on every device, MIG devices carrying their parent's, so claims can align GPU
 
 Health becomes device taints (NVIDIA's keys under the driver's domain): an XID taints with
 its code, a lost GPU with `gpu-lost`; both `NoSchedule`, so running pods stay and new
-claims go elsewhere.
+claims go elsewhere. An ignored XID gets the `xid` taint with effect `None` (informational),
+and an operator's cordon (`core.cordon`) the `gpuslice.io/gpu-cordon` taint, `NoSchedule`.
 
 Everything here produces the `resource.k8s.io/v1` JSON shapes the API holds.
 """
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.labels import gpu_family
 from gpuslice.core.sharing.model import Plan
@@ -219,20 +221,39 @@ def _check(devices: Sequence[DraDevice]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """Why devices are tainted: GPU UUID -> last XID (None: lost, or unhealthy otherwise)."""
+    """Why devices are tainted: GPU UUID -> last XID (None: lost, or unhealthy otherwise);
+    `noticed`: physical UUID -> an ignored XID seen on it (informational); `cordoned`:
+    physical UUIDs the operator cordoned (`core.cordon`)."""
 
     unhealthy: Mapping[str, int | None]
+    noticed: Mapping[str, int] = field(default_factory=dict)
+    cordoned: frozenset[str] = frozenset()
 
 
 def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
-    """NVIDIA's health taints for `device`, if it or its physical GPU is unhealthy."""
+    """NVIDIA's health taints for `device`: `NoSchedule` when it or its physical GPU is
+    unhealthy; otherwise, after an ignored XID, the same `xid` key with effect `None`
+    (NVIDIA's informational taint: seen by operators and tolerations, no effect on
+    scheduling; Kubernetes 1.35+). One taint per key, as NVIDIA's: the unhealthy one wins."""
     uuid = device.uuid if device.uuid in health.unhealthy else device.gpu.uuid
     if uuid not in health.unhealthy:
-        return []
+        noticed = health.noticed.get(device.uuid, health.noticed.get(device.gpu.uuid))
+        if noticed is None:
+            return []
+        info = {"key": f"{driver}/xid", "value": str(noticed), "effect": "None"}
+        return [{**info, "timeAdded": added}]
     xid = health.unhealthy[uuid]
     if xid is None:
         return [{"key": f"{driver}/gpu-lost", "effect": "NoSchedule", "timeAdded": added}]
     return [{"key": f"{driver}/xid", "value": str(xid), "effect": "NoSchedule", "timeAdded": added}]
+
+
+def cordon_taints(device: DraDevice, health: Health, added: str) -> list[Json]:
+    """The operator's cordon (`gpuslice.io/gpu-cordon`) as a `NoSchedule` taint: no new
+    claim gets the device, claims already allocated keep it (`core.cordon`)."""
+    if device.uuid in health.cordoned or device.gpu.uuid in health.cordoned:
+        return [{"key": CORDON_TAINT, "effect": "NoSchedule", "timeAdded": added}]
+    return []
 
 
 def device_json(
