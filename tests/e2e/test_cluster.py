@@ -170,3 +170,17 @@ async def test_a_gpu_cordoned_by_annotation_is_unhealthy_until_lifted(
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 16, WAIT_S)
         assert apiserver.wait_for(lambda: "GpuCordonLifted" in _reasons(apiserver), WAIT_S)
         assert node.daemon.running
+
+
+async def test_a_cordon_set_before_the_agent_starts_is_in_its_first_device_list(
+    sock_dir: Path, apiserver: FakeApiServer
+) -> None:
+    """The watch delivers the annotation with the label, before the first plan: the kubelet
+    never sees the cordoned GPU's replicas as allocatable."""
+    apiserver.add_node(NODE, {LABEL: "tesla-t4"})
+    apiserver.set_node_annotation(NODE, CORDON, "0")
+    args = _args(apiserver, sock_dir, "--no-labels")
+    async with running_daemon(sock_dir, CONFIGS, node="sim:2xt4", args=args) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
+        assert kubelet.allocatable("nvidia.com/gpu") == 4

@@ -294,6 +294,9 @@ async def test_an_ignored_xid_is_an_informational_taint_until_recovery(
         assert (taint["key"], taint["value"]) == (f"{DRIVER}/xid", "79")
         node.control.inject_xid(0, 43)  # an ignored XID does not hide why it is unhealthy
         await node.wait(lambda: node.daemon.log().count("health-ignored") >= 2, "43 again")
+        # a republish for another reason (a cordon of GPU 1) still shows why GPU 0 is out
+        api.set_node_annotation(NODE, "gpuslice.io/gpu-cordon", "1")
+        await node.wait(lambda: "taints" in node.devices()["gpu-1"], "gpu-1 cordoned")
         assert node.devices()["gpu-0"]["taints"][0]["value"] == "79"
         node.control.inject_recovery(0)
         await node.wait(lambda: "taints" not in node.devices()["gpu-0"], "gpu-0 recovered")
