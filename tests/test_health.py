@@ -140,6 +140,31 @@ def test_lost_marks_gpu_and_mig_devices_and_recovered_clears_them() -> None:
     assert state.unhealthy == frozenset()
 
 
+def test_an_ignored_xid_is_noticed_on_the_devices_it_is_about_until_recovery() -> None:
+    """NVIDIA's DRA driver publishes an ignored XID as an informational taint: the state
+    remembers it (last XID per device), the device stays healthy; recovery forgets it."""
+    state = HealthState().apply(xid(43), INV, DEFAULT)
+    assert (state.unhealthy, dict(state.noticed)) == (frozenset(), {"GPU-plain": 43})
+    state = state.apply(xid(13, "GPU-mig", gi=8, ci=0), INV, DEFAULT)
+    assert dict(state.noticed) == {"GPU-plain": 43, "MIG-1": 13}
+    state = state.apply(xid(31), INV, DEFAULT)
+    assert state.noticed["GPU-plain"] == 31
+    state = state.apply(xid(79), INV, DEFAULT)  # counted: unhealthy, not noticed anew
+    assert state.unhealthy == {"GPU-plain"}
+    assert state.noticed["GPU-plain"] == 31
+    state = state.apply(HealthEvent(kind="recovered", gpu_uuid="GPU-plain"), INV, DEFAULT)
+    assert (state.unhealthy, dict(state.noticed)) == (frozenset(), {"MIG-1": 13})
+
+
+def test_nothing_is_noticed_with_checking_off_or_for_an_unknown_gpu() -> None:
+    off, _ = HealthPolicy.from_env("all", None)
+    assert off.noticed(xid(43), INV) == frozenset()
+    assert DEFAULT.noticed(xid(43, "GPU-gone"), INV) == frozenset()
+    assert DEFAULT.noticed(xid(79), INV) == frozenset()
+    assert DEFAULT.noticed(HealthEvent(kind="lost", gpu_uuid="GPU-plain"), INV) == frozenset()
+    assert DEFAULT.noticed(xid(43, "GPU-mig"), INV) == {"GPU-mig", "MIG-0", "MIG-1", "MIG-2"}
+
+
 def _phys(uuid: str, gpu_uuid: str, kind: str) -> PhysicalDevice:
     return PhysicalDevice(
         uuid=uuid,

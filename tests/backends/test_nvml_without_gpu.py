@@ -18,6 +18,7 @@ from gpuslice.backends.nvml import (
     cores_per_sm,
     numa_from_sysfs,
     pci_class_from_sysfs,
+    pcie_root_from_sysfs,
     sysfs_bus_id,
     translate_event,
 )
@@ -104,6 +105,36 @@ def test_numa_from_sysfs(tmp_path: Path) -> None:
     (dev / "numa_node").write_text("-1\n")  # no NUMA information
     assert numa_from_sysfs(tmp_path, "00000000:87:00.0") is None
     assert numa_from_sysfs(tmp_path, "00000000:07:00.0") is None
+
+
+def test_pcie_root_from_sysfs_is_the_first_directory_of_the_devices_path(tmp_path: Path) -> None:
+    """As Kubernetes' `GetPCIeRootAttributeByPCIBusID` (NVIDIA's driver) finds it: the
+    bus link's target, relative as sysfs writes it, under `devices/pci<domain>:<bus>`."""
+    bdf = "0000:65:00.0"
+    real = tmp_path / "devices/pci0000:64/0000:64:00.0/0000:65:00.0"
+    real.mkdir(parents=True)
+    links = tmp_path / "bus/pci/devices"
+    links.mkdir(parents=True)
+    (links / bdf).symlink_to(f"../../../devices/pci0000:64/0000:64:00.0/{bdf}")
+    assert pcie_root_from_sysfs(tmp_path, "00000000:65:00.0") == "pci0000:64"
+    absolute = "0001:07:00.0"  # an absolute target, another domain
+    (links / absolute).symlink_to(tmp_path / f"devices/pci0001:00/0001:00:01.0/{absolute}")
+    assert pcie_root_from_sysfs(tmp_path, "00000001:07:00.0") == "pci0001:00"
+
+
+def test_no_pcie_root_where_sysfs_does_not_show_one(tmp_path: Path) -> None:
+    """Missing link, a directory instead of a link, a target outside `devices/pci...`, or
+    one that ends in another device: the attribute is left out, never guessed."""
+    links = tmp_path / "bus/pci/devices"
+    links.mkdir(parents=True)
+    assert pcie_root_from_sysfs(tmp_path, "00000000:07:00.0") is None
+    (links / "0000:07:00.0").mkdir()
+    assert pcie_root_from_sysfs(tmp_path, "00000000:07:00.0") is None
+    (links / "0000:08:00.0").symlink_to("../../../devices/platform/0000:08:00.0")
+    assert pcie_root_from_sysfs(tmp_path, "00000000:08:00.0") is None
+    (links / "0000:09:00.0").symlink_to("../../../devices/pci0000:00/0000:0a:00.0")
+    assert pcie_root_from_sysfs(tmp_path, "00000000:09:00.0") is None
+    assert pcie_root_from_sysfs(tmp_path, "not-a-bus-id") is None
 
 
 def test_pci_class_from_sysfs(tmp_path: Path) -> None:

@@ -3,12 +3,15 @@ the generation rule for republishing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.publish import (
     Health,
+    cordon_taints,
     device_json,
     dra_devices,
     plan_slices,
@@ -44,6 +47,25 @@ def test_whole_gpus_are_named_by_minor_with_nvidias_attributes() -> None:
     assert device_json(devices[0], [])["capacity"]["memory"] == {
         "value": str(gpu.memory_mib * 1024 * 1024)
     }
+
+
+def test_the_pcie_root_is_published_for_gpus_and_their_mig_devices() -> None:
+    """Kubernetes' `resource.kubernetes.io/pcieRoot`, as NVIDIA's driver publishes it: on
+    whole GPUs and, the parent's, on MIG devices; left out where the backend found none."""
+    inv = inventory("sim:4xh100-80gb")
+    roots = [
+        device_json(d, [])["attributes"]["resource.kubernetes.io/pcieRoot"]
+        for d in dra_devices(inv)
+    ]
+    expected = ("pci0000:00", "pci0000:00", "pci0000:10", "pci0000:10")
+    assert roots == [{"string": r} for r in expected]
+    mig = inventory("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    for device in dra_devices(mig):
+        attrs = device_json(device, [])["attributes"]
+        assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": mig.gpus[0].pcie_root}
+    unknown = dataclasses.replace(inv, gpus=(dataclasses.replace(inv.gpus[0], pcie_root=None),))
+    [device] = dra_devices(unknown)
+    assert "resource.kubernetes.io/pcieRoot" not in device_json(device, [])["attributes"]
 
 
 def test_versions_are_normalised_like_nvidias() -> None:
@@ -153,3 +175,34 @@ def test_brand_follows_nvml_spelling_from_the_product_name() -> None:
     assert _brand("NVIDIA L40S") == "Nvidia"
     attrs = device_json(dra_devices(inventory("sim:1xt4"))[0], [])["attributes"]
     assert attrs["brand"] == {"string": "Tesla"}
+
+
+def test_an_ignored_xid_is_an_informational_taint_and_an_unhealthy_one_wins() -> None:
+    """NVIDIA's DRA driver: an ignored XID keeps the `xid` key with effect `None`; one
+    taint per key, so the device's unhealthy state (NoSchedule) takes it over."""
+    inv = inventory("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    devices = dra_devices(inv)
+    gpu = inv.gpus[0]
+    one = devices[1]
+    noticed = Health({}, noticed={one.uuid: 43})
+    assert taints(one, noticed, DRIVER, "t") == [
+        {"key": f"{DRIVER}/xid", "value": "43", "effect": "None", "timeAdded": "t"}
+    ]
+    assert taints(devices[0], noticed, DRIVER, "t") == []
+    whole = Health({}, noticed={gpu.uuid: 13})
+    assert all(taints(d, whole, DRIVER, "t")[0]["value"] == "13" for d in devices)
+    both = Health({gpu.uuid: 79}, noticed={one.uuid: 43})
+    assert taints(one, both, DRIVER, "t") == [
+        {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule", "timeAdded": "t"}
+    ]
+
+
+def test_a_cordoned_gpu_and_its_mig_devices_get_the_cordon_taint() -> None:
+    inv = inventory("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
+    devices = dra_devices(inv)
+    by_gpu = Health({}, cordoned=frozenset({inv.gpus[0].uuid}))
+    expected = [{"key": "gpuslice.io/gpu-cordon", "effect": "NoSchedule", "timeAdded": "t"}]
+    assert all(cordon_taints(d, by_gpu, "t") == expected for d in devices)
+    one = Health({}, cordoned=frozenset({devices[2].uuid}))
+    assert [bool(cordon_taints(d, one, "t")) for d in devices] == [False, False, True, False]
+    assert cordon_taints(devices[0], Health({}), "t") == []

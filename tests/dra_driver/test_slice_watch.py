@@ -115,3 +115,36 @@ async def test_its_own_writes_are_not_rewritten(running: Running) -> None:
     await asyncio.sleep(0.5)
     assert publisher.publishes == writes
     assert publisher.lists == 1
+
+
+async def test_a_server_without_effect_none_gets_the_slices_without_informational_taints() -> None:
+    """A 1.34 server refuses the taint effect `None` (422): the publisher drops the
+    informational taints for good and publishes the rest (health, cordon) rather than
+    nothing at all, which would leave every later change unpublished."""
+    backend = open_backend("sim:2xh100-80gb", environ={})
+    try:
+        inventory = backend.inventory()
+    finally:
+        backend.close()
+    g0, g1 = (g.uuid for g in inventory.gpus)
+    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
+    state.publish(noticed={g0: 43}, cordoned=frozenset({g1}))
+    with running_apiserver() as api:
+        api.taint_effects = ("NoExecute", "NoSchedule")
+        api.add_node(NODE)
+        client = make_client(api.kubeconfig(), trust_env=False)
+        try:
+            publisher = SlicePublisher(
+                DraApi(client, NODE, DRIVER),
+                driver=DRIVER,
+                node=NODE,
+                snapshot=lambda: state.current,
+            )
+            assert (await publisher.publish_once()).create
+            assert not publisher.informational
+            [stored] = api.resource_slices(NODE)
+            taints = {d["name"]: d.get("taints", []) for d in stored["spec"]["devices"]}
+            assert taints["gpu-0"] == []
+            assert [t["key"] for t in taints["gpu-1"]] == ["gpuslice.io/gpu-cordon"]
+        finally:
+            await client.close()

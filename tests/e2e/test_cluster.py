@@ -140,3 +140,47 @@ async def test_labels_patched_through_the_api(sock_dir: Path, apiserver: FakeApi
         labels = apiserver.node(NODE)["metadata"]["labels"]
         assert labels["team"] == "ml", "labels gpuslice did not write are left alone"
         assert labels["nvidia.com/gpu.replicas"] == "4"
+
+
+CORDON = "gpuslice.io/gpu-cordon"
+
+
+async def test_a_gpu_cordoned_by_annotation_is_unhealthy_until_lifted(
+    sock_dir: Path, apiserver: FakeApiServer
+) -> None:
+    """`gpuslice.io/gpu-cordon` on the Node: every replica of the named GPUs is listed
+    Unhealthy (capacity stays, allocatable drops), a Normal Event names them, an entry that
+    names no GPU is a Warning Event and skipped; removing the annotation lifts it."""
+    apiserver.add_node(NODE, {LABEL: "tesla-t4"})
+    args = _args(apiserver, sock_dir, "--no-labels")
+    async with running_daemon(sock_dir, CONFIGS, node="sim:4xt4", args=args) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 16, WAIT_S)
+        apiserver.set_node_annotation(NODE, CORDON, "1, no-such-gpu")
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 12, WAIT_S)
+        assert kubelet.capacity("nvidia.com/gpu") == 16
+        sick = {i for i, h in kubelet.devices("nvidia.com/gpu").items() if h == "Unhealthy"}
+        assert len(sick) == 4
+        assert apiserver.wait_for(lambda: "GpuCordonEntrySkipped" in _reasons(apiserver), WAIT_S)
+        events = {str(e["reason"]): e for e in apiserver.events()}
+        assert events["GpuCordoned"]["message"].startswith(f"cordoned by {CORDON}: 1 (GPU-")
+        assert "'no-such-gpu'" in events["GpuCordonEntrySkipped"]["message"]
+        assert events["GpuCordonEntrySkipped"]["type"] == "Warning"
+        apiserver.set_node_annotation(NODE, CORDON, None)
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 16, WAIT_S)
+        assert apiserver.wait_for(lambda: "GpuCordonLifted" in _reasons(apiserver), WAIT_S)
+        assert node.daemon.running
+
+
+async def test_a_cordon_set_before_the_agent_starts_is_in_its_first_device_list(
+    sock_dir: Path, apiserver: FakeApiServer
+) -> None:
+    """The watch delivers the annotation with the label, before the first plan: the kubelet
+    never sees the cordoned GPU's replicas as allocatable."""
+    apiserver.add_node(NODE, {LABEL: "tesla-t4"})
+    apiserver.set_node_annotation(NODE, CORDON, "0")
+    args = _args(apiserver, sock_dir, "--no-labels")
+    async with running_daemon(sock_dir, CONFIGS, node="sim:2xt4", args=args) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
+        assert kubelet.allocatable("nvidia.com/gpu") == 4

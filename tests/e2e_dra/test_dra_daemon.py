@@ -277,6 +277,54 @@ async def test_health_change_taints_the_device_then_clears(
         assert node.slices()[0]["spec"]["pool"]["generation"] > generation
 
 
+async def test_an_ignored_xid_is_an_informational_taint_until_recovery(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """NVIDIA's DRA driver: an XID it ignores (43, application-caused) taints the device
+    with the same `xid` key and effect `None`: seen, still allocatable. A counted XID on
+    the same GPU takes the key over with `NoSchedule`; recovery clears both."""
+    async with running_dra_node(sock_dir, api, node="sim:2xh100-80gb") as node:
+        node.control.inject_xid(0, 43)
+        await node.wait(lambda: "taints" in node.devices()["gpu-0"], "gpu-0 noticed")
+        (taint,) = node.devices()["gpu-0"]["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (f"{DRIVER}/xid", "43", "None")
+        assert "taints" not in node.devices()["gpu-1"]
+        node.control.inject_xid(0, 79)
+        await node.wait(
+            lambda: node.devices()["gpu-0"]["taints"][0]["effect"] == "NoSchedule", "79 wins"
+        )
+        (taint,) = node.devices()["gpu-0"]["taints"]
+        assert (taint["key"], taint["value"]) == (f"{DRIVER}/xid", "79")
+        node.control.inject_xid(0, 43)  # an ignored XID does not hide why it is unhealthy
+        await node.wait(lambda: node.daemon.log().count("health-ignored") >= 2, "43 again")
+        # a republish for another reason (a cordon of GPU 1) still shows why GPU 0 is out
+        api.set_node_annotation(NODE, "gpuslice.io/gpu-cordon", "1")
+        await node.wait(lambda: "taints" in node.devices()["gpu-1"], "gpu-1 cordoned")
+        assert node.devices()["gpu-0"]["taints"][0]["value"] == "79"
+        node.control.inject_recovery(0)
+        await node.wait(lambda: "taints" not in node.devices()["gpu-0"], "gpu-0 recovered")
+
+
+async def test_a_gpu_cordoned_by_annotation_is_tainted_until_lifted(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """`gpuslice.io/gpu-cordon` on the Node (read through the agent's Node watch): the named
+    GPU's device is tainted `gpuslice.io/gpu-cordon:NoSchedule`, the others untouched; an
+    entry naming nothing is skipped; removing the annotation lifts the taint."""
+    async with running_dra_node(sock_dir, api, node="sim:2xh100-80gb") as node:
+        uuid = _uuid(node, "gpu-1")
+        api.set_node_annotation(NODE, "gpuslice.io/gpu-cordon", f"{uuid},gpu-7")
+        await node.wait(lambda: "taints" in node.devices()["gpu-1"], "gpu-1 cordoned")
+        (taint,) = node.devices()["gpu-1"]["taints"]
+        assert (taint["key"], taint["effect"]) == ("gpuslice.io/gpu-cordon", "NoSchedule")
+        assert "value" not in taint
+        assert "taints" not in node.devices()["gpu-0"]
+        assert len(node.devices()) == 2  # cordoned, not withdrawn
+        api.set_node_annotation(NODE, "gpuslice.io/gpu-cordon", None)
+        await node.wait(lambda: "taints" not in node.devices()["gpu-1"], "cordon lifted")
+        assert node.daemon.running
+
+
 async def test_kubelet_restart_wipes_slices_they_come_back_and_prepare_repeats(
     sock_dir: Path, api: FakeApiServer
 ) -> None:

@@ -4,7 +4,8 @@ whole GPU, time-slicing (an opaque GpuConfig), MPS shares, a MIG device picked b
 selector, MPS on a MIG device (multi-user), memory shares (DRAConsumableCapacity), NVIDIA's
 share modes and `cores`, shares by count on a unified-memory GPU, an extended-resource
 `nvidia.com/gpu` pod (DRAExtendedResource: the scheduler makes its claim), a tainted GPU
-passed over, and the kubelet's wipe of the node's slices repaired by the publisher.
+passed over, two GPUs under one PCIe root by `matchAttribute`, and the kubelet's wipe of the
+node's slices repaired by the publisher.
 
 No controller-manager and no kubelet run: claims are created directly, each namespace's
 `default` ServiceAccount is created by hand (the ServiceAccount admission plugin wants it),
@@ -625,3 +626,77 @@ async def test_the_kubelets_wipe_of_the_slices_is_repaired(
     claim, _ = await node.allocated("c")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == node.name
+
+
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+async def test_two_gpus_under_one_pcie_root_by_match_attribute(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """The real server accepts slices with `resource.kubernetes.io/pcieRoot`, and a claim
+    whose two requests must match on it gets two GPUs under one root. The simulated node
+    puts GPUs 0-1 under one root and 2-3 under another; GPU 0 is lost, so the first fit
+    (GPUs 1 and 2) straddles the roots and only the constraint leads to GPUs 2 and 3."""
+    node = await make_node("sim:4xh100-80gb")
+    lost = node.state.current.inventory.gpus[0].uuid
+    node.state.publish(unhealthy=frozenset({lost}))
+    assert (await node.publisher.publish_once()).update
+    [stored] = await node.api.list_slices()
+    roots = {d["name"]: d["attributes"][PCIE_ROOT]["string"] for d in stored["spec"]["devices"]}
+    assert roots == {"gpu-0": "pci0000:00", "gpu-1": "pci0000:00",
+                     "gpu-2": "pci0000:10", "gpu-3": "pci0000:10"}  # fmt: skip
+    requests = [{"name": n, "exactly": GPU} for n in ("a", "b")]
+    constraints = [{"requests": ["a", "b"], "matchAttribute": PCIE_ROOT}]
+    create(node.plane, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"{node.name}-pair", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": requests, "constraints": constraints}},
+    })  # fmt: skip
+    node.pod("p", "pair")
+    claim, _ = await node.allocated("pair")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted((r["request"], r["device"]) for r in results) == [("a", "gpu-2"), ("b", "gpu-3")]
+
+
+async def test_a_cordoned_gpu_is_passed_over_and_an_informational_taint_is_not(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """GPU 0 cordoned by the operator (`gpuslice.io/gpu-cordon`, NoSchedule), GPU 1 with an
+    ignored XID (NVIDIA's `xid` taint, effect `None`): the real scheduler allocates GPU 1,
+    so the cordon keeps a claim off and the informational taint does not."""
+    node = await make_node("sim:2xh100-80gb")
+    g0, g1 = (g.uuid for g in node.state.current.inventory.gpus)
+    node.state.publish(cordoned=frozenset({g0}), noticed={g1: 43})
+    assert (await node.publisher.publish_once()).update
+    node.claim("c", GPU)
+    node.pod("p", "c")
+    claim, _ = await node.allocated("c")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+
+
+async def test_an_operators_device_taint_rule_is_taken_by_the_real_server(
+    make_node: Callable[..., Awaitable[DraNode]],
+) -> None:
+    """Kubernetes' own way to taint a device (docs/dra.md): a DeviceTaintRule
+    (resource.k8s.io/v1beta2, gate DRADeviceTaintRules, beta and off by default in 1.36)
+    naming the driver, the pool (the node) and the device, as an operator writes it. The
+    server stores it with the taint's `timeAdded` set; the agent's slices are untouched
+    (the rule is applied in the scheduler's view, not written into the slice)."""
+    node = await make_node("sim:2xh100-80gb")
+    name = f"{node.name}-maintenance"
+    taint = {"key": "example.com/maintenance", "value": "psu", "effect": "NoSchedule"}
+    selector = {"driver": DRIVER, "pool": node.name, "device": "gpu-0"}
+    create(node.plane, {
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": name}, "spec": {"deviceSelector": selector, "taint": taint},
+    })  # fmt: skip
+    stored = get(node.plane, "devicetaintrules.v1beta2.resource.k8s.io", name)
+    assert stored["spec"]["deviceSelector"] == selector
+    assert {k: stored["spec"]["taint"][k] for k in taint} == taint
+    assert stored["spec"]["taint"]["timeAdded"]
+    [published] = await node.api.list_slices()
+    assert all("taints" not in d for d in published["spec"]["devices"])
+    deleted = node.plane.kubectl("delete", "devicetaintrules.v1beta2.resource.k8s.io", name)
+    assert deleted.returncode == 0, deleted.stderr

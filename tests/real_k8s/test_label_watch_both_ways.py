@@ -142,3 +142,32 @@ async def test_after_a_restart_a_watch_from_an_older_version_is_gone_and_the_wat
             kube.set_node_label(node, LABEL, "b")
             assert await pending == "b"
         assert watcher.reconnects == 0
+
+
+CORDON = "gpuslice.io/gpu-cordon"
+
+
+async def test_the_same_watch_reports_the_cordon_annotation(
+    kube: Kube, client: AsyncClient
+) -> None:
+    """The GPU cordon rides on the label's watch: its value at once ("" when unset), each
+    change before the label value read from the same Node, removal as "", and other
+    annotations are no change of ours."""
+    node = kube.name("gpu-cordon")
+    kube.add_node(node, {LABEL: "a"})
+    seen: list[str] = []
+    watcher = NodeLabelWatcher(
+        client, node, LABEL, backoff=FAST, annotation_key=CORDON, on_annotation=seen.append
+    )
+    async with aclosing(watcher.values()) as values:
+        assert await next_value(values) == "a"
+        assert seen == [""]
+        kube.set_node_annotation(node, CORDON, "0,GPU-1")
+        kube.set_node_annotation(node, "other.example/x", "1")
+        kube.set_node_label(node, LABEL, "b")  # a label change after them: a fence
+        assert await next_value(values) == "b"
+        assert seen == ["", "0,GPU-1"]
+        kube.set_node_annotation(node, CORDON, None)
+        kube.set_node_label(node, LABEL, "c")
+        assert await next_value(values) == "c"
+        assert seen == ["", "0,GPU-1", ""]

@@ -7,9 +7,11 @@ reference with its UID) and carry the generation the server keeps."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
+from lightkube import ApiError
 
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.backends import open_backend
@@ -112,5 +114,68 @@ async def test_health_taints_are_stored_as_published(kube: Kube) -> None:
         wanted = publisher.wanted_devices(state.current)
         replan = plan_slices([stored], wanted, driver=DRIVER, node=node, node_uid="")
         assert replan.empty, "the stored taints differ from the published ones"
+    finally:
+        await client.close()
+
+
+async def test_informational_and_cordon_taints_are_stored_as_published(kube: Kube) -> None:
+    """An ignored XID (effect `None`, Kubernetes 1.35+: this 1.36 server takes it with
+    DRADeviceTaints) and an operator's cordon (`gpuslice.io/gpu-cordon`, NoSchedule) are
+    stored as published, a cordoned and unhealthy GPU carrying both taints."""
+    node = kube.name("dra-info-taints")
+    kube.add_node(node)
+    backend = open_backend("sim:3xh100-80gb", environ={})
+    try:
+        inventory = backend.inventory()
+    finally:
+        backend.close()
+    g0, g1, g2 = (g.uuid for g in inventory.gpus)
+    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
+    client = make_client(kube.kubeconfig, trust_env=False)
+    try:
+        api = DraApi(client, node, DRIVER)
+        publisher = SlicePublisher(
+            api, driver=DRIVER, node=node, snapshot=lambda: state.current, xids=lambda: {g2: 79}
+        )
+        state.publish(unhealthy=frozenset({g2}), noticed={g0: 43}, cordoned=frozenset({g1, g2}))
+        assert (await publisher.publish_once()).create
+        [stored] = await api.list_slices()
+        taints = {
+            d["name"]: [(t["key"], t.get("value"), t["effect"]) for t in d.get("taints", [])]
+            for d in stored["spec"]["devices"]
+        }
+        cordon = ("gpuslice.io/gpu-cordon", None, "NoSchedule")
+        assert taints == {
+            "gpu-0": [(f"{DRIVER}/xid", "43", "None")],
+            "gpu-1": [cordon],
+            "gpu-2": [(f"{DRIVER}/xid", "79", "NoSchedule"), cordon],
+        }
+        assert publisher.informational
+        wanted = publisher.wanted_devices(state.current)
+        replan = plan_slices([stored], wanted, driver=DRIVER, node=node, node_uid="")
+        assert replan.empty, "the stored taints differ from the published ones"
+    finally:
+        await client.close()
+
+
+async def test_an_unknown_taint_effect_is_refused_in_the_words_the_publisher_reads(
+    kube: Kube,
+) -> None:
+    """A server before 1.35 refuses effect `None` as this one refuses an effect it does not
+    know: 422 naming `...taints[0].effect: Unsupported value: "<effect>"`, the words on
+    which the publisher drops its informational taints instead of publishing nothing."""
+    node = kube.name("dra-bad-effect")
+    kube.add_node(node)
+    client = make_client(kube.kubeconfig, trust_env=False)
+    try:
+        api = DraApi(client, node, DRIVER)
+        devices = [{"name": "gpu-0", "taints": [{"key": "k.example/x", "effect": "Sometimes"}]}]
+        spec = {"driver": DRIVER, "nodeName": node, "devices": devices,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}  # fmt: skip
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"name": f"{node}-bad"}, "spec": spec}  # fmt: skip
+        words = 'devices[0].taints[0].effect: Unsupported value: "Sometimes"'
+        with pytest.raises(ApiError, match=re.escape(words)):
+            await api.create_slice(obj)
     finally:
         await client.close()

@@ -28,6 +28,7 @@ from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
+from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.errors import GpusliceError
@@ -506,6 +507,23 @@ def wire_events(agent: Agent, events: NodeEvents) -> None:
     agent.hooks.on_config.append(on_config)
 
 
+def wire_cordon_events(agent: Agent, events: NodeEvents) -> None:
+    """The operator's GPU cordon, answered on the Node where it was set: which GPUs are
+    cordoned now (Normal), and any entry that named nothing here (Warning)."""
+
+    async def on_cordon(before: Cordon, after: Cordon) -> None:
+        if after.devices != before.devices:
+            if after.names:
+                message = f"cordoned by {CORDON_ANNOTATION}: {', '.join(after.names)}"
+                await events.post("GpuCordoned", message, type="Normal")
+            else:
+                await events.post("GpuCordonLifted", "no GPU is cordoned now", type="Normal")
+        if after.problems and after.problems != before.problems:
+            await events.post("GpuCordonEntrySkipped", "; ".join(after.problems), type="Warning")
+
+    agent.hooks.on_cordon.append(on_cordon)
+
+
 @asynccontextmanager
 async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     backend = await asyncio.to_thread(open_backend, settings.node)
@@ -513,6 +531,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     client: AsyncClient | None = None
     try:
         labels: asyncio.Queue[str] | None = None
+        cordons: asyncio.Queue[str] | None = None
         if settings.node_name:
             from gpuslice.k8s import (
                 NodeEvents,
@@ -525,13 +544,23 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
 
             client = make_client(settings.kubeconfig)
             labels = asyncio.Queue()
-            watcher = NodeLabelWatcher(client, settings.node_name, settings.node_label)
+            cordons = asyncio.Queue()
+            watcher = NodeLabelWatcher(
+                client,
+                settings.node_name,
+                settings.node_label,
+                annotation_key=CORDON_ANNOTATION,
+                on_annotation=cordons.put_nowait,
+            )
             watcher_task = asyncio.create_task(watcher.feed(labels), name="node-label-watch")
-        agent = Agent(settings, backend, hooks=AgentHooks(), label_values=labels)
+        agent = Agent(
+            settings, backend, hooks=AgentHooks(), label_values=labels, cordon_values=cordons
+        )
         warn = None
         if client is not None:
             events = NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
             wire_events(agent, events)
+            wire_cordon_events(agent, events)
 
             async def warn(reason: str, message: str) -> None:
                 await events.post(reason, message, type="Warning")

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.publish import (
     REPLICAS,
+    DraDevice,
     Health,
     SharesMode,
     SliceChanges,
+    cordon_taints,
     device_json,
     dra_devices,
     plan_slices,
@@ -72,6 +74,8 @@ class SlicePublisher:
         self.resync_s = resync_s
         self.shares = shares
         self._tainted_since: dict[str, str] = {}
+        self._noticed_since: dict[str, str] = {}
+        self._cordoned_since: dict[str, str] = {}
         self._node_uid: str | None = None
         self._stored: tuple[tuple[str, str], ...] | None = None
         """(name, resourceVersion) of the slices as we last left them."""
@@ -91,6 +95,9 @@ class SlicePublisher:
         self.publishes = 0
         """Writes made (create, replace, delete): what the benchmark and tests count."""
         self.last_error = ""
+        self.informational = True
+        """Whether ignored XIDs are published as taints of effect `None`: turned off for
+        good when the API server refuses that effect (before Kubernetes 1.35)."""
 
     def wanted_devices(self, snap: Snapshot) -> list[Json]:
         devices = dra_devices(snap.inventory)
@@ -102,13 +109,15 @@ class SlicePublisher:
                 del self._tainted_since[uuid]
         for uuid in unhealthy:
             self._tainted_since.setdefault(uuid, _now())
-        health = Health(unhealthy)
+        noticed = snap.noticed if self.informational else {}
+        _track(self._noticed_since, noticed)
+        _track(self._cordoned_since, snap.cordoned)
+        health = Health(unhealthy, noticed, snap.cordoned)
         out = []
         for device in devices:
-            since = self._tainted_since.get(device.uuid) or self._tainted_since.get(
-                device.gpu.uuid, ""
-            )
+            since = _since(self._tainted_since, device) or _since(self._noticed_since, device)
             device_taints = taints(device, health, self.driver, since)
+            device_taints += cordon_taints(device, health, _since(self._cordoned_since, device))
             out.append(device_json(device, device_taints, offers.get(device.uuid)))
         return out
 
@@ -143,6 +152,20 @@ class SlicePublisher:
                 if attempt == 2:
                     raise
                 continue  # someone else wrote meanwhile: read again and plan again
+            except Exception as exc:
+                if not (self.informational and _refuses_effect_none(exc)):
+                    raise
+                # a server before 1.35 knows no effect `None`: publish without the
+                # informational taints rather than publish nothing at all
+                self.informational = False
+                log.warning(
+                    "dra-informational-taints-refused",
+                    error=str(exc)[:500],
+                    message="this API server refuses the taint effect None (Kubernetes "
+                    "1.35+): ignored XIDs are no longer published as taints",
+                )
+                wanted = self.wanted_devices(snap)
+                continue
             # a change rewrites every slice that stays (plan_slices), so the replies are the
             # pool as it now is: no second list
             after = written if not changes.empty else existing
@@ -291,6 +314,27 @@ async def _next_change(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _refuses_effect_none(exc: Exception) -> bool:
+    """The API server's answer to a taint effect it does not know (`Unsupported value:
+    "None"`, HTTP 422), as a server before 1.35 gives it."""
+    text = str(exc)
+    return 'effect: Unsupported value: "None"' in text
+
+
+def _track(since: dict[str, str], current: Collection[str]) -> None:
+    """Keep `since` (UUID -> when its taint came) to the UUIDs in `current`: a taint's
+    `timeAdded` stays what it was while the taint stays."""
+    for uuid in list(since):
+        if uuid not in current:
+            del since[uuid]
+    for uuid in current:
+        since.setdefault(uuid, _now())
+
+
+def _since(since: Mapping[str, str], device: DraDevice) -> str:
+    return since.get(device.uuid) or since.get(device.gpu.uuid, "")
 
 
 def _identity(objs: list[Json]) -> tuple[tuple[str, str], ...]:

@@ -20,6 +20,7 @@ from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_confi
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.config.schema import Config
+from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
@@ -65,6 +66,8 @@ class AgentHooks:
     """Told (resource, succeeded, seconds) after every Allocate (the metrics counters)."""
     on_health: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (physical UUID, healthy) on every health transition."""
+    on_cordon: list[Callable[[Cordon, Cordon], Awaitable[None]]] = field(default_factory=list)
+    """Called with (before, after) when the operator's GPU cordon changes (Events)."""
     services: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(
         default_factory=list
     )
@@ -81,12 +84,17 @@ class Agent:
         *,
         hooks: AgentHooks | None = None,
         label_values: asyncio.Queue[str] | None = None,
+        cordon_values: asyncio.Queue[str] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.hooks = hooks or AgentHooks()
         self.label_values = label_values
         """Values of the node's config label, pushed by the Kubernetes watcher."""
+        self.cordon_values = cordon_values
+        """Values of the node's `gpuslice.io/gpu-cordon` annotation, from the same watch."""
+        self.cordon_value = ""
+        self.cordon = Cordon()
         self.policy, policy_warnings = HealthPolicy.from_env(
             settings.disable_healthchecks, settings.enable_healthchecks
         )
@@ -162,9 +170,14 @@ class Agent:
                     waited_s=self.settings.initial_label_wait_s,
                     message="planning without it",
                 )
+        while self.cordon_values is not None and not self.cordon_values.empty():
+            # the watch delivers the annotation with the label: the first plan is cordoned
+            self.cordon_value = self.cordon_values.get_nowait()
         plan, inventory, loaded = await self.initial_plan()
         self.loaded = loaded
         self.state = PlanState(plan, inventory)
+        if self.cordon_value:
+            await self._set_cordon(self.cordon_value)
         self._log_plan(plan, loaded.name)
         for w in plan.warnings:
             # DRA mode publishes MIG devices whatever the device plugin's migStrategy says,
@@ -190,6 +203,8 @@ class Agent:
                 tg.create_task(front_end.run(stop), name="front-end")
             tg.create_task(self._health_loop(stop), name="health")
             tg.create_task(self._reload_loop(stop), name="config-reload")
+            if self.cordon_values is not None:
+                tg.create_task(self._cordon_loop(stop), name="gpu-cordon")
             for service in self.hooks.services:
                 tg.create_task(service(stop), name=getattr(service, "__name__", "service"))
             self.started.set()
@@ -245,6 +260,7 @@ class Agent:
         if plan == snapshot.plan and inventory == snapshot.inventory:
             return True
         self.state.publish(plan=plan, inventory=inventory, unhealthy=self._unhealthy())
+        await self._set_cordon(self.cordon_value)  # indices may name other GPUs now
         self._log_plan(plan, loaded.name)
         for hook in self.hooks.on_plan:
             await hook(plan, inventory)
@@ -367,14 +383,18 @@ class Agent:
                 await self.reload("inventory-event")
                 continue
             inventory = self.state.current.inventory
-            if event.kind in ("xid", "lost"):
+            counted = event.kind == "lost" or bool(self.policy.affected(event, inventory))
+            if event.kind in ("xid", "lost") and counted:
+                # an ignored XID does not replace the one that made the GPU unhealthy
                 self.last_xid[event.gpu_uuid] = event.xid if event.kind == "xid" else None
             elif event.kind == "recovered":
                 self.last_xid.pop(event.gpu_uuid, None)
-            before = self.health.unhealthy
+            before, noticed = self.health.unhealthy, self.health.noticed
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:
                 log.info("health-ignored", kind=event.kind, gpu=event.gpu_uuid, xid=event.xid)
+                if self.health.noticed != noticed:  # DRA's informational taints
+                    self.state.publish(noticed=self.health.noticed)
                 continue
             log.warning(
                 "health-changed",
@@ -383,10 +403,44 @@ class Agent:
                 xid=event.xid,
                 unhealthy=",".join(sorted(self.health.unhealthy)) or "-",
             )
-            self.state.publish(unhealthy=self._unhealthy())
+            self.state.publish(unhealthy=self._unhealthy(), noticed=self.health.noticed)
             for uuid in self.health.unhealthy ^ before:
                 for on_health in self.hooks.on_health:
                     on_health(uuid, uuid not in self.health.unhealthy)
+
+    # -- the operator's GPU cordon ---------------------------------------------------------
+
+    async def _cordon_loop(self, stop: asyncio.Event) -> None:
+        assert self.cordon_values is not None
+        while not stop.is_set():
+            value = await unless_stopped(stop, self.cordon_values.get())
+            if value is None:
+                continue
+            await self._set_cordon(value)
+
+    async def _set_cordon(self, value: str) -> None:
+        """Put the annotation's cordon in force on the current inventory; hooks hear of a
+        change. A bad entry is skipped (logged and posted), never the end of the loop."""
+        assert self.state is not None
+        self.cordon_value = value
+        before = self.cordon
+        self.cordon = parse_cordon(value, self.state.current.inventory)
+        if self.cordon == before:
+            return
+        for problem in self.cordon.problems:
+            log.warning("gpu-cordon-entry-skipped", message=problem)
+        if self.cordon.devices != before.devices:
+            log.info(
+                "gpu-cordon",
+                annotation=CORDON_ANNOTATION,
+                cordoned=", ".join(self.cordon.names) or "-",
+            )
+            self.state.publish(cordoned=self.cordon.devices)
+        for hook in self.hooks.on_cordon:
+            try:
+                await hook(before, self.cordon)
+            except Exception:
+                log.exception("gpu-cordon-listener-failed")  # Events down: cordon holds
 
     # -- logging ---------------------------------------------------------------------------
 

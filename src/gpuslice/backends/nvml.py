@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
+import re
 import threading
 from itertools import combinations
 from pathlib import Path
@@ -147,6 +149,30 @@ def numa_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+
+
+def pcie_root_from_sysfs(sys_root: Path, nvml_bus_id: str) -> str | None:
+    """The PCIe root complex (`pci0000:64`) above the GPU, as Kubernetes' own helper
+    (`deviceattribute.GetPCIeRootAttributeByPCIBusID`, which NVIDIA's driver uses) finds
+    it: `/sys/bus/pci/devices/<bus id>` links to `/sys/devices/pci<domain>:<bus>/.../<bus
+    id>`, and the first directory under `devices` is the root. None when the link is
+    missing or does not have that shape (a VM without the hierarchy): the attribute is then
+    left out, as NVIDIA's driver leaves it out, rather than guessed."""
+    try:
+        bdf = sysfs_bus_id(nvml_bus_id)
+        link = sys_root / "bus/pci/devices" / bdf
+        target = os.readlink(link)
+    except (OSError, ValueError):
+        return None
+    resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    devices = os.path.normpath(sys_root / "devices")
+    parts = os.path.relpath(resolved, devices).split(os.sep)
+    if len(parts) < 2 or parts[-1] != bdf or not _PCIE_ROOT.match(parts[0]):
+        return None
+    return parts[0]
 
 
 def pci_class_from_sysfs(sys_root: Path, nvml_bus_id: str) -> int | None:
@@ -366,6 +392,7 @@ class NvmlBackend:
             pci_bus_id=bus_id,
             minor=gpu_minor,
             numa_node=self._numa(handle, bus_id),
+            pcie_root=pcie_root_from_sysfs(self._sys_root, bus_id),
             mig_capable=mig_capable,
             mig_enabled=current,
             mig_pending=pending,

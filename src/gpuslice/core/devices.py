@@ -83,6 +83,11 @@ class Gpu:
     minor: int
     """`/dev/nvidia<minor>`."""
     numa_node: int | None = None
+    pcie_root: str | None = None
+    """The PCIe root complex the GPU hangs under, as sysfs names it (`pci0000:00`): the
+    first directory of `/sys/bus/pci/devices/<bus id>`'s target under `/sys/devices`.
+    Devices under the same root (a GPU and a NIC) reach each other without crossing the
+    CPU interconnect, so DRA claims align them on it. None when it could not be read."""
     mig_capable: bool = False
     mig_enabled: bool = False
     """Current MIG mode (what the driver runs now)."""

@@ -7,6 +7,9 @@ Three deliberate differences from NVIDIA's plugin, each fixing a reported proble
 * a `recovered` event makes devices Healthy again (NVIDIA needs a plugin restart);
 * an XID attributed to one MIG instance marks only that MIG device, never its siblings.
 
+An ignored XID is still remembered (`HealthState.noticed`): DRA mode publishes it as NVIDIA's
+DRA driver does, an informational taint that leaves the device in service.
+
 The env-var rules (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`) are NVIDIA's, so
 existing DaemonSet settings keep their meaning. Parsing returns warnings instead of logging
 them: the core does no I/O.
@@ -14,6 +17,7 @@ them: the core does no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -112,13 +116,28 @@ class HealthPolicy:
             return whole | {event.gpu_uuid}
         if gpu is None or not self.counts(event.xid):
             return frozenset()
-        gi = None if event.gi_id == NO_INSTANCE else event.gi_id
-        ci = None if event.ci_id == NO_INSTANCE else event.ci_id
-        if not gpu.mig_devices or gi is None:
-            return _whole(gpu)
-        return frozenset(
-            m.uuid for m in gpu.mig_devices if m.gi_id == gi and (ci is None or m.ci_id == ci)
-        )
+        return _placement(event, gpu)
+
+    def noticed(self, event: HealthEvent, inventory: Inventory) -> frozenset[str]:
+        """The devices an XID that does *not* count is about (an ignored, application-caused
+        XID): NVIDIA's DRA driver publishes these as informational taints (effect `None`),
+        so an operator sees them on the device without the device leaving service. Nothing
+        with checking disabled entirely, as NVIDIA's driver without its health monitor."""
+        if event.kind != "xid" or self.checking_disabled or self.counts(event.xid):
+            return frozenset()
+        gpu = inventory.gpu_by_uuid(event.gpu_uuid)
+        return frozenset() if gpu is None else _placement(event, gpu)
+
+
+def _placement(event: HealthEvent, gpu: Gpu) -> frozenset[str]:
+    """The GPU and its MIG devices, or the MIG devices the event's instances name."""
+    gi = None if event.gi_id == NO_INSTANCE else event.gi_id
+    ci = None if event.ci_id == NO_INSTANCE else event.ci_id
+    if not gpu.mig_devices or gi is None:
+        return _whole(gpu)
+    return frozenset(
+        m.uuid for m in gpu.mig_devices if m.gi_id == gi and (ci is None or m.ci_id == ci)
+    )
 
 
 def _whole(gpu: Gpu) -> frozenset[str]:
@@ -146,17 +165,23 @@ def _parse(name: str, value: str | None, warnings: list[str]) -> tuple[bool, fro
 
 @dataclass(frozen=True, slots=True)
 class HealthState:
-    """The physical devices (GPU and MIG UUIDs) currently unhealthy."""
+    """The physical devices (GPU and MIG UUIDs) currently unhealthy, and those that had an
+    ignored XID (`noticed`: UUID -> the last such XID), which stay in service."""
 
     unhealthy: frozenset[str] = field(default_factory=frozenset)
+    noticed: Mapping[str, int] = field(default_factory=dict)
 
     def apply(self, event: HealthEvent, inventory: Inventory, policy: HealthPolicy) -> HealthState:
         if event.kind == "inventory-changed":
             return self  # not a health change: the agent re-plans instead
         affected = policy.affected(event, inventory)
         if event.kind == "recovered":
-            return HealthState(self.unhealthy - affected)
-        return HealthState(self.unhealthy | affected)
+            noticed = {u: x for u, x in self.noticed.items() if u not in affected}
+            return HealthState(self.unhealthy - affected, noticed)
+        noticed = dict(self.noticed)
+        if event.xid is not None:
+            noticed.update(dict.fromkeys(policy.noticed(event, inventory), event.xid))
+        return HealthState(self.unhealthy | affected, noticed)
 
 
 def device_health(dev: AdvertisedDevice, unhealthy: frozenset[str]) -> DeviceHealth:

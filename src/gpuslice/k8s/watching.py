@@ -1,4 +1,5 @@
-"""Watching this node's config label (`nvidia.com/device-plugin.config` by default).
+"""Watching this node's config label (`nvidia.com/device-plugin.config` by default), and
+with it one annotation (the operator's GPU cordon, `gpuslice.io/gpu-cordon`).
 
 Same semantics as NVIDIA's config-manager informer (REFERENCE §7): the initial value is
 delivered at once (unset reads as ""), later values only when they change, and a deleted
@@ -19,7 +20,7 @@ version and a node at rest sends no LIST.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -42,7 +43,13 @@ class NodeLabelWatcher:
         *,
         backoff: Backoff | None = None,
         server_timeout_s: int = 300,
+        annotation_key: str | None = None,
+        on_annotation: Callable[[str], None] | None = None,
     ) -> None:
+        """With `annotation_key`, the same watch also tells `on_annotation` that Node
+        annotation's value (unset reads as ""): at once, then on each change, always before
+        the label value read from the same Node (the agent's GPU cordon rides on the one
+        Node watch the config label needs; a second watch would double the API load)."""
         if not node_name:
             raise ValueError("node_name must not be empty (set NODE_NAME)")
         self._client = client
@@ -50,12 +57,28 @@ class NodeLabelWatcher:
         self._key = label_key
         self._backoff = backoff or Backoff()
         self._server_timeout_s = server_timeout_s
+        self._annotation_key = annotation_key
+        self._on_annotation = on_annotation
+        self._annotation: str | None = None
         self.reconnects = 0
         """Failed watch attempts so far (for logs and tests)."""
 
     def _value(self, node: Any) -> str:
         labels = node.metadata.labels if node.metadata is not None else None
+        self._annotate(node)
         return str((labels or {}).get(self._key, ""))
+
+    def _annotate(self, node: Any) -> None:
+        """Tell `on_annotation` the watched annotation's value, when it changed (a deleted
+        or missing Node reads as "")."""
+        if self._annotation_key is None or self._on_annotation is None:
+            return
+        meta = None if node is None else node.metadata
+        annotations = meta.annotations if meta is not None else None
+        value = str((annotations or {}).get(self._annotation_key, ""))
+        if value != self._annotation:
+            self._annotation = value
+            self._on_annotation(value)
 
     async def values(self) -> AsyncGenerator[str, None]:
         """The label's value now, then each time it changes. Runs until cancelled."""
@@ -90,6 +113,7 @@ class NodeLabelWatcher:
         nodes, version = await list_from_cache(self._client, Node, fields=selector)
         if not nodes:
             log.warning("node-not-found", node=self._node)
+            self._annotate(None)
         yield (self._value(nodes[0]) if nodes else ""), False
         events = watch_from(
             self._client,
@@ -102,6 +126,8 @@ class NodeLabelWatcher:
             async for kind, obj in events:
                 if kind == BOOKMARK:
                     continue  # the version moved on; nothing about the Node did
+                if kind == "DELETED":
+                    self._annotate(None)
                 yield ("" if kind == "DELETED" else self._value(obj)), True
         finally:
             # close the HTTP stream now, not at GC

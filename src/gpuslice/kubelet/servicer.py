@@ -56,7 +56,7 @@ class ListingCache:
             self._payload = (
                 None
                 if resource is None
-                else device_list(resource, snapshot.unhealthy).SerializeToString()
+                else device_list(resource, snapshot.out_of_service).SerializeToString()
             )
             self._version = snapshot.version
         return self._payload

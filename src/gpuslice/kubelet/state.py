@@ -9,7 +9,8 @@ than once per stream.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
@@ -22,6 +23,16 @@ class Snapshot:
     inventory: Inventory
     unhealthy: frozenset[str] = frozenset()
     """Physical UUIDs (GPU or MIG) currently unhealthy."""
+    cordoned: frozenset[str] = frozenset()
+    """Physical UUIDs the operator cordoned (`core.cordon`): out of service for new work,
+    though healthy. The device plugin lists them Unhealthy; DRA taints them."""
+    noticed: Mapping[str, int] = field(default_factory=dict)
+    """Physical UUID -> the last ignored XID seen on it (DRA's informational taints)."""
+
+    @property
+    def out_of_service(self) -> frozenset[str]:
+        """What the device plugin lists Unhealthy: the sick and the cordoned."""
+        return self.unhealthy | self.cordoned
 
 
 class PlanState:
@@ -41,6 +52,8 @@ class PlanState:
         plan: Plan | None = None,
         inventory: Inventory | None = None,
         unhealthy: frozenset[str] | None = None,
+        cordoned: frozenset[str] | None = None,
+        noticed: Mapping[str, int] | None = None,
     ) -> Snapshot:
         """Replace the given parts; the others are kept. Always bumps the version."""
         old = self._current
@@ -50,6 +63,8 @@ class PlanState:
             plan=old.plan if plan is None else plan,
             inventory=old.inventory if inventory is None else inventory,
             unhealthy=old.unhealthy if unhealthy is None else unhealthy,
+            cordoned=old.cordoned if cordoned is None else cordoned,
+            noticed=old.noticed if noticed is None else noticed,
         )
         # One event per version: waiters hold the old one, which stays set forever.
         changed, self._changed = self._changed, asyncio.Event()

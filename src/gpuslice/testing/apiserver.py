@@ -152,6 +152,9 @@ class FakeApiServer:
         """(namespace, pod) of each eviction the API accepted, in order."""
         self.block_evictions = False
         """True answers evictions 429, as a PodDisruptionBudget that allows none does."""
+        self.taint_effects: tuple[str, ...] = ("NoExecute", "NoSchedule", "None")
+        """Device taint effects a slice may use; `("NoExecute", "NoSchedule")` is a server
+        before 1.35, which refuses `None` (422, the real server's message)."""
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -241,6 +244,16 @@ class FakeApiServer:
                 labels.pop(key, None)
             else:
                 labels[key] = value
+            self._record("MODIFIED", self._nodes[node])
+
+    def set_node_annotation(self, node: str, key: str, value: str | None) -> None:
+        """Set (or with None remove) one annotation, emitting a MODIFIED watch event."""
+        with self._cond:
+            annotations = self._nodes[node]["metadata"].setdefault("annotations", {})
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
             self._record("MODIFIED", self._nodes[node])
 
     def delete_node(self, name: str) -> None:
@@ -803,6 +816,8 @@ class _Handler(BaseHTTPRequestHandler):
                 meta.pop(server_set, None)
             if plural == "resourceclaims":
                 obj.pop("status", None)  # status is written through /status only
+            if not self._valid_slice(plural, obj):
+                return
             self._send(201, api._put_resource(plural, namespace, obj))
 
     def _replace_resource(
@@ -839,7 +854,30 @@ class _Handler(BaseHTTPRequestHandler):
             if obj["status"] is None:
                 del obj["status"]
         meta["name"] = name
+        if not self._valid_slice(plural, obj):
+            return
         self._send(200, api._put_resource(plural, namespace, obj))
+
+    def _valid_slice(self, plural: str, obj: Json) -> bool:
+        """Refuse a slice whose taint effect the server does not know, as the real one
+        does (`spec.devices[i].taints[j].effect: Unsupported value: ...`, 422)."""
+        if plural != "resourceslices":
+            return True
+        effects = self.server_state.taint_effects
+        for i, device in enumerate((obj.get("spec") or {}).get("devices") or []):
+            for j, taint in enumerate(device.get("taints") or []):
+                effect = taint.get("effect")
+                if effect not in effects:
+                    name = (obj.get("metadata") or {}).get("name", "")
+                    known = ", ".join(f'"{e}"' for e in effects)
+                    message = (
+                        f'ResourceSlice.resource.k8s.io "{name}" is invalid: '
+                        f"spec.devices[{i}].taints[{j}].effect: Unsupported value: "
+                        f'"{effect}": supported values: {known}'
+                    )
+                    self._send(422, _status(422, "Invalid", message))
+                    return False
+        return True
 
     def _resource_selector(self, plural: str, query: dict[str, str]) -> Callable[[Json], bool]:
         selector = query.get("fieldSelector", "")

@@ -31,8 +31,10 @@ TOKEN = "gpuslice-envtest-admin"
 GATES = (
     "DRAConsumableCapacity=true,DRAPartitionableDevices=true,DRADeviceTaints=true,"
     "DRAAdminAccess=true,DRAPrioritizedList=true,DRAResourceClaimDeviceStatus=true,"
-    "DRAExtendedResource=true"
+    "DRAExtendedResource=true,DRADeviceTaintRules=true"
 )
+RUNTIME_CONFIG = "resource.k8s.io/v1beta2=true"
+"""DeviceTaintRule (DRADeviceTaintRules, beta and off in 1.36) is served in v1beta2 only."""
 READY_S = 60.0
 HOW_TO_GET = (
     "set KUBEBUILDER_ASSETS to a directory holding etcd, kube-apiserver and kubectl "
@@ -210,6 +212,7 @@ def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPla
             "--authorization-mode", "RBAC",
             "--service-cluster-ip-range", "10.0.0.0/24",
             "--feature-gates", GATES,
+            "--runtime-config", RUNTIME_CONFIG,
         ]  # fmt: skip
         plane.processes.append(_spawn(plane.apiserver_command, workdir / "kube-apiserver.log"))
         _write_kubeconfig(plane.kubeconfig, plane.url)

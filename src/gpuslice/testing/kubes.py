@@ -62,6 +62,13 @@ class RealKube:
             "label", "node", node, f"{key}-" if value is None else f"{key}={value}", "--overwrite"
         )
 
+    def set_node_annotation(self, node: str, key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation, as `kubectl annotate` does."""
+        self._ok(
+            "annotate", "node", node, f"{key}-" if value is None else f"{key}={value}",
+            "--overwrite",
+        )  # fmt: skip
+
     def delete_node(self, name: str) -> None:
         self._ok("delete", "node", name, "--wait=false")
 
@@ -136,6 +143,9 @@ class DoubleKube:
 
     def set_node_label(self, node: str, key: str, value: str | None) -> None:
         self.api.set_node_label(node, key, value)
+
+    def set_node_annotation(self, node: str, key: str, value: str | None) -> None:
+        self.api.set_node_annotation(node, key, value)
 
     def delete_node(self, name: str) -> None:
         self.api.delete_node(name)

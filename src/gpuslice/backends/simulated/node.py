@@ -32,6 +32,14 @@ def pci_bus_id(index: int) -> str:
     return f"00000000:{0x07 + 8 * index:02X}:00.0"
 
 
+def pcie_root(index: int) -> str:
+    """The root complex a simulated GPU hangs under: two GPUs per root, as on servers
+    that put a pair of GPUs (and their NICs) behind one PCIe switch per root port (DGX
+    H100/A100 style). Its bus is at or below both GPUs' buses (07 and 0f under 00, 17 and
+    1f under 10), as the hierarchy requires."""
+    return f"pci0000:{0x10 * (index // 2):02x}"
+
+
 def build_inventory(spec: NodeSpec) -> Inventory:
     total = sum(g.count for g in spec.groups)
     gpus: list[Gpu] = []
@@ -118,6 +126,7 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
         pci_bus_id=pci_bus_id(index),
         minor=index,
         numa_node=numa,
+        pcie_root=pcie_root(index),
         mig_capable=model.mig_capable,
         mig_enabled=group.mig_enabled,
         mig_pending=group.mig_enabled if group.mig_pending is None else group.mig_pending,

@@ -8,9 +8,13 @@ same GPUs under gpuslice. Devices are `gpu-<minor>` for whole GPUs and
 devices. A GPU in MIG mode is published as its MIG devices only (NVIDIA's driver also
 published the whole GPU, kubernetes-sigs/dra-driver-nvidia-gpu#719).
 
+Kubernetes' standard attributes (`resource.kubernetes.io/pciBusID`, `pcieRoot`, `numaNode`)
+go on every device, MIG devices carrying their parent's, so claims can align GPUs with NICs.
+
 Health becomes device taints (NVIDIA's keys under the driver's domain): an XID taints with
 its code, a lost GPU with `gpu-lost`; both `NoSchedule`, so running pods stay and new
-claims go elsewhere.
+claims go elsewhere. An ignored XID gets the `xid` taint with effect `None` (informational),
+and an operator's cordon (`core.cordon`) the `gpuslice.io/gpu-cordon` taint, `NoSchedule`.
 
 Everything here produces the `resource.k8s.io/v1` JSON shapes the API holds.
 """
@@ -19,9 +23,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.labels import gpu_family
 from gpuslice.core.sharing.model import Plan
@@ -45,6 +50,9 @@ here. Under MPS a claim's cores become its clients' active thread percentage; ti
 cannot hold a process to a fraction of the SMs, so there it is only bookkeeping for the
 scheduler."""
 NUMA_NODE = "resource.kubernetes.io/numaNode"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The GPU's PCIe root complex (`pci0000:64`), Kubernetes' standard attribute: a claim's
+`matchAttribute` on it puts a GPU and a NIC (or two GPUs) under one root."""
 
 AttrKind = Literal["string", "int", "bool", "version"]
 ShareStrategy = Literal["time-slicing", "mps"]
@@ -219,6 +227,8 @@ def _common(gpu: Gpu, inventory: Inventory) -> dict[str, tuple[AttrKind, str | i
     }
     if gpu.pci_bus_id:
         attrs[PCI_BUS_ID] = ("string", _extended_bdf(gpu.pci_bus_id))
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = ("string", gpu.pcie_root)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs[NUMA_NODE] = ("int", gpu.numa_node)
     return attrs
@@ -280,20 +290,39 @@ def _check(devices: Sequence[DraDevice]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """Why devices are tainted: GPU UUID -> last XID (None: lost, or unhealthy otherwise)."""
+    """Why devices are tainted: GPU UUID -> last XID (None: lost, or unhealthy otherwise);
+    `noticed`: physical UUID -> an ignored XID seen on it (informational); `cordoned`:
+    physical UUIDs the operator cordoned (`core.cordon`)."""
 
     unhealthy: Mapping[str, int | None]
+    noticed: Mapping[str, int] = field(default_factory=dict)
+    cordoned: frozenset[str] = frozenset()
 
 
 def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
-    """NVIDIA's health taints for `device`, if it or its physical GPU is unhealthy."""
+    """NVIDIA's health taints for `device`: `NoSchedule` when it or its physical GPU is
+    unhealthy; otherwise, after an ignored XID, the same `xid` key with effect `None`
+    (NVIDIA's informational taint: seen by operators and tolerations, no effect on
+    scheduling; Kubernetes 1.35+). One taint per key, as NVIDIA's: the unhealthy one wins."""
     uuid = device.uuid if device.uuid in health.unhealthy else device.gpu.uuid
     if uuid not in health.unhealthy:
-        return []
+        noticed = health.noticed.get(device.uuid, health.noticed.get(device.gpu.uuid))
+        if noticed is None:
+            return []
+        info = {"key": f"{driver}/xid", "value": str(noticed), "effect": "None"}
+        return [{**info, "timeAdded": added}]
     xid = health.unhealthy[uuid]
     if xid is None:
         return [{"key": f"{driver}/gpu-lost", "effect": "NoSchedule", "timeAdded": added}]
     return [{"key": f"{driver}/xid", "value": str(xid), "effect": "NoSchedule", "timeAdded": added}]
+
+
+def cordon_taints(device: DraDevice, health: Health, added: str) -> list[Json]:
+    """The operator's cordon (`gpuslice.io/gpu-cordon`) as a `NoSchedule` taint: no new
+    claim gets the device, claims already allocated keep it (`core.cordon`)."""
+    if device.uuid in health.cordoned or device.gpu.uuid in health.cordoned:
+        return [{"key": CORDON_TAINT, "effect": "NoSchedule", "timeAdded": added}]
+    return []
 
 
 def device_json(
