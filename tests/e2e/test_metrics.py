@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
+from gpuslice.testing.envtest import free_port
 
 WAIT_S = 15.0
 POD_UID = "0f3c2a4e-8b1d-4c5e-9a7f-1234567890ab"
@@ -29,12 +29,6 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fake_proc(root: Path) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,9 +61,31 @@ def assets() -> Path:
     return root
 
 
+PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOW_PORT = 10_000
+
+
 def free_port() -> int:
-    """A loopback port no one listens on now (the caller binds it soon after)."""
-    with socket.socket() as s:
+    """A port no one listens on now (the caller binds it soon after), chosen below the
+    kernel's ephemeral range: a port the kernel hands out for `bind(0)` or an outgoing
+    connection (any test's HTTP or gRPC client) could be taken again between this check and
+    the daemon's own bind, a race seen as "address already in use" on a loaded machine."""
+    try:
+        first_ephemeral = int(PORT_RANGE.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32_768
+    high = max(first_ephemeral, LOW_PORT + 1_000)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(LOW_PORT, high)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))  # as the daemon binds its metrics and probes
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded machine: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
