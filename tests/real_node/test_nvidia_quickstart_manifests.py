@@ -1,0 +1,262 @@
+"""NVIDIA's DRA quickstart manifests (`tests/configs/nvidia-quickstart/`, copied unchanged
+from NVIDIA's repository) applied to gpuslice in DRA mode on a real node: the real API server
+validates them, the controller-manager makes their ResourceClaimTemplates into claims (and
+Deployments into pods), the scheduler allocates from gpuslice's slices with the CEL of
+NVIDIA's own DeviceClasses, and the kubelet and containerd prepare the claims and start the
+containers. What NVIDIA's quickstart shows (`kubectl logs` of `nvidia-smi -L`) is asserted
+from inside the containers: which GPU each sees, by `NVIDIA_VISIBLE_DEVICES` and by the
+device nodes containerd created from the claim's CDI spec.
+
+Three things are changed at load time, in this module, never in the files: the image (no
+registry here: the local busybox image), the command (`nvidia-smi -L` needs a GPU: the
+container prints its environment and `/dev` instead), and `hostNetwork: true` (there is no
+CNI on this node). The Node's `not-ready` taint is lifted (the manifests tolerate only
+`nvidia.com/gpu`); NVIDIA's chart templates for the DeviceClasses are rendered by dropping
+their Helm conditionals, as `helm template` with the chart's defaults would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.testing import realnode
+from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
+
+pytestmark = pytest.mark.timeout(240)
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "nvidia-quickstart"
+DRIVER = "gpu.nvidia.com"
+SIM = "sim:4xh100-80gb"
+"""gpu-test1 takes two GPUs, gpu-test2 and gpu-test3 one each: applied together, as NVIDIA's
+quickstart applies them, they fill four."""
+NULL_DEVICE = os.makedev(1, 3)
+SCRIPT = (
+    "env; echo --dev; ls /dev; "
+    "for u in /var/run/nvidia-container-devices/*; do echo listed:${u##*/}; done; "
+    "echo done; exec sleep 3600"
+)
+"""Stands in for `nvidia-smi -L`: what the container was given, then `done`."""
+
+Json = dict[str, Any]
+
+
+def render_chart_template(text: str) -> Json:
+    """NVIDIA's `deviceclass-*.yaml` chart template as `helm template` renders it with the
+    chart's defaults on a cluster serving `resource.k8s.io/v1`: its `if`/`end`/variable
+    lines dropped and its API version filled in."""
+    lines = [ln for ln in text.splitlines() if not re.fullmatch(r"\s*\{\{-.*\}\}\s*", ln)]
+    rendered = re.sub(r"\{\{[^}]*\}\}", "resource.k8s.io/v1", "\n".join(lines))
+    return dict(yaml.safe_load(rendered))
+
+
+def _adapt_pod_spec(spec: Json) -> None:
+    spec["hostNetwork"] = True
+    for container in spec["containers"]:
+        container["image"] = realnode.IMAGE
+        container["imagePullPolicy"] = "Never"
+        container["command"] = ["/bin/busybox", "sh", "-c"]
+        container["args"] = [SCRIPT]
+
+
+def load(name: str) -> list[Json]:
+    """A quickstart file's objects, with the image, the command and the host network
+    substituted in its pods and pod templates (the only changes)."""
+    docs = [d for d in yaml.safe_load_all((QUICKSTART / name).read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            _adapt_pod_spec(doc["spec"])
+        elif doc["kind"] == "Deployment":
+            _adapt_pod_spec(doc["spec"]["template"]["spec"])
+    return docs
+
+
+def _stand_in_devices(root: Path, gpus: int) -> None:
+    """The driver root's `dev` with /dev/null's numbers under NVIDIA's names: what the CDI
+    specs' device nodes point at, so containerd can stat and create them."""
+    dev = root / "dev"
+    dev.mkdir(parents=True)
+    names = [f"nvidia{i}" for i in range(gpus)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+    for name in names:
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, NULL_DEVICE)
+
+
+@dataclass
+class Quickstart(AgentProcess):
+    uuids: list[str]
+
+    def apply(self, objects: list[Json]) -> None:
+        """`kubectl apply` of the objects, namespaces first and their `default`
+        ServiceAccount (the controller-manager's) awaited, as a user's cluster has it a
+        moment after the namespace."""
+        kubectl = self.node.plane.kubectl
+        namespaces = [o for o in objects if o["kind"] == "Namespace"]
+        for ns in namespaces:
+            done = kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(ns))
+            assert done.returncode == 0, done.stderr
+            name = ns["metadata"]["name"]
+            self.wait(
+                lambda name=name: kubectl("get", "sa", "default", "-n", name).returncode == 0,
+                f"namespace {name}'s default ServiceAccount (made by the controller-manager)",
+            )
+        rest = {"apiVersion": "v1", "kind": "List",
+                "items": [o for o in objects if o["kind"] != "Namespace"]}  # fmt: skip
+        done = kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(rest))
+        assert done.returncode == 0, done.stderr
+
+    def pods(self, namespace: str) -> list[Json]:
+        got = self.node.plane.kubectl("get", "pods", "-n", namespace, "-o", "json")
+        assert got.returncode == 0, got.stderr
+        return list(json.loads(got.stdout)["items"])
+
+    def wait_running(self, namespace: str, count: int) -> list[Json]:
+        """Until `count` pods of the namespace run and each container printed `done`."""
+        seen: list[Json] = []
+
+        def ready() -> bool:
+            seen[:] = self.pods(namespace)
+            for pod in seen:
+                assert pod.get("status", {}).get("phase") not in ("Failed", "Succeeded"), pod
+            return len(seen) == count and all(
+                pod["status"].get("phase") == "Running"
+                and all(
+                    "done" in self.node.container_log(namespace, pod["metadata"]["name"], c["name"])
+                    for c in pod["spec"]["containers"]
+                )
+                for pod in seen
+            )
+
+        self.wait(ready, f"{count} pods of {namespace} running", within_s=90)
+        return seen
+
+    def seen(self, namespace: str, pod: str, container: str) -> Json:
+        """What one container was given: its NVIDIA_VISIBLE_DEVICES, the GPU device nodes
+        in its /dev, and the toolkit's device list."""
+        log = self.node.container_log(namespace, pod, container).splitlines()
+        env = dict(ln.split("=", 1) for ln in log[: log.index("--dev")] if "=" in ln)
+        dev = log[log.index("--dev") + 1 :]
+        return {
+            "visible": env.get("NVIDIA_VISIBLE_DEVICES"),
+            "gpus": sorted(d for d in dev if re.fullmatch(r"nvidia\d+", d)),
+            "control": sorted(d for d in dev if d in ("nvidiactl", "nvidia-uvm")),
+            "listed": sorted(ln.removeprefix("listed:") for ln in log if ln.startswith("listed:")),
+        }
+
+    def gpu_of(self, namespace: str, pod: str, container: str) -> str:
+        """The one GPU a container sees, checked to agree across the environment, the
+        device node and the toolkit's list (the UUID `nvidia-smi -L` would print)."""
+        seen = self.seen(namespace, pod, container)
+        uuid = seen["visible"]
+        assert uuid in self.uuids, seen
+        assert seen["gpus"] == [f"nvidia{self.uuids.index(uuid)}"], seen
+        assert seen["control"] == ["nvidia-uvm", "nvidiactl"], seen
+        assert seen["listed"] == [uuid], seen
+        return str(uuid)
+
+
+@pytest.fixture(scope="module")
+def quickstart(
+    real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Quickstart]:
+    work = tmp_path_factory.mktemp("quickstart")
+    uuids = sim_uuids(SIM)
+    driver_root = work / "driver-root"
+    _stand_in_devices(driver_root, len(uuids))
+    smi = work / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    smi.chmod(0o755)
+    config = work / "config.yaml"
+    config.write_text("version: v1\n", encoding="utf-8")
+    real_node.untaint_not_ready()
+    kubectl = real_node.plane.kubectl
+    for template in ("deviceclass-gpu.yaml.tmpl", "deviceclass-mig.yaml.tmpl"):
+        device_class = render_chart_template((QUICKSTART / template).read_text())
+        done = kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(device_class))
+        assert done.returncode == 0, done.stderr
+    args = [
+        "--dra",
+        "--node", SIM,
+        "--config-file", str(config),
+        "--node-name", real_node.name,
+        "--kubeconfig", str(real_node.plane.kubeconfig),
+        "--dra-plugin-dir", str(real_node.plugin_dir(DRIVER)),
+        "--dra-registry-dir", str(real_node.plugins_registry),
+        "--cdi-root", str(real_node.cdi_dir),
+        "--nvidia-driver-root", str(driver_root),
+        "--container-driver-root", str(driver_root),
+        "--nvidia-smi", str(smi),
+        "--dra-resync-interval", "0.5",
+        "--no-compute-mode", "--no-labels",
+    ]  # fmt: skip
+    agent = AgentProcess.start(real_node, args, work / "driver.log")
+    running = Quickstart(agent.node, agent.proc, agent.log_path, uuids)
+
+    def published() -> bool:
+        got = kubectl("get", "resourceslices", "-o", "json",
+                      f"--field-selector=spec.nodeName={real_node.name},spec.driver={DRIVER}")  # fmt: skip
+        slices = json.loads(got.stdout)["items"] if got.returncode == 0 else []
+        return sum(len(s["spec"].get("devices", [])) for s in slices) == len(uuids)
+
+    try:
+        running.wait(published, "the node's GPUs published")
+        running.wait(
+            lambda: "event=dra-registered" in running.log_path.read_text(),
+            "the kubelet registered the driver",
+        )
+        yield running
+    finally:
+        for ns in ("gpu-test1", "gpu-test2", "gpu-test3"):
+            kubectl("delete", "namespace", ns, "--wait=false")
+        running.stop("default")
+        for template in ("deviceclass-gpu.yaml.tmpl", "deviceclass-mig.yaml.tmpl"):
+            name = render_chart_template((QUICKSTART / template).read_text())["metadata"]["name"]
+            kubectl("delete", "deviceclass", name, "--wait=false")
+
+
+def test_nvidia_chart_device_classes_render_as_helm_renders_them() -> None:
+    """The rendering this module does in place of Helm keeps NVIDIA's selectors as written."""
+    gpu = render_chart_template((QUICKSTART / "deviceclass-gpu.yaml.tmpl").read_text())
+    assert gpu["apiVersion"] == "resource.k8s.io/v1"
+    assert gpu["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    [selector] = gpu["spec"]["selectors"]
+    assert selector["cel"]["expression"] == (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+    )
+
+
+def test_gpu_test1_to_3_run_and_share_as_nvidia_shows(quickstart: Quickstart) -> None:
+    """`kubectl apply --filename=gpu-test{1,2,3}.yaml`, as NVIDIA's quickstart README says:
+    gpu-test1's two pods, each from its own claim of the template, get two distinct GPUs;
+    gpu-test2's two containers share their pod's one claim, so one GPU; gpu-test3's two
+    pods share the one global claim, so one GPU. Four claims, four different GPUs."""
+    for name in ("gpu-test1.yaml", "gpu-test2.yaml", "gpu-test3.yaml"):
+        quickstart.apply(load(name))
+    quickstart.wait_running("gpu-test1", 2)
+    quickstart.wait_running("gpu-test2", 1)
+    quickstart.wait_running("gpu-test3", 2)
+
+    test1 = [quickstart.gpu_of("gpu-test1", pod, "ctr") for pod in ("pod1", "pod2")]
+    assert test1[0] != test1[1]
+    test2 = {quickstart.gpu_of("gpu-test2", "pod", ctr) for ctr in ("ctr0", "ctr1")}
+    assert len(test2) == 1
+    test3 = {quickstart.gpu_of("gpu-test3", pod, "ctr") for pod in ("pod1", "pod2")}
+    assert len(test3) == 1
+    assert sorted([*test1, *test2, *test3]) == sorted(quickstart.uuids)
+
+    # the templates made one claim per pod (gpu-test1) and per pod (gpu-test2), by the
+    # controller-manager; gpu-test3's one claim is reserved for both its pods
+    kubectl = quickstart.node.plane.kubectl
+    claims = json.loads(kubectl("get", "resourceclaims", "-n", "gpu-test1", "-o", "json").stdout)
+    assert len(claims["items"]) == 2
+    shared = json.loads(
+        kubectl("get", "resourceclaim", "single-gpu", "-n", "gpu-test3", "-o", "json").stdout
+    )
+    assert sorted(r["name"] for r in shared["status"]["reservedFor"]) == ["pod1", "pod2"]
