@@ -1,7 +1,8 @@
 """A real node (kubelet + containerd, `testing.realnode`) on a real control plane
 (`testing.envtest`, with a kube-controller-manager: ResourceClaimTemplates become claims,
-Deployments pods, namespaces get their `default` ServiceAccount), shared by the tests here; they skip, saying why, where this machine
-cannot run one (no binaries, not root, a Debian package missing)."""
+Deployments pods, namespaces get their `default` ServiceAccount), shared by the tests here;
+they skip, saying why, where this machine cannot run one (no binaries, not root, a Debian
+package missing)."""
 
 from __future__ import annotations
 

@@ -200,8 +200,8 @@ def quickstart(
     running = Quickstart(agent.node, agent.proc, agent.log_path, uuids)
 
     def published() -> bool:
-        got = kubectl("get", "resourceslices", "-o", "json",
-                      f"--field-selector=spec.nodeName={real_node.name},spec.driver={DRIVER}")  # fmt: skip
+        selector = f"spec.nodeName={real_node.name},spec.driver={DRIVER}"
+        got = kubectl("get", "resourceslices", "-o", "json", f"--field-selector={selector}")
         slices = json.loads(got.stdout)["items"] if got.returncode == 0 else []
         return sum(len(s["spec"].get("devices", [])) for s in slices) == len(uuids)
 
