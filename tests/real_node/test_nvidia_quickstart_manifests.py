@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuslice.core.migcaps import CAPS_DEV_DIR, numbered_minors
 from gpuslice.testing import realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
@@ -35,12 +36,16 @@ pytestmark = pytest.mark.timeout(240)
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "nvidia-quickstart"
 DRIVER = "gpu.nvidia.com"
-SIM = "sim:4xh100-80gb"
-"""gpu-test1 takes two GPUs, gpu-test2 and gpu-test3 one each: applied together, as NVIDIA's
-quickstart applies them, they fill four."""
+H100S = 4
+MIG_LAYOUT = "3g.20gb*1+2g.10gb*1+1g.5gb*2"
+SIM = f"sim:{H100S}xh100-80gb,4xa100-40gb/mig={MIG_LAYOUT}"
+"""gpu-test1 takes two whole GPUs, gpu-test2 and gpu-test3 one each: applied together, as
+NVIDIA's quickstart applies them, they fill the four H100s. gpu-test4's four replicas each
+take one A100's four MIG devices (NVIDIA's half-balanced layout of an A100-40GB)."""
+MIG_DEVICES = 4 * 4
 NULL_DEVICE = os.makedev(1, 3)
 SCRIPT = (
-    "env; echo --dev; ls /dev; "
+    "env; echo --dev; ls /dev; echo --caps; ls /dev/nvidia-caps; "
     "for u in /var/run/nvidia-container-devices/*; do echo listed:${u##*/}; done; "
     "echo done; exec sleep 3600"
 )
@@ -81,10 +86,13 @@ def load(name: str) -> list[Json]:
 
 def _stand_in_devices(root: Path, gpus: int) -> None:
     """The driver root's `dev` with /dev/null's numbers under NVIDIA's names: what the CDI
-    specs' device nodes point at, so containerd can stat and create them."""
+    specs' device nodes point at, so containerd can stat and create them; MIG capability
+    nodes for every minor the driver's numbering gives these GPUs."""
     dev = root / "dev"
-    dev.mkdir(parents=True)
+    (dev / CAPS_DEV_DIR).mkdir(parents=True)
     names = [f"nvidia{i}" for i in range(gpus)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+    _, last = numbered_minors(gpus - 1, 14, 7)
+    names += [f"{CAPS_DEV_DIR}/nvidia-cap{minor}" for minor in range(1, last + 1)]
     for name in names:
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, NULL_DEVICE)
 
@@ -142,8 +150,10 @@ class Quickstart(AgentProcess):
         in its /dev, and the toolkit's device list."""
         log = self.node.container_log(namespace, pod, container).splitlines()
         env = dict(ln.split("=", 1) for ln in log[: log.index("--dev")] if "=" in ln)
-        dev = log[log.index("--dev") + 1 :]
+        dev = log[log.index("--dev") + 1 : log.index("--caps")]
+        caps = [ln for ln in log[log.index("--caps") + 1 :] if ln.startswith("nvidia-cap")]
         return {
+            "caps": sorted(caps),
             "visible": env.get("NVIDIA_VISIBLE_DEVICES"),
             "gpus": sorted(d for d in dev if re.fullmatch(r"nvidia\d+", d)),
             "control": sorted(d for d in dev if d in ("nvidiactl", "nvidia-uvm")),
@@ -159,6 +169,7 @@ class Quickstart(AgentProcess):
         assert seen["gpus"] == [f"nvidia{self.uuids.index(uuid)}"], seen
         assert seen["control"] == ["nvidia-uvm", "nvidiactl"], seen
         assert seen["listed"] == [uuid], seen
+        assert seen["caps"] == [], seen
         return str(uuid)
 
 
@@ -203,7 +214,7 @@ def quickstart(
         selector = f"spec.nodeName={real_node.name},spec.driver={DRIVER}"
         got = kubectl("get", "resourceslices", "-o", "json", f"--field-selector={selector}")
         slices = json.loads(got.stdout)["items"] if got.returncode == 0 else []
-        return sum(len(s["spec"].get("devices", [])) for s in slices) == len(uuids)
+        return sum(len(s["spec"].get("devices", [])) for s in slices) == H100S + MIG_DEVICES
 
     try:
         running.wait(published, "the node's GPUs published")
@@ -213,7 +224,7 @@ def quickstart(
         )
         yield running
     finally:
-        for ns in ("gpu-test1", "gpu-test2", "gpu-test3"):
+        for ns in ("gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4"):
             kubectl("delete", "namespace", ns, "--wait=false")
         running.stop("default")
         for template in ("deviceclass-gpu.yaml.tmpl", "deviceclass-mig.yaml.tmpl"):
@@ -249,7 +260,7 @@ def test_gpu_test1_to_3_run_and_share_as_nvidia_shows(quickstart: Quickstart) ->
     assert len(test2) == 1
     test3 = {quickstart.gpu_of("gpu-test3", pod, "ctr") for pod in ("pod1", "pod2")}
     assert len(test3) == 1
-    assert sorted([*test1, *test2, *test3]) == sorted(quickstart.uuids)
+    assert sorted([*test1, *test2, *test3]) == sorted(quickstart.uuids[:H100S])
 
     # the templates made one claim per pod (gpu-test1) and per pod (gpu-test2), by the
     # controller-manager; gpu-test3's one claim is reserved for both its pods
@@ -260,3 +271,64 @@ def test_gpu_test1_to_3_run_and_share_as_nvidia_shows(quickstart: Quickstart) ->
         kubectl("get", "resourceclaim", "single-gpu", "-n", "gpu-test3", "-o", "json").stdout
     )
     assert sorted(r["name"] for r in shared["status"]["reservedFor"]) == ["pod1", "pod2"]
+
+
+def _published_devices(quickstart: Quickstart) -> dict[str, Json]:
+    """The node's published devices by name: their attributes, as the scheduler saw them."""
+    kubectl = quickstart.node.plane.kubectl
+    selector = f"spec.nodeName={quickstart.node.name},spec.driver={DRIVER}"
+    got = kubectl("get", "resourceslices", "-o", "json", f"--field-selector={selector}")
+    assert got.returncode == 0, got.stderr
+    return {
+        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
+        for s in json.loads(got.stdout)["items"]
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> None:
+    """gpu-test4: a Deployment of four replicas, each pod's claim asking for four MIG devices
+    by profile (`1g.5gb` twice, `2g.10gb`, `3g.20gb`) from NVIDIA's `mig.nvidia.com` class,
+    constrained to one parent GPU (`matchAttribute: gpu.nvidia.com/parentUUID`); each
+    container names its request. Each container sees its own request's MIG device and no
+    other: that MIG UUID in `NVIDIA_VISIBLE_DEVICES`, its parent's device node, and the two
+    capability nodes of its GPU and compute instance. Each pod fills one A100."""
+    objects = load("gpu-test4.yaml")
+    [template] = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
+    profiles = {  # each request's profile, as its CEL selector names it
+        r["name"]: re.findall(
+            r"profile == '([^']+)'", r["exactly"]["selectors"][0]["cel"]["expression"]
+        )[0]
+        for r in template["spec"]["spec"]["devices"]["requests"]
+    }
+    quickstart.apply(objects)
+    pods = quickstart.wait_running("gpu-test4", 4)
+    kubectl = quickstart.node.plane.kubectl
+    devices = _published_devices(quickstart)
+    parents = set()
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        [status] = pod["status"]["resourceClaimStatuses"]
+        got = kubectl("get", "resourceclaim", status["resourceClaimName"], "-n", "gpu-test4",
+                      "-o", "json")  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        results = json.loads(got.stdout)["status"]["allocation"]["devices"]["results"]
+        by_request = {r["request"]: devices[r["device"]] for r in results}
+        assert {d["type"] for d in by_request.values()} == {"mig"}
+        [parent] = {d["parentUUID"] for d in by_request.values()}
+        assert parent not in parents  # each pod its own A100
+        parents.add(parent)
+        minor = quickstart.uuids.index(parent)
+        seen_caps = set()
+        for container in pod["spec"]["containers"]:
+            [claim_ref] = container["resources"]["claims"]
+            device = by_request[claim_ref["request"]]
+            assert device["profile"] == profiles[claim_ref["request"]]
+            seen = quickstart.seen("gpu-test4", name, container["name"])
+            assert seen["visible"] == device["uuid"], (container["name"], seen)
+            assert seen["gpus"] == [f"nvidia{minor}"], seen
+            assert seen["listed"] == [device["uuid"]], seen
+            assert len(seen["caps"]) == 2, seen
+            seen_caps.update(seen["caps"])
+        assert len(seen_caps) == 8  # four devices, each its own GI and CI
+    assert parents == set(quickstart.uuids[H100S:])
