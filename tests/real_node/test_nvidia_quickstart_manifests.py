@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +39,19 @@ pytestmark = pytest.mark.timeout(240)
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "nvidia-quickstart"
 DRIVER = "gpu.nvidia.com"
-H100S = 4
+H100S = 7
 MIG_LAYOUT = "3g.20gb*1+2g.10gb*1+1g.5gb*2"
 SIM = f"sim:{H100S}xh100-80gb,4xa100-40gb/mig={MIG_LAYOUT}"
-"""gpu-test1 takes two whole GPUs, gpu-test2 and gpu-test3 one each: applied together, as
-NVIDIA's quickstart applies them, they fill the four H100s. gpu-test4's four replicas each
-take one A100's four MIG devices (NVIDIA's half-balanced layout of an A100-40GB)."""
+"""gpu-test1 takes two whole GPUs, gpu-test2 and gpu-test3 one each (applied together, as
+NVIDIA's quickstart applies them), gpu-test-mps one, gpu-test5 two: seven H100s.
+gpu-test4's four replicas each take one A100's four MIG devices (NVIDIA's half-balanced
+layout of an A100-40GB)."""
 MIG_DEVICES = 4 * 4
+NAMESPACES = ("gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4", "gpu-test-mps", "gpu-test5")
 NULL_DEVICE = os.makedev(1, 3)
 SCRIPT = (
     "env; echo --dev; ls /dev; echo --caps; ls /dev/nvidia-caps; "
+    "echo --mps; ls /tmp/nvidia-mps; "
     "for u in /var/run/nvidia-container-devices/*; do echo listed:${u##*/}; done; "
     "echo done; exec sleep 3600"
 )
@@ -100,6 +106,7 @@ def _stand_in_devices(root: Path, gpus: int) -> None:
 @dataclass
 class Quickstart(AgentProcess):
     uuids: list[str]
+    plugin_dir: Path
 
     def apply(self, objects: list[Json]) -> None:
         """`kubectl apply` of the objects, namespaces first and their `default`
@@ -151,9 +158,12 @@ class Quickstart(AgentProcess):
         log = self.node.container_log(namespace, pod, container).splitlines()
         env = dict(ln.split("=", 1) for ln in log[: log.index("--dev")] if "=" in ln)
         dev = log[log.index("--dev") + 1 : log.index("--caps")]
-        caps = [ln for ln in log[log.index("--caps") + 1 :] if ln.startswith("nvidia-cap")]
+        caps = log[log.index("--caps") + 1 : log.index("--mps")]
+        mps = log[log.index("--mps") + 1 :]
         return {
-            "caps": sorted(caps),
+            "caps": sorted(c for c in caps if c.startswith("nvidia-cap")),
+            "mps_pipe": env.get("CUDA_MPS_PIPE_DIRECTORY"),
+            "mps_sockets": sorted(m for m in mps if m == "control"),
             "visible": env.get("NVIDIA_VISIBLE_DEVICES"),
             "gpus": sorted(d for d in dev if re.fullmatch(r"nvidia\d+", d)),
             "control": sorted(d for d in dev if d in ("nvidiactl", "nvidia-uvm")),
@@ -172,17 +182,43 @@ class Quickstart(AgentProcess):
         assert seen["caps"] == [], seen
         return str(uuid)
 
+    def smi_calls(self) -> list[str]:
+        """The stand-in nvidia-smi's command lines, one a call."""
+        calls = self.log_path.parent / "nvidia-smi.calls"
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    def mps_commands(self, claim_uid: str) -> str:
+        """What the claim's MPS control daemon (the fake one) was told, from its log."""
+        dirs = list((self.plugin_dir / "mps").glob(f"{claim_uid}-*"))
+        assert len(dirs) == 1, dirs
+        return "\n".join(f.read_text() for f in sorted((dirs[0] / "log").glob("*")) if f.is_file())
+
+    def claim_of(self, namespace: str, pod: Json) -> Json:
+        """The claim the controller-manager made from the pod's one template."""
+        [status] = pod["status"]["resourceClaimStatuses"]
+        got = self.node.plane.kubectl(
+            "get", "resourceclaim", status["resourceClaimName"], "-n", namespace, "-o", "json"
+        )
+        assert got.returncode == 0, got.stderr
+        return dict(json.loads(got.stdout))
+
 
 @pytest.fixture(scope="module")
 def quickstart(
     real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Quickstart]:
     work = tmp_path_factory.mktemp("quickstart")
+    # a short plugin directory: the claims' MPS control sockets live under it, at
+    # `mps/<claim UID>-<hash>/pipe/control`, and a unix socket's path has at most 107 bytes
+    # (the kubelet's `/var/lib/kubelet/plugins/gpu.nvidia.com` leaves room; the real node's
+    # temporary root-dir would not)
+    plugin_dir = Path(tempfile.mkdtemp(prefix="gsq-"))
     uuids = sim_uuids(SIM)
     driver_root = work / "driver-root"
     _stand_in_devices(driver_root, len(uuids))
     smi = work / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    # the stand-in records its calls: the time-slice intervals claims set
+    smi.write_text(f'#!/bin/sh\necho "$*" >> {work / "nvidia-smi.calls"}\nexit 0\n')
     smi.chmod(0o755)
     config = work / "config.yaml"
     config.write_text("version: v1\n", encoding="utf-8")
@@ -198,7 +234,7 @@ def quickstart(
         "--config-file", str(config),
         "--node-name", real_node.name,
         "--kubeconfig", str(real_node.plane.kubeconfig),
-        "--dra-plugin-dir", str(real_node.plugin_dir(DRIVER)),
+        "--dra-plugin-dir", str(plugin_dir),
         "--dra-registry-dir", str(real_node.plugins_registry),
         "--cdi-root", str(real_node.cdi_dir),
         "--nvidia-driver-root", str(driver_root),
@@ -206,9 +242,10 @@ def quickstart(
         "--nvidia-smi", str(smi),
         "--dra-resync-interval", "0.5",
         "--no-compute-mode", "--no-labels",
+        "--mps-control", f"{sys.executable} -m gpuslice.emulator.fake_mps_control",
     ]  # fmt: skip
     agent = AgentProcess.start(real_node, args, work / "driver.log")
-    running = Quickstart(agent.node, agent.proc, agent.log_path, uuids)
+    running = Quickstart(agent.node, agent.proc, agent.log_path, uuids, plugin_dir)
 
     def published() -> bool:
         selector = f"spec.nodeName={real_node.name},spec.driver={DRIVER}"
@@ -224,12 +261,13 @@ def quickstart(
         )
         yield running
     finally:
-        for ns in ("gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4"):
+        for ns in NAMESPACES:
             kubectl("delete", "namespace", ns, "--wait=false")
         running.stop("default")
         for template in ("deviceclass-gpu.yaml.tmpl", "deviceclass-mig.yaml.tmpl"):
             name = render_chart_template((QUICKSTART / template).read_text())["metadata"]["name"]
             kubectl("delete", "deviceclass", name, "--wait=false")
+        shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 def test_nvidia_chart_device_classes_render_as_helm_renders_them() -> None:
@@ -260,7 +298,7 @@ def test_gpu_test1_to_3_run_and_share_as_nvidia_shows(quickstart: Quickstart) ->
     assert len(test2) == 1
     test3 = {quickstart.gpu_of("gpu-test3", pod, "ctr") for pod in ("pod1", "pod2")}
     assert len(test3) == 1
-    assert sorted([*test1, *test2, *test3]) == sorted(quickstart.uuids[:H100S])
+    assert len({*test1, *test2, *test3}) == 4
 
     # the templates made one claim per pod (gpu-test1) and per pod (gpu-test2), by the
     # controller-manager; gpu-test3's one claim is reserved for both its pods
@@ -303,16 +341,12 @@ def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> 
     }
     quickstart.apply(objects)
     pods = quickstart.wait_running("gpu-test4", 4)
-    kubectl = quickstart.node.plane.kubectl
     devices = _published_devices(quickstart)
     parents = set()
     for pod in pods:
         name = pod["metadata"]["name"]
-        [status] = pod["status"]["resourceClaimStatuses"]
-        got = kubectl("get", "resourceclaim", status["resourceClaimName"], "-n", "gpu-test4",
-                      "-o", "json")  # fmt: skip
-        assert got.returncode == 0, got.stderr
-        results = json.loads(got.stdout)["status"]["allocation"]["devices"]["results"]
+        claim = quickstart.claim_of("gpu-test4", pod)
+        results = claim["status"]["allocation"]["devices"]["results"]
         by_request = {r["request"]: devices[r["device"]] for r in results}
         assert {d["type"] for d in by_request.values()} == {"mig"}
         [parent] = {d["parentUUID"] for d in by_request.values()}
@@ -332,3 +366,55 @@ def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> 
             seen_caps.update(seen["caps"])
         assert len(seen_caps) == 8  # four devices, each its own GI and CI
     assert parents == set(quickstart.uuids[H100S:])
+
+
+def test_gpu_test_mps_two_containers_are_clients_of_one_daemon(quickstart: Quickstart) -> None:
+    """gpu-test-mps: two containers share one claim's GPU through MPS. Both see the same GPU
+    and the claim's MPS pipe directory, where its control daemon's socket is; the daemon was
+    started with the claim's `defaultActiveThreadPercentage: 50` and
+    `defaultPinnedDeviceMemoryLimit: 10Gi` (10240M, for the GPU by its index: where NVIDIA's
+    template names the UUID, gpuslice sends the index, `docs/configuration.md` says why)."""
+    quickstart.apply(load("gpu-test-mps.yaml"))
+    [pod] = quickstart.wait_running("gpu-test-mps", 1)
+    uuids = set()
+    for ctr in ("mps-ctr0", "mps-ctr1"):
+        uuids.add(quickstart.gpu_of("gpu-test-mps", "test-pod", ctr))
+        seen = quickstart.seen("gpu-test-mps", "test-pod", ctr)
+        assert seen["mps_pipe"] == "/tmp/nvidia-mps", seen
+        assert seen["mps_sockets"] == ["control"], seen
+    [gpu] = uuids
+    commands = quickstart.mps_commands(quickstart.claim_of("gpu-test-mps", pod)["metadata"]["uid"])
+    assert "set_default_active_thread_percentage 50" in commands
+    index = quickstart.uuids.index(gpu)
+    assert f"set_default_device_pinned_mem_limit {index} 10240M" in commands
+
+
+def test_gpu_test5_time_slicing_and_mps_requests_in_one_claim(quickstart: Quickstart) -> None:
+    """gpu-test5: one claim of two requests, `ts-gpu` with TimeSlicing (interval Long) and
+    `mps-gpu` with MPS; two containers name each. The two ts containers share one GPU, the
+    two MPS containers another; the Long interval (3) is set on the first GPU only, and only
+    the MPS containers are clients of an MPS daemon, which got the claim's limits."""
+    quickstart.apply(load("gpu-test5.yaml"))
+    [pod] = quickstart.wait_running("gpu-test5", 1)
+    ts = {quickstart.gpu_of("gpu-test5", "pod0", c) for c in ("ts-ctr0", "ts-ctr1")}
+    mps = {quickstart.gpu_of("gpu-test5", "pod0", c) for c in ("mps-ctr0", "mps-ctr1")}
+    assert len(ts) == 1
+    assert len(mps) == 1
+    assert ts != mps
+    [ts_gpu], [mps_gpu] = ts, mps
+    for ctr in ("ts-ctr0", "ts-ctr1"):
+        seen = quickstart.seen("gpu-test5", "pod0", ctr)
+        assert (seen["mps_pipe"], seen["mps_sockets"]) == (None, []), seen
+    for ctr in ("mps-ctr0", "mps-ctr1"):
+        seen = quickstart.seen("gpu-test5", "pod0", ctr)
+        assert (seen["mps_pipe"], seen["mps_sockets"]) == ("/tmp/nvidia-mps", ["control"]), seen
+    calls = quickstart.smi_calls()
+    assert f"compute-policy -i {ts_gpu} --set-timeslice 3" in calls
+    assert not any(mps_gpu in call for call in calls), calls
+    commands = quickstart.mps_commands(quickstart.claim_of("gpu-test5", pod)["metadata"]["uid"])
+    assert "set_default_active_thread_percentage 50" in commands
+    index = quickstart.uuids.index(mps_gpu)
+    assert f"set_default_device_pinned_mem_limit {index} 10240M" in commands
+    assert "set_default_device_pinned_mem_limit" not in commands.replace(
+        f"set_default_device_pinned_mem_limit {index} ", ""
+    )  # the time-sliced GPU is not the daemon's
