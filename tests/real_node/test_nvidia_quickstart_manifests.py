@@ -117,9 +117,13 @@ class Quickstart(AgentProcess):
         for ns in namespaces:
             done = kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(ns))
             assert done.returncode == 0, done.stderr
-            name = ns["metadata"]["name"]
+            name: str = ns["metadata"]["name"]
+
+            def account_made(name: str = name) -> bool:
+                return kubectl("get", "sa", "default", "-n", name).returncode == 0
+
             self.wait(
-                lambda name=name: kubectl("get", "sa", "default", "-n", name).returncode == 0,
+                account_made,
                 f"namespace {name}'s default ServiceAccount (made by the controller-manager)",
             )
         rest = {"apiVersion": "v1", "kind": "List",
