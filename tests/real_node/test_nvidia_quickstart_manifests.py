@@ -41,13 +41,22 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "nvidia-quickstar
 DRIVER = "gpu.nvidia.com"
 H100S = 7
 MIG_LAYOUT = "3g.20gb*1+2g.10gb*1+1g.5gb*2"
-SIM = f"sim:{H100S}xh100-80gb,4xa100-40gb/mig={MIG_LAYOUT}"
+WHOLE = H100S + 1
+SIM = f"sim:{H100S}xh100-80gb,1xa100-40gb,4xa100-40gb/mig={MIG_LAYOUT}"
 """gpu-test1 takes two whole GPUs, gpu-test2 and gpu-test3 one each (applied together, as
-NVIDIA's quickstart applies them), gpu-test-mps one, gpu-test5 two: seven H100s.
-gpu-test4's four replicas each take one A100's four MIG devices (NVIDIA's half-balanced
-layout of an A100-40GB)."""
+NVIDIA's quickstart applies them), gpu-test-mps one, gpu-test5 two: seven H100s. One whole
+A100 for gpu-test6's selector to meet. gpu-test4's four replicas each take one A100's four
+MIG devices (NVIDIA's half-balanced layout of an A100-40GB)."""
 MIG_DEVICES = 4 * 4
-NAMESPACES = ("gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4", "gpu-test-mps", "gpu-test5")
+NAMESPACES = (
+    "gpu-test6",
+    "gpu-test1",
+    "gpu-test2",
+    "gpu-test3",
+    "gpu-test4",
+    "gpu-test-mps",
+    "gpu-test5",
+)
 NULL_DEVICE = os.makedev(1, 3)
 SCRIPT = (
     "env; echo --dev; ls /dev; echo --caps; ls /dev/nvidia-caps; "
@@ -255,7 +264,7 @@ def quickstart(
         selector = f"spec.nodeName={real_node.name},spec.driver={DRIVER}"
         got = kubectl("get", "resourceslices", "-o", "json", f"--field-selector={selector}")
         slices = json.loads(got.stdout)["items"] if got.returncode == 0 else []
-        return sum(len(s["spec"].get("devices", [])) for s in slices) == H100S + MIG_DEVICES
+        return sum(len(s["spec"].get("devices", [])) for s in slices) == WHOLE + MIG_DEVICES
 
     try:
         running.wait(published, "the node's GPUs published")
@@ -283,6 +292,38 @@ def test_nvidia_chart_device_classes_render_as_helm_renders_them() -> None:
     assert selector["cel"]["expression"] == (
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
     )
+
+
+def test_gpu_test6_selects_by_an_index_nvidia_no_longer_publishes(quickstart: Quickstart) -> None:
+    """gpu-test6 selects A100s by `device.attributes['gpu.nvidia.com'].index`, an attribute
+    NVIDIA's driver stopped publishing in September 2025 (commit 36fc80ab, "Remove GPU index
+    for CDI spec generation / attribute advertisement"); gpuslice publishes NVIDIA's current
+    attributes, so on either driver the selector fails on a whole A100 and the pods stay
+    Pending, the scheduler naming the missing key. (Run first: while the A100 is free its
+    selector is evaluated.)"""
+    quickstart.apply(load("gpu-test6.yaml"))
+    kubectl = quickstart.node.plane.kubectl
+
+    def refused_for_index() -> bool:
+        pods = quickstart.pods("gpu-test6")
+        for pod in pods:
+            assert pod["status"].get("phase") == "Pending", pod["status"]
+        got = kubectl("get", "events", "-n", "gpu-test6", "-o", "json")
+        events = json.loads(got.stdout)["items"] if got.returncode == 0 else []
+        return (
+            any(
+                e.get("reason") == "FailedScheduling"
+                and "no such key: index" in e.get("message", "")
+                for e in events
+            )
+            and len(pods) == 4
+        )
+
+    quickstart.wait(refused_for_index, "gpu-test6's pods refused by the scheduler for `index`")
+    devices = _published_devices(quickstart)
+    assert all("index" not in attrs for attrs in devices.values())
+    done = kubectl("delete", "namespace", "gpu-test6", "--wait=false")
+    assert done.returncode == 0, done.stderr
 
 
 def test_gpu_test1_to_3_run_and_share_as_nvidia_shows(quickstart: Quickstart) -> None:
@@ -369,7 +410,7 @@ def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> 
             assert len(seen["caps"]) == 2, seen
             seen_caps.update(seen["caps"])
         assert len(seen_caps) == 8  # four devices, each its own GI and CI
-    assert parents == set(quickstart.uuids[H100S:])
+    assert parents == set(quickstart.uuids[WHOLE:])
 
 
 def test_gpu_test_mps_two_containers_are_clients_of_one_daemon(quickstart: Quickstart) -> None:
