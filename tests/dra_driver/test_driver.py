@@ -686,6 +686,50 @@ async def test_an_mps_daemon_that_never_answers_fails_the_claim_and_is_not_kept(
         await task
 
 
+async def test_an_mps_root_too_long_for_the_control_socket_fails_the_claim_saying_so(
+    sock_dir: Path, make_rig: Callable[..., Awaitable[Rig]]
+) -> None:
+    """A pipe directory whose `control` socket path passes 107 bytes: the daemon could never
+    listen (the control program only exits 1, as on the real node of
+    tests/real_node/test_nvidia_quickstart_manifests.py under a temporary kubelet root), so
+    the claim fails at once naming the path, and no daemon is started or kept."""
+    import asyncio
+
+    rig = await make_rig()
+    manager = MpsDaemonManager(
+        [],
+        ControlProgram.factory(("false",), timeout_s=1.0),
+        timings=MpsTimings(start_timeout_s=0.3, retry_interval_s=0.2, start_poll_s=0.05),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    long_root = sock_dir / ("p" * 60) / "mps"
+    try:
+        driver = DraDriver(
+            DriverSettings(DRIVER, NODE, mps_root=str(long_root), mps_ready_timeout_s=0.5),
+            objects=rig.store,
+            checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
+            cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
+            snapshot=lambda: rig.state.current,
+            boot_id="b",
+            mps=manager,
+        )
+        await driver.load()
+        mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+               "sharing": {"strategy": "MPS"}}  # fmt: skip
+        ref = rig.claim("m", mps)
+        error = (await driver.prepare([ref]))[ref.uid].error
+        assert f"MPS control socket '{long_root}/{ref.uid}-" in error
+        assert "longer than the 107 a unix socket path may have" in error
+        assert "--dra-plugin-dir" in error
+        assert manager.specs == ()
+        assert driver.claims == {}
+        assert rig.cdi_files() == set()
+    finally:
+        stop.set()
+        await task
+
+
 async def test_a_prepare_cut_short_by_a_crash_has_its_interval_reset_at_start(
     make_rig: Callable[..., Awaitable[Rig]],
 ) -> None:

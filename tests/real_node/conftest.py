@@ -1,6 +1,8 @@
 """A real node (kubelet + containerd, `testing.realnode`) on a real control plane
-(`testing.envtest`), shared by the tests here; they skip, saying why, where this machine
-cannot run one (no binaries, not root, a Debian package missing)."""
+(`testing.envtest`, with a kube-controller-manager: ResourceClaimTemplates become claims,
+Deployments pods, namespaces get their `default` ServiceAccount), shared by the tests here;
+they skip, saying why, where this machine cannot run one (no binaries, not root, a Debian
+package missing)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def node_plane() -> Iterator[envtest.ControlPlane]:
         realnode.requirements()
     except realnode.RealNodeUnavailable as exc:
         pytest.skip(f"no real node: {exc}")
-    with envtest.running() as plane:
+    with envtest.running(controller_manager=True) as plane:
         yield plane
 
 

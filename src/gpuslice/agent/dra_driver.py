@@ -54,7 +54,7 @@ from gpuslice.core.dra.prepared import (
     encode,
 )
 from gpuslice.core.dra.publish import REPLICAS, SharesMode, dra_devices, share_offers
-from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
@@ -683,6 +683,8 @@ class DraDriver:
     async def _start_daemon(self, spec: MpsDaemonSpec) -> None:
         if self._mps is None:
             raise ClaimError("MPS is not available on this node (no MPS control program)")
+        if problem := control_socket_too_long(spec.pipe_dir):
+            raise ClaimError(problem)
         if self._daemons.get(spec.resource) != spec:
             self._daemons[spec.resource] = spec
             await to_the_end(self._mps.reconfigure(tuple(self._daemons.values())))

@@ -49,6 +49,30 @@ def ready_marker(root: str) -> str:
     return f"{mps_root(root).rstrip('/')}/{READY_MARKER}"
 
 
+CONTROL_SOCKET = "control"
+"""The unix socket the control daemon listens on, in its pipe directory."""
+MAX_SOCKET_PATH_BYTES = 107
+"""`sun_path` holds 108 bytes including the terminating NUL."""
+
+
+def control_socket_too_long(pipe_dir: str) -> str | None:
+    """Why a daemon in `pipe_dir` could not listen, when its control socket's path is longer
+    than a unix socket's may be (None when it fits). The control program then only exits
+    with status 1; said before starting it, the claim fails at once with the path named
+    instead of after the readiness timeout. A DRA claim's pipe directory is
+    `<--dra-plugin-dir>/mps/<claim UID>-<5 hex>/pipe`: the plugin directory may have at most
+    47 bytes (the kubelet's default, `/var/lib/kubelet/plugins/gpu.nvidia.com`, has 39)."""
+    path = f"{pipe_dir.rstrip('/')}/{CONTROL_SOCKET}"
+    size = len(path.encode())
+    if size <= MAX_SOCKET_PATH_BYTES:
+        return None
+    return (
+        f"MPS control socket {path!r} is {size} bytes, longer than the "
+        f"{MAX_SOCKET_PATH_BYTES} a unix socket path may have: the MPS daemon could not "
+        "listen on it (shorten the MPS root: --dra-plugin-dir in DRA mode, --mps-root)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class MpsDaemonSpec:
     """One control daemon: where it lives and what it is told after it starts.

@@ -1,4 +1,5 @@
-"""A real etcd, kube-apiserver and kube-scheduler for the tests, found as
+"""A real etcd, kube-apiserver, kube-scheduler and (on request) kube-controller-manager for
+the tests, found as
 controller-runtime's envtest finds them: in the directory `KUBEBUILDER_ASSETS` names
 (`setup-envtest` users have one; `.ci/run` unpacks the project's copy from `shared/envtest`).
 
@@ -100,6 +101,9 @@ class ControlPlane:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     scheduler: bool = False
     """A kube-scheduler runs too (the assets hold one)."""
+    controller_manager: bool = False
+    """A kube-controller-manager runs too: ResourceClaims are made from templates and
+    deallocated when their pods go, and each namespace gets its `default` ServiceAccount."""
     apiserver_command: list[str] = field(default_factory=list)
     """How kube-apiserver was started, so `restart_apiserver` starts it the same way."""
 
@@ -197,10 +201,14 @@ def _wait_ready(plane: ControlPlane) -> None:
         time.sleep(0.2)
 
 
-def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPlane:
+def start(
+    bin_dir: Path, workdir: Path, *, scheduler: bool = True, controller_manager: bool = False
+) -> ControlPlane:
     """Start etcd and kube-apiserver (and kube-scheduler, when `scheduler` and the assets
-    hold one) in `workdir`; returns once `/readyz` answers 200. Tests that need no
-    scheduler leave it out: one process less on a small machine."""
+    hold one; kube-controller-manager likewise when `controller_manager`) in `workdir`;
+    returns once `/readyz` answers 200. Tests that need no scheduler leave it out: one
+    process less on a small machine. The controller-manager is off unless asked for: only
+    what meets ResourceClaimTemplates, Deployments or ServiceAccount admission needs it."""
     key, cert = workdir / "sa.key", workdir / "sa.crt"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
@@ -251,19 +259,48 @@ def start(bin_dir: Path, workdir: Path, *, scheduler: bool = True) -> ControlPla
                 )
             )  # fmt: skip
             plane.scheduler = True
+        if controller_manager:
+            plane.processes.append(_start_controller_manager(plane, key, cert))
+            plane.controller_manager = True
     except BaseException:
         plane.stop()
         raise
     return plane
 
 
+def _start_controller_manager(
+    plane: ControlPlane, key: Path, cert: Path
+) -> subprocess.Popen[bytes]:
+    """kube-controller-manager with every controller but `nodelifecycle` (which would taint
+    and evict from a Node whose kubelet sends no heartbeat), signing service-account tokens
+    with the key the API server verifies, the admin kubeconfig for all three of its
+    clients. EnvtestUnavailable when the assets hold none."""
+    binary = plane.bin_dir / "kube-controller-manager"
+    if not binary.is_file():
+        raise EnvtestUnavailable(
+            f"{ASSETS_ENV}={plane.bin_dir} has no kube-controller-manager: {HOW_TO_GET}"
+        )
+    kubeconfig = str(plane.kubeconfig)
+    return _spawn(
+        [str(binary), "--kubeconfig", kubeconfig,
+         "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
+         "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+         "--leader-elect=false", "--controllers", "*,-nodelifecycle",
+         "--service-account-private-key-file", str(key), "--root-ca-file", str(cert),
+         "--use-service-account-credentials=false", "--feature-gates", GATES],
+        plane.workdir / "kube-controller-manager.log",
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
-def running(*, scheduler: bool = True) -> Iterator[ControlPlane]:
+def running(*, scheduler: bool = True, controller_manager: bool = False) -> Iterator[ControlPlane]:
     """A control plane for the duration of the block (EnvtestUnavailable without binaries);
-    `scheduler` is `start`'s."""
+    `scheduler` and `controller_manager` are `start`'s."""
     bin_dir = assets()
     with tempfile.TemporaryDirectory(prefix="gs-envtest-") as tmp:
-        plane = start(bin_dir, Path(tmp), scheduler=scheduler)
+        plane = start(
+            bin_dir, Path(tmp), scheduler=scheduler, controller_manager=controller_manager
+        )
         try:
             yield plane
         finally:

@@ -10,9 +10,10 @@ What a machine without a cluster needs (the envtest README's list): root; contai
 own root, state and socket under a temporary directory, the `native` snapshotter, and
 `restrict_oom_score_adj` (these machines refuse a negative score); the kubelet with the
 cgroupfs driver, no swap or eviction checks, anonymous read on loopback, and pod logs
-in /var/log/pods. There is no CNI, so pods run with `hostNetwork`; there is no
-controller-manager, so nothing removes the `not-ready` taint (pods the scheduler places
-tolerate it) and nothing makes a namespace's `default` ServiceAccount.
+in /var/log/pods. There is no CNI, so pods run with `hostNetwork`, and the Node stays
+NotReady; the control plane's controller-manager (where the tests start one) runs without
+`nodelifecycle`, so nothing removes the `not-ready` taint: pods the scheduler places tolerate
+it, or the test removes it (`untaint_not_ready`).
 
 Two paths are the kubelet's own and not under its `--root-dir`: the device-plugin directory
 `/var/lib/kubelet/device-plugins` (so one real node runs at a time) and the cgroups it makes.
@@ -43,7 +44,13 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 POD_LOGS = Path("/var/log/pods")
 IMAGE = "gpuslice.test/busybox:1"
 """A scratch image holding Debian's static busybox; also the pod sandbox ("pause") image."""
-NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+NODE_BINARIES = (
+    "kubelet",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "kube-controller-manager",
+)
 HOST_TOOLS = {"runc": "runc", "buildah": "buildah", "busybox": "busybox-static"}
 READY_S = 60.0
 
@@ -281,11 +288,25 @@ class RealNode:
             raise RuntimeError(f"kubectl create {obj.get('kind')}: {done.stderr}")
 
     def ensure_namespace(self, namespace: str) -> None:
-        """The namespace and its `default` ServiceAccount, which no controller-manager makes
-        here and the ServiceAccount admission plugin requires of every pod."""
+        """The namespace and its `default` ServiceAccount, which the ServiceAccount admission
+        plugin requires of every pod: made here at once rather than waited for from a
+        controller-manager (a plane without one has nobody to make it)."""
         self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         self.create({"apiVersion": "v1", "kind": "ServiceAccount",
                      "metadata": {"name": "default", "namespace": namespace}})  # fmt: skip
+
+    def untaint_not_ready(self) -> None:
+        """Remove the `node.kubernetes.io/not-ready` taint the API server put on the Node
+        when the kubelet registered it: with no CNI the Node never becomes Ready, and with
+        no `nodelifecycle` controller nothing would lift it. Manifests written for a real
+        cluster, which tolerate only their own taints, then schedule here unchanged."""
+        node = self.node()
+        taints = node.get("spec", {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+        if kept != taints:
+            patch = json.dumps({"spec": {"taints": kept or None}})
+            done = self.plane.kubectl("patch", "node", self.name, "--type=merge", "-p", patch)
+            assert done.returncode == 0, done.stderr
 
     def node_exists(self) -> bool:
         return self.plane.kubectl("get", "node", self.name, "-o", "name").returncode == 0
