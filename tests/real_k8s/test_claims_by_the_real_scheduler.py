@@ -380,7 +380,7 @@ async def test_a_unified_memory_gpu_is_shared_by_count_only(
     [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
     assert ra["device"] == rb["device"] == "gpu-0"
     assert ra["shareID"] != rb["shareID"]
-    assert ra["consumedCapacity"] == rb["consumedCapacity"] == {"shares": "1"}
+    assert ra["consumedCapacity"] == rb["consumedCapacity"] == {"shares": "1", "cores": "0"}  # no memory
 
     driver = node.driver(mps=mps_manager)
     await driver.load()
