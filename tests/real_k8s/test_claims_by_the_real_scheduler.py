@@ -382,7 +382,8 @@ async def test_a_unified_memory_gpu_is_shared_by_count_only(
     [ra], [rb] = (c["status"]["allocation"]["devices"]["results"] for c in (a, b))
     assert ra["device"] == rb["device"] == "gpu-0"
     assert ra["shareID"] != rb["shareID"]
-    assert ra["consumedCapacity"] == rb["consumedCapacity"] == {"shares": "1", "cores": "0"}  # no memory
+    # by count: no memory consumed, only a share (and the cores default)
+    assert ra["consumedCapacity"] == rb["consumedCapacity"] == {"shares": "1", "cores": "0"}
 
     driver = node.driver(mps=mps_manager)
     await driver.load()
