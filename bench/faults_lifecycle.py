@@ -92,8 +92,11 @@ DIRS_S = 3.0
 FIGHT_S = 4.0
 """How long two agents run side by side before the first one exits."""
 OVERLAP_WAIT_S = 15.0
-"""How long a second agent is given to register while the first still runs: a fix may
-have it wait for the first instead, which the two-agent cases then let exit."""
+"""How long a second agent is given to register while the first still runs, unless it says
+first that it waits for the node's lock (`WAITING`): then the two-agent cases let the
+first exit."""
+WAITING = "event=node-lock-busy"
+"""The line a second agent logs when another holds the node (`agent.node_lock`)."""
 
 
 # -- what a case reports ----------------------------------------------------------------------
@@ -334,7 +337,13 @@ async def start_agent(
     await node.daemon.start()
     try:
         loaded = "dra-checkpoint-loaded"
-        await node.until(lambda: loaded in node.daemon.log(), "record loaded", within_s)
+        await node.until(
+            lambda: loaded in node.daemon.log() or WAITING in node.daemon.log(),
+            "record loaded",
+            within_s,
+        )
+        if loaded not in node.daemon.log():
+            return False  # it waits for the node's lock: it acts only once the first exits
         if kubeconfig is None:
             await node.until(
                 lambda: (
@@ -645,7 +654,10 @@ async def _second_dp_agent(node: DpNode) -> int:
     before = node.kubelet.registrations[DP_RES]
     node.daemon = node.agent()
     await node.daemon.start()
-    await node.until(lambda: node.kubelet.registrations[DP_RES] > before, OVERLAP_WAIT_S)
+    await node.until(
+        lambda: node.kubelet.registrations[DP_RES] > before or WAITING in node.daemon.log(),
+        OVERLAP_WAIT_S,
+    )
     await asyncio.sleep(FIGHT_S)
     await first.terminate()  # the lingering one ends (a second one waiting may go on)
     return 1
