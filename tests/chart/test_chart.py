@@ -210,6 +210,8 @@ def container_of(result: Any) -> dict[str, Any]:
         ({"metrics": {"enable": True}}, "'enable' was unexpected"),
         ({"labels": {"mode": "apis"}}, "labels.mode: 'apis' is not one of"),
         ({"probes": {"liveness": {"periodSecond": 3}}}, "'periodSecond' was unexpected"),
+        # NVIDIA's DRA chart keeps its GPU and ComputeDomain switches under `resources`
+        ({"resources": {"gpus": {"enabled": True}}}, "'gpus' was unexpected"),
     ],
 )
 def test_a_typo_is_refused_by_the_schema_and_by_helm(overrides: dict[str, Any], named: str) -> None:
