@@ -41,7 +41,6 @@ import contextlib
 import itertools
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
 from gpuslice.testing.hostile_configs import HOSTILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,12 +83,6 @@ def ts(replicas: int) -> str:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from pathlib import Path
 
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
 
 RESOURCE = "nvidia.com/gpu"
 DEVICES = 1024
@@ -127,12 +127,6 @@ def wakeups(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]
     }
     grpc_part = sum(n for name, n in per_thread.values() if name.startswith(GRPC_THREADS))
     return Wakes(sum(n for _, n in per_thread.values()), grpc_part, per_thread)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def daemon_for(work: Path, node: str, env: dict[str, str]) -> DaemonProcess:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,15 +31,10 @@ from pathlib import Path
 
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
 from gpuslice.testing.http_attack import ProbeStats, attack, attacker_addresses, probe, probe_while
 
 GOAL_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], q: float) -> float:
