@@ -58,11 +58,11 @@ from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
-from gpuslice.host.textfile import UnreadableFile, read_bytes
 from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
 from gpuslice.mps.control import PID_FILE, process_alive
+from gpuslice.mps.identity import IdentityError, read_pid_file
 from gpuslice.ports import DraObjectNotFound, DraObjects
 
 log = get_logger("gpuslice.dra.driver")
@@ -879,11 +879,9 @@ def _daemon_may_run(pid_file: Path) -> bool:
         return True
     if written < boot_time():
         return False
-    try:
-        pid = int(read_bytes(pid_file, 64, follow_symlinks=False).decode("ascii").strip())
-    except UnreadableFile as exc:
-        return not exc.missing
-    except ValueError:  # UnicodeDecodeError is one
+    try:  # the MPS adapter's own bounded reader: a pod can write this directory
+        pid = int(read_pid_file(pid_file).strip())
+    except (IdentityError, ValueError):
         return True
     return pid > 0 and process_alive(pid)
 

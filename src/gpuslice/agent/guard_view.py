@@ -15,6 +15,7 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast, get_args
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.core.guard import GpuMemory, tenants_from
@@ -89,7 +90,7 @@ def guard_view_reader(
     return read
 
 
-_GUARD_MODES: tuple[GuardMode, ...] = ("off", "observe", "enforce")
+_GUARD_MODES = frozenset(get_args(GuardMode))
 
 
 def claim_modes(
@@ -103,9 +104,9 @@ def claim_modes(
 
     def mode_of(resource: str) -> GuardMode | None:
         claim = driver.claim_of(resource)
-        asked = next((m for m in _GUARD_MODES if claim and m == claim.guard_mode), None)
-        if claim is None or asked is None:
+        if claim is None or claim.guard_mode not in _GUARD_MODES:
             return None
+        asked = cast(GuardMode, claim.guard_mode)
         shared = resource in driver.sharing_claims()
         mode = claim_mode(node, asked, shared=shared, override=override)
         if mode is None and claim.uid not in told:
