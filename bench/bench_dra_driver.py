@@ -73,10 +73,10 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, boot_id
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.ports import SliceEvent, SliceListing
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.state import Snapshot
 
 Json = dict[str, Any]
 SERVICE = "gpuslice.bench.Baseline"

@@ -97,7 +97,7 @@ async def worker(kubeconfig: str, nodes: list[str], mode: str, resync_s: float) 
     from gpuslice.host.checkpoint_file import CheckpointFile
     from gpuslice.k8s import make_client
     from gpuslice.k8s.dra import DraApi
-    from gpuslice.kubelet.state import PlanState
+    from gpuslice.state import PlanState
 
     backend = open_backend(SIM, environ={})
     try:

@@ -47,8 +47,8 @@ from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, unix_target
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.mps.control import process_alive
+from gpuslice.protos.dra.v1 import api_pb2 as v1
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
 from gpuslice.testing.daemon import DaemonProcess
 

@@ -64,16 +64,16 @@ from pathlib import Path
 import yaml
 from faults_claims import DRIVER, MPS, DraNode, dra_agent, dra_node, timed_cycle
 
+from gpuslice.aio.programs import ProgramError as MpsError
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.prepared import Checkpoint, decode, encode
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError, DraRegistration
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.mps.control import PID_FILE, ControlProgram, process_alive
 from gpuslice.mps.manager import HEALTH_COMMAND
-from gpuslice.mps.process import MpsError
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.envtest import free_port
 

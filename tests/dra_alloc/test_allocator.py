@@ -14,7 +14,7 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import Health, device_json, dra_devices, slice_specs, taints
-from gpuslice.emulator.dra_allocator import AllocationError, Quantity, Version, allocate
+from gpuslice.whatif.allocator import AllocationError, Quantity, Version, allocate
 
 Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"

@@ -148,7 +148,7 @@ class DraNode:
                 }
             }
         else:
-            from gpuslice.emulator.dra_allocator import allocate
+            from gpuslice.whatif.allocator import allocate
 
             others = [
                 c["status"]["allocation"]

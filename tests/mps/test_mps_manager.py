@@ -18,9 +18,9 @@ from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
     MpsTimings,
-    NvidiaSmiComputeMode,
 )
 from gpuslice.mps.control import process_alive
+from gpuslice.nvsmi import NvidiaSmi
 
 from .conftest import FAKE_CONTROL, gpu, shared, wait_until
 
@@ -70,8 +70,8 @@ def read(path: Path) -> str:
     return path.read_text()
 
 
-def fake_smi(log: Path, outcome: str) -> NvidiaSmiComputeMode:
-    return NvidiaSmiComputeMode((sys.executable, "-c", FAKE_SMI, str(log), outcome))
+def fake_smi(log: Path, outcome: str) -> NvidiaSmi:
+    return NvidiaSmi((sys.executable, "-c", FAKE_SMI, str(log), outcome))
 
 
 @asynccontextmanager
@@ -90,7 +90,7 @@ def manager_for(
     *,
     timeout_s: float = 10.0,
     on_readiness: Callable[[str, bool], None] | None = None,
-    compute_mode: NvidiaSmiComputeMode | None = None,
+    compute_mode: NvidiaSmi | None = None,
     keep_running: bool = False,
 ) -> MpsDaemonManager:
     return MpsDaemonManager(

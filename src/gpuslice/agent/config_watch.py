@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from gpuslice.kubelet.dirwatch import DirWatch
+from gpuslice.aio.dirwatch import DirWatch
 
 
 def watched_directories(path: Path) -> list[Path]:

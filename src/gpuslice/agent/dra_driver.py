@@ -36,8 +36,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
@@ -58,12 +58,12 @@ from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
-from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
+from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
-from gpuslice.ports import DraObjectNotFound, DraObjects
+from gpuslice.ports import DraObjectNotFound, DraObjects, TimesliceSetter
+from gpuslice.state import Snapshot
 
 log = get_logger("gpuslice.dra.driver")
 

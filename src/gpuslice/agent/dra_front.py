@@ -18,8 +18,8 @@ from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.core.dra.health import DeviceHealthReport, device_health
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
-from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.mps import MpsDaemonManager
+from gpuslice.state import PlanState, Snapshot
 
 
 class PlanHealth:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.publish import (
     REPLICAS,
@@ -38,10 +39,9 @@ from gpuslice.core.dra.publish import (
     share_offers,
     taints,
 )
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
+from gpuslice.state import PlanState, Snapshot
 
 log = get_logger("gpuslice.dra.slices")
 Json = dict[str, Any]

@@ -19,6 +19,7 @@ from gpuslice.agent.config_watch import ConfigWatch
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.config.schema import Config
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
@@ -29,10 +30,9 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
-from gpuslice.kubelet.state import PlanState
-from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.ports import GpuBackend
+from gpuslice.state import PlanState
 
 log = get_logger("gpuslice.agent")
 

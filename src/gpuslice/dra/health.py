@@ -24,7 +24,7 @@ import grpc
 from structlog.stdlib import BoundLogger
 
 from gpuslice.core.dra.health import DeviceHealthReport, health_message
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
 
 DEFAULT_HEALTH_TIMEOUT_S = 30
 """What we tell the kubelet (its own default too): Unknown after this long without news."""

@@ -21,8 +21,10 @@ from pathlib import Path
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.aio.sockets import SocketId, socket_identity
+from gpuslice.aio.waiting import sleep_unless_stopped, unless_stopped
 from gpuslice.kubelet.convert import register_request
-from gpuslice.kubelet.dirwatch import DirWatch
 from gpuslice.kubelet.registration import Backoff, register_until_done
 from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
 from gpuslice.kubelet.servicer import (
@@ -31,10 +33,8 @@ from gpuslice.kubelet.servicer import (
     ListingCache,
     existing_dev_nodes,
 )
-from gpuslice.kubelet.sockets import SocketId, socket_identity
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import sleep_unless_stopped, unless_stopped
 from gpuslice.logs import get_logger
+from gpuslice.state import PlanState, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.mps import MpsDaemonSpec
-from gpuslice.mps.compute_mode import ComputeModeSetter
 from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
 from gpuslice.mps.identity import IdentityError, read_bounded
-from gpuslice.mps.process import MpsError
 from gpuslice.mps.readiness import Readiness, ReadinessListener
+from gpuslice.ports import ComputeModeSetter
 
 HEALTH_COMMAND = "get_default_active_thread_percentage"
 RECORD_LIMIT = 64 * 1024

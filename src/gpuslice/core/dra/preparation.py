@@ -3,7 +3,7 @@ which time-slice intervals to set, what each step records for Unprepare, the CDI
 to write and what the claim's pods are entitled to.
 
 The driver carries the steps out (`agent.dra_driver`); `gpuslice describe --claims` shows
-them without running any (`emulator.dra_whatif`). One derivation serves both, so what the
+them without running any (`whatif.claims`). One derivation serves both, so what the
 what-if view predicts is what Prepare does.
 """
 

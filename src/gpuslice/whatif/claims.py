@@ -4,14 +4,15 @@
 this node each request gets, how it is shared, what its containers are told, and how much
 memory the memory guard lets each pod hold. Nothing here is estimated a second way: the
 node's slices come from the publisher's functions (`core.dra.publish`), each claim is
-allocated by the scheduler double (`dra_allocator.allocate`, the CEL and capacity rules),
+allocated by the scheduler's rules (`whatif.allocator.allocate`, the CEL and capacity rules),
 and what Prepare would do comes from the driver's core (`core.dra.claims.claim_work`,
 `core.dra.preparation`, `cdispec.claim_spec`, `claimplan.claims_plan`,
 `attribution.entitlement_of`). Claims are taken in file order and each allocation counts
 as in use for the next ones, as on a real node, so the fifth claim on a GPU shared four ways
 gets the scheduler's refusal.
 
-It lives in the emulator, not the core, because the allocator evaluates CEL (`celpy`).
+It lives beside the allocator (`whatif.allocator`), not in the core, because the allocator
+evaluates CEL (`celpy`); it is a product command's engine, so it is not in `emulator` either.
 `slice_devices` also summarises slices the running driver published (the DRA demo).
 """
 
@@ -52,7 +53,7 @@ from gpuslice.core.dra.publish import (
 from gpuslice.core.dra.sharing import INTERVALS, quantity_mib
 from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.sharing.model import Plan
-from gpuslice.emulator.dra_allocator import AllocationError, allocate
+from gpuslice.whatif.allocator import AllocationError, allocate
 
 Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"

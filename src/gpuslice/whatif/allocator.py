@@ -1,4 +1,5 @@
-"""The scheduler's side of DRA (structured parameters), for tests and the demo.
+"""The scheduler's side of DRA (structured parameters): the scheduler double, the demo and
+`describe --claims`.
 
 `allocate` computes a ResourceClaim's `status.allocation` from DeviceClasses, the
 ResourceSlices and the allocations other claims already hold, as kube-scheduler's DRA
