@@ -54,6 +54,8 @@ from typing import Any
 
 import grpc
 
+from gpuslice.core.jsontypes import Json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dra_api_double import ApiDouble
@@ -78,7 +80,6 @@ from gpuslice.ports import SliceEvent, SliceListing
 from gpuslice.protos.dra.v1 import api_pb2 as v1
 from gpuslice.state import Snapshot
 
-Json = dict[str, Any]
 SERVICE = "gpuslice.bench.Baseline"
 BASELINE = f"/{SERVICE}/Empty"
 GET_CLAIM = f"/{SERVICE}/GetClaim"

@@ -25,6 +25,7 @@ from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -42,7 +43,6 @@ from gpuslice.whatif.claims import (
     what_if,
 )
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
 FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")

@@ -39,12 +39,12 @@ from gpuslice.core.dra.publish import (
     share_offers,
     taints,
 )
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
 from gpuslice.state import PlanState, Snapshot
 
 log = get_logger("gpuslice.dra.slices")
-Json = dict[str, Any]
 
 
 def _now() -> str:

@@ -44,12 +44,12 @@ from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
 from gpuslice.core.migcaps import access_files, char_major, device_file_minor
+from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
 log = get_logger(__name__)
 
-MIB = 1024 * 1024
 
 EVENT_SBE = 0x1
 EVENT_DBE = 0x2

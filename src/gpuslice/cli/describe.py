@@ -24,7 +24,7 @@ from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.host.configfiles import MAX_BYTES
-from gpuslice.host.textfile import read_text
+from gpuslice.textfile import read_text
 
 if TYPE_CHECKING:
     from gpuslice.whatif.claims import ClaimOutcome, SliceDevice, WhatIf

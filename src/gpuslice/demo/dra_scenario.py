@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -31,6 +30,7 @@ from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.jsontypes import Json
 from gpuslice.dra.server import DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.dra_store import DraStore
@@ -45,7 +45,6 @@ from gpuslice.whatif.claims import (
     what_if,
 )
 
-Json = dict[str, Any]
 DRA_NODE = "sim:1xh100-80gb,1xh100-80gb/mig=1g.10gb*7"
 """GPU 0 whole, GPU 1 split into seven 1g.10gb MIG devices."""
 NODE_NAME = "demo-node"

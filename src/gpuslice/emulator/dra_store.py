@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
 from gpuslice.whatif.allocator import allocate
 
-Json = dict[str, Any]
 HISTORY = 1000
 """Slice events kept for watches resuming from an older version."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.errors import ConfigError, FieldProblem
-from gpuslice.host.textfile import UnreadableFile, read_text
+from gpuslice.textfile import UnreadableFile, read_text
 
 MAX_BYTES = 1024 * 1024
 """Largest config file (or directory of them, in total) read: 1 MiB, a ConfigMap's limit."""

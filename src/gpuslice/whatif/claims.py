@@ -23,7 +23,7 @@ import itertools
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config.parsing import load_documents
@@ -40,7 +40,6 @@ from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
-    MIB,
     REPLICAS,
     SHARES_CAPACITY,
     DraDevice,
@@ -50,12 +49,13 @@ from gpuslice.core.dra.publish import (
     share_offers,
     slice_specs,
 )
-from gpuslice.core.dra.sharing import INTERVALS, quantity_mib
+from gpuslice.core.dra.sharing import INTERVALS
 from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import Plan
+from gpuslice.core.units import MIB, quantity_mib
 from gpuslice.whatif.allocator import AllocationError, allocate
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 POOL = "node-1"
 """The pool (node name) the what-if publishes under: any name does, it only has to agree."""

@@ -34,14 +34,13 @@ from gpuslice.core.dra.sharing import (
     INTERVALS,
     ClaimConfigError,
     Sharing,
-    quantity_mib,
     resolve,
 )
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName
+from gpuslice.core.units import quantity_mib
 
-Json = dict[str, Any]
 __all__ = [
     "CORES_CAPACITY",
     "SHARES_CAPACITY",

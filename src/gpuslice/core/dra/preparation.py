@@ -25,8 +25,7 @@ from gpuslice.core.dra.claims import (
 from gpuslice.core.dra.prepared import AppliedSharing, DeviceUse
 from gpuslice.core.migcaps import access_files
 from gpuslice.core.mps import MpsDaemonSpec
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 
 @dataclass(frozen=True, slots=True)

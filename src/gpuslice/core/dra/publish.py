@@ -24,15 +24,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gpu_family
 from gpuslice.core.sharing.model import Plan
+from gpuslice.core.units import MIB, canonical_quantity
 
-Json = dict[str, Any]
-MIB = 1024 * 1024
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 """The API's limit once any device of a slice has taints (Kubernetes 1.35+)."""
@@ -171,22 +171,6 @@ def share_offers(
         )
         for d in devices
     }
-
-
-_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
-_DECIMAL = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3))
-
-
-def quantity(value: int, *, binary: bool = False) -> str:
-    """`value` in the canonical form the API server returns a Quantity in (`5Gi`, not
-    `5120Mi`; `1k`, not `1000`). Publishing any other spelling makes every comparison with
-    the stored slice differ, and the pool would be republished at each resync."""
-    if value == 0:
-        return "0"
-    for suffix, scale in _BINARY if binary else _DECIMAL:
-        if value % scale == 0:
-            return f"{value // scale}{suffix}"
-    return str(value)
 
 
 def semver(text: str) -> str:
@@ -333,7 +317,9 @@ def device_json(
     Kubernetes' DRAConsumableCapacity): in `replicas` mode one share and memory/N; in
     NVIDIA's modes what NVIDIA's `--consumable-shares` publishes. Every offered device also
     has `cores` (default 0: a claim reserves compute only by asking for it)."""
-    capacity: Json = {k: {"value": quantity(v)} for k, v in sorted(device.capacity.items())}
+    capacity: Json = {
+        k: {"value": canonical_quantity(v)} for k, v in sorted(device.capacity.items())
+    }
     out: Json = {
         "name": device.name,
         "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
@@ -350,23 +336,25 @@ def device_json(
                 # and consuming all of nothing holds nothing.)
                 capacity[name]["requestPolicy"] = {
                     "default": "0",
-                    "validRange": {"min": "0", "max": quantity(value), "step": "1"},
+                    "validRange": {"min": "0", "max": canonical_quantity(value), "step": "1"},
                 }
         memory = device.capacity.get("memory", offer.memory_mib * MIB)
         if memory <= 0:
             pass  # a unified-memory GPU reports no memory: shared by count (and cores) only
         elif offer.mode == "replicas":
             capacity["memory"] = {
-                "value": quantity(memory),
+                "value": canonical_quantity(memory),
                 "requestPolicy": {
-                    "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
+                    "default": canonical_quantity(
+                        offer.memory_mib // offer.replicas * MIB, binary=True
+                    ),
                     "validRange": {"min": "1Mi", "step": "1Mi"},
                 },
             }
         else:
             # NVIDIA's: the value rounded down to whole MiB (max and default must be
             # multiples of the step, or the API server refuses the slice)
-            whole = quantity(memory // MIB * MIB, binary=True)
+            whole = canonical_quantity(memory // MIB * MIB, binary=True)
             everything = offer.mode == "memory"
             low = "1Mi" if everything else "0"
             capacity["memory"] = {
@@ -378,10 +366,14 @@ def device_json(
             }
         if offer.counted:
             capacity[SHARES_CAPACITY] = {
-                "value": quantity(offer.replicas),
+                "value": canonical_quantity(offer.replicas),
                 "requestPolicy": {
                     "default": "1",
-                    "validRange": {"min": "1", "max": quantity(offer.replicas), "step": "1"},
+                    "validRange": {
+                        "min": "1",
+                        "max": canonical_quantity(offer.replicas),
+                        "step": "1",
+                    },
                 },
             }
         capacity[CORES_CAPACITY] = {

@@ -17,7 +17,6 @@ config naming a request explicitly must fit the device (no `GpuConfig` on a MIG 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -34,12 +33,12 @@ from pydantic import (
 
 from gpuslice.core.config.problems import problems_from
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.jsontypes import Json
+from gpuslice.core.units import mib_of
 
-Json = dict[str, Any]
 NVIDIA_API = "resource.nvidia.com/v1beta1"
 GPUSLICE_API = "resource.gpuslice.io/v1alpha1"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
-MIB = 1024 * 1024
 PER_DEVICE_LIMITS = 128
 
 
@@ -102,14 +101,14 @@ class _MpsConfig(_Strict):
     @classmethod
     def _quantity(cls, v: str | int | None) -> str | int | None:
         if v is not None:
-            _mib(v)
+            mib_of(v)
         return v
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _quantities(cls, v: dict[str, str | int] | None) -> dict[str, str | int] | None:
         for value in (v or {}).values():
-            _mib(value)
+            mib_of(value)
         return v
 
 
@@ -181,44 +180,6 @@ class Sharing:
     """Which config entry this came from, for messages (`config[2]` or `default`)."""
 
 
-def quantity_mib(value: object) -> int:
-    """A Kubernetes quantity (`20Gi`, `21474836480`, an int) in whole MiB, at least 1;
-    ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"not a quantity: {value!r}")
-    return _mib(value)
-
-
-QUANTITY_PATTERN = r"[ \t\n\r\f\v]*([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([KMGTPE]i?|k|)[ \t\n\r\f\v]*"
-"""The quantities `_mib` reads. ASCII only, so the chart's admission policy (RE2, in CEL)
-reads the same strings (Python's `\\d` and `\\s` would also match other scripts' digits and
-spaces)."""
-
-
-def _mib(value: str | int) -> int:
-    """A Kubernetes quantity in whole MiB (NVIDIA rounds down; at least 1 MiB). A value too
-    large for a float (hundreds of digits) is refused, not an OverflowError."""
-    if isinstance(value, int):
-        count = value
-    else:
-        m = re.fullmatch(QUANTITY_PATTERN, value)
-        if m is None:
-            raise ValueError(f"not a quantity: {value!r}")
-        scale = {
-            "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-            "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-            "Ei": 2**60,
-        }[m.group(2)]  # fmt: skip
-        scaled = float(m.group(1)) * scale
-        if not math.isfinite(scaled):
-            raise ValueError("too large")
-        count = int(scaled)
-    mib = count // MIB
-    if mib < 1:
-        raise ValueError(f"must be at least 1Mi, got {value!r}")
-    return mib
-
-
 def parse_opaque(parameters: object, where: str) -> _GpuConfig | _MigDeviceConfig | _GuardConfig:
     """One opaque config's parameters, strictly; errors name `where` and the field."""
     if not isinstance(parameters, Mapping):
@@ -275,11 +236,11 @@ def _sharing(
                 mps_cfg.default_active_thread_percentage if mps_cfg else None
             ),
             pinned_limit_mib=(
-                _mib(mps_cfg.default_pinned_device_memory_limit)
+                mib_of(mps_cfg.default_pinned_device_memory_limit)
                 if mps_cfg and mps_cfg.default_pinned_device_memory_limit is not None
                 else None
             ),
-            per_device_limit_mib={k: _mib(v) for k, v in per_device.items()},
+            per_device_limit_mib={k: mib_of(v) for k, v in per_device.items()},
             multi_user=bool(mps_cfg and mps_cfg.multi_user),
         )
     elif isinstance(cfg.sharing, _GpuSharing) and cfg.sharing.time_slicing_config is not None:
