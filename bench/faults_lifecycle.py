@@ -283,7 +283,7 @@ class Registrations:
     """Registrations the DRA kubelet emulator accepts, counted by watching its current
     registration change (a new object per accepted registration; the emulator keeps no
     count of its own), every 10 ms, and only for a registration socket not counted before
-    (`kubelet.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
+    (`aio.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
     happens to register twice (it scanned an agent's stale socket while the new agent put
     its own in place: a race of the emulator's, seen once in six reboots) counts once, while
     agents re-creating their sockets against each other count every time."""

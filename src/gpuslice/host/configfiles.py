@@ -6,7 +6,7 @@ manifest (`kind: ConfigMap`, `data:`) or as Helm values (`config.default` + `con
 All of them end up as `NamedConfigs`: name -> raw text, plus the default name if the source
 says one. Parsing and validating the text is the core's job; this module only reads.
 
-Reading cannot hurt the daemon: every file goes through `host.textfile.read_text` (regular
+Reading cannot hurt the daemon: every file goes through `textfile.read_text` (regular
 files only, opened non-blocking, at most MAX_BYTES, a ConfigMap's own cap, UTF-8 only).
 Every failure, a missing, dangling or looping path included, is a ConfigError.
 """

@@ -6,7 +6,7 @@ others keep serving and their streams send the new lists), the kubelet (a new ku
 deletes every socket in the directory and creates its own: every server is recreated and
 registered again), and our own socket file (deleted by someone: recreated and registered).
 The check is level-triggered (socket inode and ctime, compared with what was last seen);
-it runs when inotify says the directory changed (`kubelet.dirwatch`), on a slow safety-net
+it runs when inotify says the directory changed (`aio.dirwatch`), on a slow safety-net
 tick, and every 150 ms where the directory cannot be watched.
 """
 
