@@ -28,7 +28,6 @@ from gpuslice.core.dra.publish import (
     SHARES_CAPACITY,
     DraDevice,
     ShareOffer,
-    ShareStrategy,
 )
 from gpuslice.core.dra.sharing import (
     INTERVALS,
@@ -39,7 +38,7 @@ from gpuslice.core.dra.sharing import (
 )
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
-from gpuslice.core.sharing.model import ResourceName
+from gpuslice.core.sharing.model import ResourceName, SharingStrategy
 
 Json = dict[str, Any]
 __all__ = [
@@ -66,7 +65,7 @@ class ShareUse:
     memory_mib: int
     """0: the claim reserved no memory (NVIDIA's `unlimited` and count modes by default), so
     it is given no memory limit or hint."""
-    strategy: ShareStrategy
+    strategy: SharingStrategy
     cores: int = 0
     """The percentage of the SMs the claim reserved (`cores`); 0 when it asked for none."""
 
@@ -197,15 +196,15 @@ def _on_a_share(
     GPU-wide, and MPS shares are served by one daemon), so the node's setting is kept and
     the claim is told (the notice), rather than failed."""
     shared = f"{device.name}, which this node offers as shares ({share.replicas}, {share.strategy})"
-    if chosen.strategy == "MPS":
+    if chosen.shares is SharingStrategy.MPS:
         raise ClaimError(
             f"{where}: {chosen.source} asks for MPS on device {shared}: the node's config "
             "sets how shares are shared"
         )
-    if chosen.strategy != "TimeSlicing":
+    if chosen.shares is not SharingStrategy.TIME_SLICING:
         return chosen, None
     kept = replace(chosen, strategy=None, interval=None)
-    if share.strategy == "time-slicing" and chosen.interval is None:
+    if share.strategy == SharingStrategy.TIME_SLICING and chosen.interval is None:
         return kept, None  # time-slicing as asked: nothing differs
     names = {v: k for k, v in INTERVALS.items()}
     asked = "TimeSlicing" + ("" if chosen.interval is None else f" ({names[chosen.interval]})")
@@ -229,7 +228,7 @@ def _share_use(
     consumed = result.get("consumedCapacity") or {}
     mode = offer.mode if offer is not None else "replicas"
     replicas = offer.replicas if offer is not None and offer.counted else 1
-    strategy: ShareStrategy = offer.strategy if offer is not None else "time-slicing"
+    strategy = offer.strategy if offer is not None else SharingStrategy.TIME_SLICING
     total_mib = device.capacity.get("memory", 0) // (1024 * 1024)
     may_take_none = mode in ("unlimited", "count")
     default_mib = {"memory": total_mib, "unlimited": 0, "count": 0}.get(mode, total_mib // replicas)
@@ -333,7 +332,7 @@ def group_daemon_spec(claim_uid: str, group: GroupWork, root: str) -> MpsDaemonS
     `"0"` means the same device on both drivers). The daemon numbers the devices it sees
     from 0, so a MIG device's limit is sent for its position there."""
     mps = group.sharing.mps
-    if group.sharing.strategy != "MPS" or mps is None:
+    if group.sharing.shares is not SharingStrategy.MPS or mps is None:
         return None
     gpus: dict[str, int] = {}
     for d in group.devices:
@@ -385,7 +384,7 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
     or for time-slicing the same memory hints the device plugin gives replicas. A share that
     reserved no memory gets no memory limit or hint: it asked for none of it, and a hint of
     the whole GPU would make frameworks that preallocate (XLA) take it from its neighbours."""
-    if share.strategy == "mps":
+    if share.strategy == SharingStrategy.MPS:
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage)}
         if share.memory_mib > 0:  # 0: none reserved, or a unified-memory GPU
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"

@@ -39,6 +39,7 @@ from gpuslice.core.dra.names import (
     check_object_name,
     check_path_component,
 )
+from gpuslice.core.sharing.model import SharingStrategy
 
 FORMAT = "gpuslice.io/dra-checkpoint"
 VERSION = 1
@@ -74,8 +75,7 @@ class DeviceUse:
     device: str
     physical_uuid: str
     """The GPU's or the MIG device's UUID."""
-    strategy: str
-    """`none`, `time-slicing` or `mps`."""
+    strategy: SharingStrategy
     shared_by: int = 1
     """Pods meant to share the device (GuardConfig `sharedBy`), or a share's N."""
     share_id: str | None = None
@@ -238,12 +238,22 @@ def _use(u: Mapping[str, Any]) -> DeviceUse:
     return DeviceUse(
         device=str(u["device"]),
         physical_uuid=str(u["physical"]),
-        strategy=str(u.get("strategy", "none")),
+        strategy=_strategy(u.get("strategy")),
         shared_by=_int(u.get("sharedBy", 1), "sharedBy", 1, 1_000_000),
         share_id=None if u.get("shareID") is None else str(u["shareID"]),
         entitlement_mib=_optional_int(u.get("entitlementMiB"), "entitlementMiB"),
         thread_percentage=_optional_int(u.get("threadPercentage"), "threadPercentage", 0, 100),
         admin=u.get("admin") is True,
+    )
+
+
+def _strategy(value: object) -> SharingStrategy:
+    """A use's strategy; one this version does not know (written by a newer one) reads as
+    NONE, which is what this version made of it before the field was typed: not MPS, not
+    time-sliced, so the device's whole memory is the claim's entitlement."""
+    known = {s.value: s for s in SharingStrategy}
+    return (
+        known.get(value, SharingStrategy.NONE) if isinstance(value, str) else SharingStrategy.NONE
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.labels import gpu_family
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 
 Json = dict[str, Any]
 MIB = 1024 * 1024
@@ -55,7 +55,6 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 `matchAttribute` on it puts a GPU and a NIC (or two GPUs) under one root."""
 
 AttrKind = Literal["string", "int", "bool", "version"]
-ShareStrategy = Literal["time-slicing", "mps"]
 SharesKind = Literal["replicas", "disabled", "memory", "unlimited", "count"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -130,7 +129,8 @@ class ShareOffer:
 
     replicas: int
     """The `shares` capacity (N); 1 where the mode publishes none (`memory`, `unlimited`)."""
-    strategy: ShareStrategy
+    strategy: SharingStrategy
+    """TIME_SLICING or MPS (never NONE: a device not shared is not offered)."""
     memory_mib: int
     mode: SharesKind = "replicas"
 
@@ -150,9 +150,9 @@ def share_offers(
     if mode.kind == "disabled":
         return {}
     out: dict[str, ShareOffer] = {}
-    strategies: dict[str, ShareStrategy] = {}
+    strategies: dict[str, SharingStrategy] = {}
     for resource in plan.resources:
-        if resource.strategy == "none":
+        if resource.strategy == SharingStrategy.NONE:
             continue
         for dev in resource.devices:
             if dev.replicas > 1:
@@ -165,7 +165,7 @@ def share_offers(
     return {
         d.uuid: ShareOffer(
             mode.count or 1,
-            strategies.get(d.uuid, "time-slicing"),
+            strategies.get(d.uuid, SharingStrategy.TIME_SLICING),
             d.capacity.get("memory", 0) // MIB,
             mode.kind,
         )

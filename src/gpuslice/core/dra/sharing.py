@@ -34,6 +34,7 @@ from pydantic import (
 
 from gpuslice.core.config.problems import problems_from
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.sharing.model import NvidiaSharingName, SharingStrategy
 
 Json = dict[str, Any]
 NVIDIA_API = "resource.nvidia.com/v1beta1"
@@ -114,13 +115,13 @@ class _MpsConfig(_Strict):
 
 
 class _GpuSharing(_Strict):
-    strategy: Literal["TimeSlicing", "MPS"]
+    strategy: NvidiaSharingName
     time_slicing_config: _TimeSlicingConfig | None = Field(None, alias="timeSlicingConfig")
     mps_config: _MpsConfig | None = Field(None, alias="mpsConfig")
 
 
 class _MigSharing(_Strict):
-    strategy: Literal["TimeSlicing", "MPS"]
+    strategy: NvidiaSharingName
     mps_config: _MpsConfig | None = Field(None, alias="mpsConfig")
 
 
@@ -168,9 +169,10 @@ class Sharing:
     """One resolved config: applied once to the group of devices that share it."""
 
     kind: Literal["gpu", "mig"]
-    strategy: Literal["TimeSlicing", "MPS"] | None = None
-    """None: no sharing asked (the default config): the devices are the claim's alone,
-    shared only by the pods and containers that reference the claim."""
+    strategy: NvidiaSharingName | None = None
+    """As the config spelled it (messages quote it); None: no sharing asked (the default
+    config): the devices are the claim's alone, shared only by the pods and containers that
+    reference the claim. Code asks `shares` instead."""
     interval: int | None = None
     """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
     mps: MpsSettings | None = None
@@ -179,6 +181,11 @@ class Sharing:
     """GuardConfig `sharedBy`: pods meant to share each device (None: not said, 1)."""
     source: str = "default"
     """Which config entry this came from, for messages (`config[2]` or `default`)."""
+
+    @property
+    def shares(self) -> SharingStrategy:
+        """`strategy` in the one vocabulary (`NONE` when no sharing was asked)."""
+        return SharingStrategy.from_nvidia(self.strategy)
 
 
 def quantity_mib(value: object) -> int:
@@ -249,12 +256,13 @@ def _check_strategy(cfg: _GpuConfig | _MigDeviceConfig | _GuardConfig, where: st
     sharing = getattr(cfg, "sharing", None)
     if sharing is None:
         return
-    if isinstance(sharing, _GpuSharing) and sharing.strategy == "MPS":
+    shares = SharingStrategy.from_nvidia(sharing.strategy)
+    if isinstance(sharing, _GpuSharing) and shares is SharingStrategy.MPS:
         if sharing.time_slicing_config is not None:
             raise ClaimConfigError(
                 f"{where}.parameters.sharing.timeSlicingConfig: not allowed with strategy MPS"
             )
-    elif sharing.strategy == "TimeSlicing" and sharing.mps_config is not None:
+    elif shares is SharingStrategy.TIME_SLICING and sharing.mps_config is not None:
         raise ClaimConfigError(
             f"{where}.parameters.sharing.mpsConfig: not allowed with strategy TimeSlicing"
         )
@@ -268,7 +276,7 @@ def _sharing(
     mps: MpsSettings | None = None
     interval: int | None = None
     mps_cfg = cfg.sharing.mps_config
-    if cfg.sharing.strategy == "MPS":
+    if SharingStrategy.from_nvidia(cfg.sharing.strategy) is SharingStrategy.MPS:
         per_device = (mps_cfg.default_per_device_pinned_memory_limit if mps_cfg else None) or {}
         mps = MpsSettings(
             active_thread_percentage=(
