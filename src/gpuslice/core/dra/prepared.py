@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +43,15 @@ from gpuslice.core.sharing.model import SharingStrategy
 
 FORMAT = "gpuslice.io/dra-checkpoint"
 VERSION = 1
+"""The version this code writes. A change an older reader can ignore (a new optional
+field) keeps it; one it cannot (a field renamed, a meaning changed) bumps it and adds the
+step from the previous version to `MIGRATIONS`, so files written before still read (as
+NVIDIA's `checkpoint.go` migrates its V1 to V2)."""
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: Mapping[int, Migration] = {}
+"""Version n's `data` -> version n+1's, for every n below VERSION (none yet: version 1 is the
+only one written so far)."""
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
 
@@ -143,6 +152,7 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
         data = doc.get("data")
         if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
             return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
+        data = migrate(data, doc.get("version"))
         claims = {str(uid): _claim(uid, c) for uid, c in (data.get("claims") or {}).items()}
         stored_boot = str(data.get("bootID", ""))
         complete = data.get("incomplete") is not True
@@ -162,6 +172,25 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if boot_id and stored_boot and stored_boot != boot_id:
         return Decoded("stale", Checkpoint(boot_id), f"written before a reboot ({stored_boot})")
     return Decoded("ok", Checkpoint(boot_id, claims, complete))
+
+
+def migrate(
+    data: dict[str, Any],
+    version: object,
+    migrations: Mapping[int, Migration] = MIGRATIONS,
+    current: int = VERSION,
+) -> dict[str, Any]:
+    """`data` written at `version`, as this version reads it: each step from there up to
+    `current` (VERSION) applied in turn. A newer version's data is read as it is, its added fields
+    ignored (forward-readable). ValueError (the file is corrupt) for a version that is not
+    a positive integer, or one older than any step reaches."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version {str(version)[:40]!r} is not a checkpoint version")
+    for step in range(version, current):
+        if step not in migrations:
+            raise ValueError(f"version {step} cannot be read by version {current}")
+        data = migrations[step](data)
+    return data
 
 
 def _no_float(text: str) -> Any:
