@@ -29,6 +29,7 @@ from gpuslice.core.dra.publish import (
     DraDevice,
     ShareOffer,
 )
+from gpuslice.core.dra.resource_claim import DeviceResult, ResourceClaim
 from gpuslice.core.dra.sharing import (
     INTERVALS,
     ClaimConfigError,
@@ -40,7 +41,6 @@ from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName, SharingStrategy
 
-Json = dict[str, Any]
 __all__ = [
     "CORES_CAPACITY",
     "SHARES_CAPACITY",
@@ -120,7 +120,7 @@ class ClaimWork:
 
 
 def claim_work(
-    claim: Mapping[str, Any],
+    claim: ResourceClaim | Mapping[str, Any],
     ref: ClaimRef,
     *,
     driver: str,
@@ -128,60 +128,63 @@ def claim_work(
     devices: Mapping[str, DraDevice],
     offers: Mapping[str, ShareOffer],
 ) -> ClaimWork:
-    """What preparing `claim` means on this node; ClaimError says why it cannot be."""
+    """What preparing `claim` means on this node; ClaimError says why it cannot be.
+    `claim`: read (`ResourceClaim.read`) unless it already is."""
     where = f"ResourceClaim {ref.namespace}/{ref.name}"
-    if not isinstance(claim, Mapping):
+    if not isinstance(claim, ResourceClaim):
+        claim = ResourceClaim.read(claim)
+    if not claim.is_object:
         raise ClaimError(f"{where}: not an object")
-    uid = (claim.get("metadata") or {}).get("uid")
-    if uid != ref.uid:
+    if claim.uid != ref.uid:
         raise ClaimError(
-            f"{where} has UID {uid!r}, not {ref.uid!r}: it was deleted and created again"
+            f"{where} has UID {claim.uid!r}, not {ref.uid!r}: it was deleted and created again"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
+    allocation = claim.allocation
+    if allocation is None:
         raise ClaimError(f"{where}: status.allocation is missing (the claim is not allocated)")
-    results = (allocation.get("devices") or {}).get("results")
-    if not isinstance(results, list):
+    if allocation.results is None:
         raise ClaimError(f"{where}: status.allocation.devices.results is missing")
-    ours = [(i, r) for i, r in enumerate(results) if _get(r, "driver") == driver]
+    ours = [r for r in allocation.results if r.driver == driver]
     if not ours:
         raise ClaimError(f"{where}: no allocation result is for driver {driver!r}")
     kind_of = {name: d.kind for name, d in devices.items()}
     seen: dict[str, int] = {}
-    for i, result in ours:
-        field = f"status.allocation.devices.results[{i}]"
-        if _get(result, "pool") != pool:
+    for result in ours:
+        field = f"status.allocation.devices.results[{result.index}]"
+        if result.pool != pool:
             raise ClaimError(
-                f"{where}: {field}.pool is {_get(result, 'pool')!r}; this node's pool is {pool!r}"
+                f"{where}: {field}.pool is {result.pool!r}; this node's pool is {pool!r}"
             )
-        name = _get(result, "device")
+        name = result.device
         if name not in devices:
             raise ClaimError(
                 f"{where}: {field}.device {name!r} is not a device of this node "
                 f"(now: {', '.join(sorted(devices)) or 'none'})"
             )
-        if not _get(result, "shareID"):
+        if not result.share_id:
             if name in seen:
                 raise ClaimError(f"{where}: {field} allocates device {name!r} a second time")
-            seen[name] = i
+            seen[name] = result.index
     try:
         sharing = resolve(allocation, driver, kind_of)
     except ClaimConfigError as exc:
         raise ClaimError(f"{where}: status.allocation.devices.{exc}") from None
     work: list[DeviceWork] = []
     notices: list[str] = []
-    for i, result in ours:
-        device = devices[_get(result, "device")]
-        chosen = sharing[i]
-        share_id = _get(result, "shareID") or None
+    for result in ours:
+        device = devices[result.device]
+        chosen = sharing[result.index]
+        share_id = result.share_id or None
         share = None
         if share_id is not None:
-            share = _share_use(result, device, offers.get(device.name), f"{where}: results[{i}]")
+            at = f"{where}: results[{result.index}]"
+            share = _share_use(result, device, offers.get(device.name), at)
             chosen, notice = _on_a_share(chosen, device, share, where)
             if notice is not None:
                 notices.append(notice)
-        admin = result.get("adminAccess") is True
-        work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share, admin))
+        work.append(
+            DeviceWork(result.request, device, chosen, share_id, share, result.admin_access)
+        )
     return ClaimWork(ref, tuple(work), _groups(work), tuple(dict.fromkeys(notices)))
 
 
@@ -215,17 +218,12 @@ def _on_a_share(
     )
 
 
-def _get(obj: object, key: str) -> str:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, str) else ""
-
-
 def _share_use(
-    result: Mapping[str, Any], device: DraDevice, offer: ShareOffer | None, where: str
+    result: DeviceResult, device: DraDevice, offer: ShareOffer | None, where: str
 ) -> ShareUse:
     """What the allocation consumed, as the scheduler recorded it; where a capacity is not
     recorded, what the device's policy gives by default."""
-    consumed = result.get("consumedCapacity") or {}
+    consumed = result.consumed_capacity
     mode = offer.mode if offer is not None else "replicas"
     replicas = offer.replicas if offer is not None and offer.counted else 1
     strategy = offer.strategy if offer is not None else SharingStrategy.TIME_SLICING

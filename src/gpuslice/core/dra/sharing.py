@@ -32,8 +32,8 @@ from gpuslice.core.dra.opaque.base import OpaqueKind, StrictModel
 from gpuslice.core.dra.opaque.base import Sharing as Sharing
 from gpuslice.core.dra.opaque.registry import KINDS
 from gpuslice.core.dra.quantity import quantity_mib as quantity_mib
+from gpuslice.core.dra.resource_claim import Allocation
 
-Json = dict[str, Any]
 # INTERVALS, ClaimConfigError, MpsSettings, Sharing and quantity_mib are re-exported (`as`):
 # the claim readers and the adapters import them from here.
 
@@ -70,7 +70,7 @@ class _Entry:
 
 
 def resolve(
-    allocation: Mapping[str, Any],
+    allocation: Allocation | Mapping[str, Any],
     driver: str,
     kind_of: Mapping[str, Literal["gpu", "mig"]],
     kinds: Sequence[OpaqueKind[Any]] = KINDS,
@@ -78,44 +78,42 @@ def resolve(
     """For each of this driver's allocation results (by its index in `results`), the
     sharing it gets. `kind_of` maps device name -> gpu|mig. ClaimConfigError on any config
     of this driver that cannot be used (configs of other drivers are skipped unread).
-    `kinds`: the opaque config kinds read (the registry's, unless a test adds one)."""
-    devices = allocation.get("devices") or {}
-    results: Sequence[Json] = devices.get("results") or []
-    configs: Sequence[Json] = devices.get("config") or []
+    `allocation`: read (`Allocation.read`) unless it already is; `kinds`: the opaque config
+    kinds read (the registry's, unless a test adds one)."""
+    if not isinstance(allocation, Allocation):
+        allocation = Allocation.read(allocation)
     entries: list[_Entry] = []
-    for index, entry in enumerate(configs):
-        source = entry.get("source")
-        if source not in ("FromClass", "FromClaim"):
+    for config in allocation.configs:
+        if config.source not in ("FromClass", "FromClaim"):
             raise ClaimConfigError(
-                f"config[{index}].source: must be FromClass or FromClaim, got {source!r}"
+                f"config[{config.index}].source: must be FromClass or FromClaim, "
+                f"got {config.source!r}"
             )
-    ordered = sorted(
-        enumerate(configs), key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0])
-    )
-    for index, entry in ordered:
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
+    ordered = sorted(allocation.configs, key=lambda c: (c.source != "FromClass", c.index))
+    for config in ordered:
+        if config.driver != driver:
             continue
-        where = f"config[{index}]"
-        config_kind, parsed = parse_opaque(opaque.get("parameters"), f"{where}.opaque", kinds)
-        entries.append(_Entry(tuple(entry.get("requests") or ()), config_kind, parsed, where))
+        where = f"config[{config.index}]"
+        if config.requests is None:
+            raise ClaimConfigError(f"{where}.requests: must be a list of request names")
+        config_kind, parsed = parse_opaque(config.parameters, f"{where}.opaque", kinds)
+        entries.append(_Entry(config.requests, config_kind, parsed, where))
     slots = tuple(dict.fromkeys(k.slot for k in kinds))
     out: dict[int, Sharing] = {}
-    for index, result in enumerate(results):
-        if result.get("driver") != driver:
+    for result in allocation.results or ():
+        if result.driver != driver:
             continue
-        device = str(result.get("device", ""))
-        kind = kind_of.get(device)
+        kind = kind_of.get(result.device)
         if kind is None:
             continue  # the caller reports devices it does not know
-        request = str(result.get("request", ""))
+        request = result.request
         names = {request, request.split("/", 1)[0]}
         sharing = Sharing(kind)
         for slot in slots:
             chosen = _pick(entries, names, kind, slot, request)
             if chosen is not None:
                 sharing = chosen.kind.contribute(chosen.parsed, sharing, chosen.source)
-        out[index] = sharing
+        out[result.index] = sharing
     return out
 
 
