@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.dra.resource_slice import StoredSlice
 from gpuslice.core.labels import gpu_family
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 
@@ -446,18 +447,18 @@ def plan_slices(
     nothing; any change publishes every slice at a generation above all existing ones (the
     scheduler uses only the highest generation of a pool, so no slice is ever mixed in from
     an older generation)."""
-    current = sorted(existing, key=lambda o: str(o.get("metadata", {}).get("name", "")))
-    generation = max((_generation(o) for o in current), default=0)
+    current = sorted((StoredSlice.read(o) for o in existing), key=lambda s: s.name)
+    generation = max((s.generation for s in current), default=0)
     wanted_same = slice_specs(devices, driver=driver, node=node, generation=generation)
-    if [o.get("spec") for o in current] == wanted_same:
+    if [s.spec for s in current] == wanted_same:
         return SliceChanges((), (), ())
     wanted = slice_specs(devices, driver=driver, node=node, generation=generation + 1)
-    update = [dict(o, spec=spec) for o, spec in zip(current, wanted, strict=False)]
+    update = [dict(s.obj, spec=spec) for s, spec in zip(current, wanted, strict=False)]
     create = [
         _new_slice(spec, i, driver=driver, node=node, node_uid=node_uid)
         for i, spec in enumerate(wanted)
     ][len(current) :]
-    delete = [str(o["metadata"]["name"]) for o in current[len(wanted) :]]
+    delete = [s.name for s in current[len(wanted) :]]
     return SliceChanges(tuple(create), tuple(update), tuple(delete))
 
 
@@ -473,13 +474,6 @@ def _new_slice(spec: Json, index: int, *, driver: str, node: str, node_uid: str)
         "metadata": metadata,
         "spec": spec,
     }
-
-
-def _generation(obj: Json) -> int:
-    try:
-        return int(obj["spec"]["pool"]["generation"])
-    except (KeyError, TypeError, ValueError):
-        return 0
 
 
 def _brand(product: str) -> str:
