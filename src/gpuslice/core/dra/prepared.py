@@ -153,7 +153,10 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
         if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
             return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
         data = migrate(data, doc.get("version"))
-        claims = {str(uid): _claim(uid, c) for uid, c in (data.get("claims") or {}).items()}
+        stored = data.get("claims")
+        if stored is not None and not isinstance(stored, dict):
+            raise ValueError("claims: not an object")
+        claims = {str(uid): _claim(uid, c) for uid, c in (stored or {}).items()}
         stored_boot = str(data.get("bootID", ""))
         complete = data.get("incomplete") is not True
     except RecursionError:
