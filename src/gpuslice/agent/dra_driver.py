@@ -54,6 +54,7 @@ from gpuslice.core.dra.prepared import (
     encode,
 )
 from gpuslice.core.dra.publish import REPLICAS, SharesMode, dra_devices, share_offers
+from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -392,17 +393,15 @@ class DraDriver:
     def _record_of(self, claim: Mapping[str, object], written: set[str]) -> PreparedClaim | None:
         """What Prepare recorded for `claim`, derived again (the core decides it the same
         way every time) without touching the node; None for a claim not prepared here."""
-        meta = claim.get("metadata")
-        if not isinstance(meta, Mapping) or meta.get("uid") not in written:
+        read = ResourceClaim.read(claim)
+        if not isinstance(read.uid, str) or read.uid not in written:
             return None
         try:
-            ref = check_claim_ref(
-                ClaimRef(str(meta.get("namespace")), str(meta["uid"]), str(meta.get("name")))
-            )
-            work = self._work(claim, ref)
+            ref = check_claim_ref(ClaimRef(str(read.namespace), read.uid, str(read.name)))
+            work = self._work(read, ref)
             prepared = preparation(work, self.settings.mps_root)
         except (BadName, ClaimError) as exc:
-            log.warning("dra-rebuild-skipped", claim_uid=str(meta.get("uid")), error=str(exc))
+            log.warning("dra-rebuild-skipped", claim_uid=read.uid, error=str(exc))
             return None
         guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
         return PreparedClaim(
@@ -568,12 +567,14 @@ class DraDriver:
         await self._write_quietly()
         log.info("dra-prepare-undone", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
-    async def _read_claim(self, ref: ClaimRef) -> Mapping[str, object] | str:
-        """The claim from the API, or why it could not be read."""
+    async def _read_claim(self, ref: ClaimRef) -> ResourceClaim | str:
+        """The claim from the API, read into what Prepare uses, or why it could not be read."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         try:
-            return await asyncio.wait_for(
-                self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+            return ResourceClaim.read(
+                await asyncio.wait_for(
+                    self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+                )
             )
         except DraObjectNotFound:
             return f"{where} not found in the API (deleted?)"
@@ -584,7 +585,7 @@ class DraDriver:
         except Exception as exc:
             return f"reading {where}: {exc}"
 
-    def _work(self, claim: Mapping[str, object], ref: ClaimRef) -> ClaimWork:
+    def _work(self, claim: ResourceClaim, ref: ClaimRef) -> ClaimWork:
         snap = self._snapshot()
         if snap is None:
             raise ClaimError("the driver has not read this node's GPUs yet")

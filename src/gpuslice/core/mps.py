@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.core.devices import GpuUuid
-from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan
+from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan, SharingStrategy
 
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """`flags.mpsRoot` when the config leaves it empty (NVIDIA's Helm default)."""
@@ -170,5 +170,9 @@ def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
 
 def mps_specs(plan: Plan) -> tuple[MpsDaemonSpec, ...]:
     """One spec per resource shared with MPS, in plan order."""
-    specs = (daemon_spec(r, plan.allocate.mps_root) for r in plan.resources if r.strategy == "mps")
+    specs = (
+        daemon_spec(r, plan.allocate.mps_root)
+        for r in plan.resources
+        if r.strategy == SharingStrategy.MPS
+    )
     return tuple(s for s in specs if s is not None)

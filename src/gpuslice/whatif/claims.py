@@ -52,7 +52,7 @@ from gpuslice.core.dra.publish import (
 from gpuslice.core.dra.sharing import INTERVALS
 from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.jsontypes import Json
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.units import MIB, quantity_mib
 from gpuslice.whatif.allocator import AllocationError, allocate
 
@@ -397,7 +397,7 @@ def _uses_and_cdi(
     mps = {
         u.device: (u.thread_percentage, u.entitlement_mib)
         for u in prepared.uses
-        if u.strategy == "mps"
+        if u.strategy == SharingStrategy.MPS
     }
     return list(prepared.uses), list(prepared.cdi), mps
 
@@ -405,7 +405,7 @@ def _uses_and_cdi(
 def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[SharingKind, str]:
     share, sharing = dw.share, dw.sharing
     if share is not None:
-        how = "MPS" if share.strategy == "mps" else "time-slicing"
+        how = "MPS" if share.strategy == SharingStrategy.MPS else "time-slicing"
         if share.memory_mib:
             memory = f"{share.memory_mib} MiB"
         elif not dw.device.capacity.get("memory"):  # a unified-memory GPU: shares by count
@@ -413,9 +413,9 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
         else:
             memory = "no memory reserved"
         text = f"{share.shares} of {share.replicas} shares ({how}), {memory}"
-        if share.strategy != "mps" and share.memory_mib:
+        if share.strategy != SharingStrategy.MPS and share.memory_mib:
             text += " (not enforced by the GPU)"  # time-slicing: the memory reserved
-        if share.cores and share.strategy == "mps":
+        if share.cores and share.strategy == SharingStrategy.MPS:
             text += (
                 f", {share.cores}% of the SMs (cores: the MPS client's active thread percentage)"
             )
@@ -425,8 +425,8 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
                 "time-slicing does not limit a process to a share of the SMs, so it is "
                 "not enforced"
             )
-        return ("mps" if share.strategy == "mps" else "time-slicing"), text
-    if sharing.strategy == "MPS":
+        return ("mps" if share.strategy == SharingStrategy.MPS else "time-slicing"), text
+    if sharing.shares is SharingStrategy.MPS:
         pct, limit = mps or (None, None)
         mig = dw.device.kind == "mig"
         where = " on the MIG device (its own daemon sees only it)" if mig else ""
@@ -436,7 +436,7 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
             text += ", multi-user daemon (clients of any user ID)"
         return "mps", text
     shared_by = sharing.shared_by or 1
-    if sharing.strategy == "TimeSlicing" or shared_by > 1:
+    if sharing.shares is SharingStrategy.TIME_SLICING or shared_by > 1:
         interval = _INTERVAL_NAMES.get(sharing.interval) if sharing.interval is not None else None
         text = "time-slicing"
         text += f", interval {interval}" if interval else " (interval left as it is)"
@@ -470,7 +470,7 @@ def _outcomes(
         share = None
         if dw.share is not None and dw.share_id is not None:
             s = dw.share
-            share = ShareInfo(dw.share_id, s.shares, s.replicas, s.memory_mib, s.strategy)
+            share = ShareInfo(dw.share_id, s.shares, s.replicas, s.memory_mib, str(s.strategy))
         interval = None
         if dw.sharing.interval is not None:
             interval = _INTERVAL_NAMES.get(dw.sharing.interval)

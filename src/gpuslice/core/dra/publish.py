@@ -28,9 +28,10 @@ from typing import Literal
 
 from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.dra.resource_slice import StoredSlice
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gpu_family
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.units import MIB, canonical_quantity
 
 MAX_DEVICES_PER_SLICE = 128
@@ -55,7 +56,6 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 `matchAttribute` on it puts a GPU and a NIC (or two GPUs) under one root."""
 
 AttrKind = Literal["string", "int", "bool", "version"]
-ShareStrategy = Literal["time-slicing", "mps"]
 SharesKind = Literal["replicas", "disabled", "memory", "unlimited", "count"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -130,7 +130,8 @@ class ShareOffer:
 
     replicas: int
     """The `shares` capacity (N); 1 where the mode publishes none (`memory`, `unlimited`)."""
-    strategy: ShareStrategy
+    strategy: SharingStrategy
+    """TIME_SLICING or MPS (never NONE: a device not shared is not offered)."""
     memory_mib: int
     mode: SharesKind = "replicas"
 
@@ -150,9 +151,9 @@ def share_offers(
     if mode.kind == "disabled":
         return {}
     out: dict[str, ShareOffer] = {}
-    strategies: dict[str, ShareStrategy] = {}
+    strategies: dict[str, SharingStrategy] = {}
     for resource in plan.resources:
-        if resource.strategy == "none":
+        if resource.strategy == SharingStrategy.NONE:
             continue
         for dev in resource.devices:
             if dev.replicas > 1:
@@ -165,7 +166,7 @@ def share_offers(
     return {
         d.uuid: ShareOffer(
             mode.count or 1,
-            strategies.get(d.uuid, "time-slicing"),
+            strategies.get(d.uuid, SharingStrategy.TIME_SLICING),
             d.capacity.get("memory", 0) // MIB,
             mode.kind,
         )
@@ -438,18 +439,18 @@ def plan_slices(
     nothing; any change publishes every slice at a generation above all existing ones (the
     scheduler uses only the highest generation of a pool, so no slice is ever mixed in from
     an older generation)."""
-    current = sorted(existing, key=lambda o: str(o.get("metadata", {}).get("name", "")))
-    generation = max((_generation(o) for o in current), default=0)
+    current = sorted((StoredSlice.read(o) for o in existing), key=lambda s: s.name)
+    generation = max((s.generation for s in current), default=0)
     wanted_same = slice_specs(devices, driver=driver, node=node, generation=generation)
-    if [o.get("spec") for o in current] == wanted_same:
+    if [s.spec for s in current] == wanted_same:
         return SliceChanges((), (), ())
     wanted = slice_specs(devices, driver=driver, node=node, generation=generation + 1)
-    update = [dict(o, spec=spec) for o, spec in zip(current, wanted, strict=False)]
+    update = [dict(s.obj, spec=spec) for s, spec in zip(current, wanted, strict=False)]
     create = [
         _new_slice(spec, i, driver=driver, node=node, node_uid=node_uid)
         for i, spec in enumerate(wanted)
     ][len(current) :]
-    delete = [str(o["metadata"]["name"]) for o in current[len(wanted) :]]
+    delete = [s.name for s in current[len(wanted) :]]
     return SliceChanges(tuple(create), tuple(update), tuple(delete))
 
 
@@ -465,13 +466,6 @@ def _new_slice(spec: Json, index: int, *, driver: str, node: str, node_uid: str)
         "metadata": metadata,
         "spec": spec,
     }
-
-
-def _generation(obj: Json) -> int:
-    try:
-        return int(obj["spec"]["pool"]["generation"])
-    except (KeyError, TypeError, ValueError):
-        return 0
 
 
 def _brand(product: str) -> str:
