@@ -12,21 +12,19 @@ from __future__ import annotations
 import asyncio
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuslice.agent.config_watch import ConfigWatch
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
-from gpuslice.agent.imex import with_imex
+from gpuslice.agent.plan import plan_node
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.core.config.schema import Config
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
-from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.kubelet.state import PlanState
@@ -131,7 +129,7 @@ class Agent:
 
         def load() -> tuple[LoadedConfig, Plan]:
             loaded = load_config(self.settings, self.label_value)
-            return loaded, with_imex(self._plan(inventory, loaded.config), loaded.config)
+            return loaded, plan_node(inventory, loaded.config, self.settings)
 
         try:
             return await asyncio.wait_for(asyncio.to_thread(load), LOAD_TIMEOUT_S)
@@ -148,14 +146,6 @@ class Agent:
                 [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
                 source=str(self.settings.config_path or ""),
             ) from None
-
-    def _plan(self, inventory: Inventory, config: Config) -> Plan:
-        """`build_plan`, plus the agent flags that shape Allocate but are no config field."""
-        plan = build_plan(inventory, config)
-        soft = self.settings.memory_guard.soft_limits
-        if plan.allocate.memory_soft_limits == soft:
-            return plan
-        return replace(plan, allocate=replace(plan.allocate, memory_soft_limits=soft))
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.label_values is not None:

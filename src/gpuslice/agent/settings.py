@@ -14,6 +14,7 @@ from pathlib import Path
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import GuardParams
 from gpuslice.core.guard.model import ClaimOverride, GuardAction
+from gpuslice.core.sharing.model import SOFT_LIMITS_DEFAULT
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -42,7 +43,7 @@ class GuardSettings:
     stops a neighbour instead, so by default (`stricter-only`) such a mode is ignored there
     and logged once; `allow` lets it apply. A claim alone on a whole GPU keeps its mode
     either way (only its own pods can suffer)."""
-    soft_limits: bool = True
+    soft_limits: bool = SOFT_LIMITS_DEFAULT
     """`MEMORY_SOFT_LIMITS`: Allocate passes time-sliced replicas env hints with their share
     (TF allow-growth, JAX memory fraction, GPUSLICE_MEMORY_LIMIT_MIB, GPUSLICE_GPU_FRACTION)."""
 
