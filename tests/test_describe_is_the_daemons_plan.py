@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gpuslice.agent.runner import Agent
+from gpuslice.agent.runner import first_plan
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.cli.common import plan_for
@@ -36,8 +36,8 @@ def test_describe_prints_the_plan_the_daemon_serves(tmp_path: Path) -> None:
 
     backend = open_backend(NODE, environ={})
     try:
-        agent = Agent(AgentSettings(node=NODE, config_path=path), backend)
-        served, _inventory, _loaded = asyncio.run(agent.initial_plan())
+        settings = AgentSettings(node=NODE, config_path=path)
+        served = asyncio.run(first_plan(settings, backend)).loaded.plan
     finally:
         backend.close()
 

@@ -85,6 +85,12 @@ class DraSettings:
         return self.plugin_dir or Path("/var/lib/kubelet/plugins") / self.driver_name
 
 
+DRA_NEEDS_NODE_NAME = (
+    "--dra needs --node-name (NODE_NAME): the node's name is the pool of its devices and "
+    "selects its ResourceSlices, and the driver reads claims from the API"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     node: str = "nvml"
@@ -188,3 +194,11 @@ class AgentSettings:
     dra: DraSettings | None = None
     """`DRA`: serve this node's GPUs as a DRA driver instead of device plugins (None: the
     device plugin, the default)."""
+
+    def problems(self) -> list[str]:
+        """The rules between settings, in one place: what makes a combination unusable.
+        The CLI refuses such settings before anything starts; `agent.build` trusts them."""
+        found = []
+        if self.dra is not None and not self.node_name:
+            found.append(DRA_NEEDS_NODE_NAME)
+        return found
