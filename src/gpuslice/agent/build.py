@@ -27,7 +27,7 @@ from gpuslice.agent.front import DevicePluginFrontEnd, FrontEnd
 from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, FirstPlan, first_plan, plan_state
-from gpuslice.agent.settings import DRA_NEEDS_NODE_NAME, AgentSettings, DraSettings
+from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
@@ -488,6 +488,8 @@ def wire_cordon_events(agent: Agent, events: NodeEvents) -> None:
 async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     """Open the node, put the first plan in force, then wire its front end and adapters
     to the plan state: nothing is wired to a plan that does not exist yet."""
+    for problem in settings.problems():  # the CLI refused these already; code callers too
+        raise GpusliceError(problem)
     backend = await asyncio.to_thread(open_backend, settings.node)
     watcher_task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
@@ -541,8 +543,7 @@ async def _wire(
     if settings.dra is not None:
         from gpuslice.k8s.dra import DraApi
 
-        if client is None:  # AgentSettings.problems refuses DRA without a node name
-            raise GpusliceError(DRA_NEEDS_NODE_NAME)
+        assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
         front = dra_front_end(state, settings, settings.dra, objects, warn=warn)
     else:
