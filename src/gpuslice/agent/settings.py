@@ -1,8 +1,11 @@
 """Settings of the node agent: everything `gpuslice plugin` can be told, with NVIDIA's names.
 
-Each field documents its unit, default and why. The CLI fills these from flags and the
-environment variables NVIDIA's plugin and config-manager use, so existing DaemonSet
-manifests keep working.
+Each field documents its unit, default and why, and carries its knob (`agent.knobs`): the
+flag and the environment variable NVIDIA's plugin and config-manager use, so existing
+DaemonSet manifests keep working. `cli.plugin` generates its options from these fields;
+the field's default is the only one. Grouped by concern: `AgentSettings` (the node, its
+config and the agent's endpoints), `ConfigFlags` (NVIDIA's flags that override the config
+file), `GuardSettings` (the memory guard) and `DraSettings` (DRA mode).
 """
 
 from __future__ import annotations
