@@ -59,7 +59,6 @@ class SlicePublisher:
         driver: str,
         node: str,
         snapshot: Callable[[], Snapshot | None],
-        xids: Callable[[], Mapping[str, int | None]] = dict,
         resync_s: float = 10.0,
         backoff: Backoff | None = None,
         shares: SharesMode = REPLICAS,
@@ -70,7 +69,6 @@ class SlicePublisher:
         self.driver = driver
         self.node = node
         self._snapshot = snapshot
-        self._xids = xids
         self.resync_s = resync_s
         self.shares = shares
         self._tainted_since: dict[str, str] = {}
@@ -102,8 +100,7 @@ class SlicePublisher:
     def wanted_devices(self, snap: Snapshot) -> list[Json]:
         devices = dra_devices(snap.inventory)
         offers = share_offers(snap.plan, self.shares, devices)
-        xids = self._xids()
-        unhealthy = {u: xids.get(u) for u in snap.unhealthy}
+        unhealthy = {u: snap.last_xid.get(u) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
             if uuid not in unhealthy:
                 del self._tainted_since[uuid]
