@@ -32,6 +32,7 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+from gpuslice.testing.eventually import eventually
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
@@ -570,13 +571,6 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
         key = next(p for p in (rig.workdir / "mps").iterdir() if p.name.startswith(ref.uid))
         return int((key / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
 
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(100):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("condition never held")
-
     first, stop = manager(), asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     rig.mps = first
@@ -598,11 +592,15 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
     try:
         restarted = rig.driver()
         await restarted.load()
-        await until(lambda: not process_alive(lost_pid))
-        await until(lambda: second.ready(next(iter(second.readiness()), "")))
+        await eventually(
+            lambda: not process_alive(lost_pid), "the lost claim's daemon gone", timeout=5
+        )
+        await eventually(lambda: second.ready(next(iter(second.readiness()), "")), timeout=5)
         assert pid_of(kept) == kept_pid  # taken over, not restarted
         assert await restarted.unprepare([kept]) == {kept.uid: ""}
-        await until(lambda: not process_alive(kept_pid))
+        await eventually(
+            lambda: not process_alive(kept_pid), "the kept claim's daemon gone", timeout=5
+        )
     finally:
         stop.set()
         await task
@@ -944,13 +942,6 @@ async def test_after_a_reboot_a_claims_mps_dir_with_an_old_pid_file_goes_at_unpr
             keep_running=True,
         )
 
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(100):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("condition never held")
-
     first, stop = manager(), asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     rig.mps = first
@@ -965,7 +956,7 @@ async def test_after_a_reboot_a_claims_mps_dir_with_an_old_pid_file_goes_at_unpr
     daemon = int(pid_file.read_text())
     # the reboot: the daemon is gone, its pid file stays, and the pid is someone else's now
     os.kill(daemon, signal.SIGKILL)
-    await until(lambda: not process_alive(daemon))
+    await eventually(lambda: not process_alive(daemon), "the MPS daemon gone", timeout=5)
     pid_file.write_text(f"{os.getpid()}\n")
     os.utime(pid_file, (1_000_000_000, 1_000_000_000))  # long before this boot
     rig.boot[0] = "boot-2"
