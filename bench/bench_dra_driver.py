@@ -48,14 +48,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from dra_api_double import ApiDouble
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
@@ -134,8 +131,8 @@ class Routed:
         self._api = api
         self._store = store
 
-    async def list_claims(self) -> list[Json]:
-        return [*await self._api.list_claims(), *await self._store.list_claims()]
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
+        return [*await self._api.list_claims(uids), *await self._store.list_claims(uids)]
 
     async def get_claim(self, namespace: str, name: str) -> Json:
         if namespace == MEM:

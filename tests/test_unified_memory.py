@@ -5,6 +5,8 @@ tests/e2e/test_unified_memory_daemon.py and tests/e2e_dra/test_dra_unified_memor
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from gpuslice.backends import open_backend
 from gpuslice.core.advise.advice import advise
 from gpuslice.core.advise.history import GpuInfo, History, PodTrace
@@ -92,7 +94,7 @@ def test_describe_says_why_memory_is_off() -> None:
     (note,) = [w for w in report.warnings if "unified memory" in w]
     assert "NVIDIA GB10" in note
     assert "no MPS pinned memory limit" in note
-    (gpu,) = report_to_dict(report)["devices"]  # type: ignore[attr-defined]
+    (gpu,) = cast(list[dict[str, Any]], report_to_dict(report)["devices"])
     (share,) = gpu["resources"]
     assert "no pinned memory limit" in share["share"]
     assert (share["memory_mib"], share["memory_enforced"]) == (0, False)

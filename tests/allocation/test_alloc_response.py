@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
-from alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 from gpuslice.core.allocation import ContainerAllocation, DeviceSpec, Mount, build_allocation
 from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan
+from tests.allocation.alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 G0, G1 = gpu(0), gpu(1)
 TS = shared([whole(G0), whole(G1)], 4, fail_over_one=False)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 from gpuslice.core.allocation import build_allocation
 from gpuslice.core.allocation.softlimits import SOFT_LIMIT_ENVS
 from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan
+from tests.allocation.alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 G0, G1 = gpu(0), gpu(1)  # 15360 MiB each
 ON = AllocateSettings(memory_soft_limits=True)

@@ -7,12 +7,12 @@ import socket as pysocket
 from pathlib import Path
 
 import pytest
-from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 from gpuslice.dra.server import DraPluginServer, DraServerError, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError
 from gpuslice.kubelet.sockets import socket_identity
 from gpuslice.testing.eventually import eventually
+from tests.dra.dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 
 def _bound_socket(path: Path) -> None:

@@ -149,7 +149,7 @@ def test_time_sliced_share_hints_are_exact_at_the_default_size() -> None:
 
 
 def test_mps_group_daemon_has_nvidias_id_shape_and_checked_limit_keys() -> None:
-    mps = {
+    mps: dict[str, Any] = {
         "apiVersion": NVIDIA,
         "kind": "GpuConfig",
         "sharing": {

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_driver import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.keyed_locks import KeyedLocks
@@ -38,6 +37,7 @@ from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.mps.control import process_alive
 from gpuslice.testing.eventually import eventually
+from tests.dra_driver.rig import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
 MPS = {
     "apiVersion": "resource.nvidia.com/v1beta1",

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from daemon_fixtures import running_daemon
 
 from gpuslice.emulator.admission import AdmissionError
 from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.testing.daemon import DaemonProcess
+from tests.e2e.daemon_fixtures import running_daemon
 
 WAIT_S = 10.0
 

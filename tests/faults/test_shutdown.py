@@ -10,7 +10,6 @@ import signal
 from pathlib import Path
 
 import grpc
-from daemon_fixtures import FAKE_MPS, running_daemon
 
 from gpuslice.agent.watchdog import HARD_EXIT_CODE
 from gpuslice.emulator.kubelet import KubeletEmulator
@@ -18,6 +17,7 @@ from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.eventually import eventually
+from tests.e2e.daemon_fixtures import FAKE_MPS, running_daemon
 
 WAIT_S = 20.0
 INJECT = Path(__file__).resolve().parent / "inject"

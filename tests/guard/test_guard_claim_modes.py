@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from guard_procs import AGENT_POD, in_pod, sleeper
 from lightkube import AsyncClient
 
 from gpuslice.core.attribution import attribute
@@ -47,6 +46,7 @@ from gpuslice.k8s import PodEvents, make_client
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.ports import ContainerDevices, GpuProcess
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from tests.guard.guard_procs import AGENT_POD, in_pod, sleeper
 
 GIB = 1024**3
 MIB = 1024**2

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from label_fixtures import (
+
+from gpuslice.core.labels import gfd_labels, gpu_family, sanitise
+from tests.labels.label_fixtures import (
     A100_80,
     L40S,
     T4,
@@ -14,8 +16,6 @@ from label_fixtures import (
     plan,
     resource,
 )
-
-from gpuslice.core.labels import gfd_labels, gpu_family, sanitise
 
 GPU = "nvidia.com/gpu"
 

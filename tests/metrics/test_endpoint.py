@@ -160,7 +160,9 @@ async def test_a_client_that_never_reads_its_answer_is_dropped() -> None:
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
         reader, writer = await asyncio.open_connection(sock=sock)
-        writer.transport.pause_reading()  # take nothing of the answer
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # take nothing of the answer
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
         for _ in range(300):
@@ -168,7 +170,7 @@ async def test_a_client_that_never_reads_its_answer_is_dropped() -> None:
                 break
             await asyncio.sleep(0.05)
         assert server.open_connections == 0, "the connection is dropped by the server"
-        writer.transport.resume_reading()
+        transport.resume_reading()
         received = b""
         with contextlib.suppress(ConnectionError):
             while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):

@@ -17,20 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from metrics_fixtures import (
-    A100_MPS,
-    INVENTORY,
-    L40S,
-    MIB,
-    T4,
-    ScriptedBackend,
-    container_id,
-    default_statuses,
-    proc,
-    uid,
-    v2_systemd_containerd,
-    write_proc,
-)
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
@@ -52,6 +38,20 @@ from gpuslice.metrics.snapshot import MetricsSnapshot
 from gpuslice.metrics.status import build_status
 from gpuslice.metrics.top import render_status, render_top
 from gpuslice.podresources import PodResourcesClient, PodResourcesEmulator
+from tests.metrics.metrics_fixtures import (
+    A100_MPS,
+    INVENTORY,
+    L40S,
+    MIB,
+    T4,
+    ScriptedBackend,
+    container_id,
+    default_statuses,
+    proc,
+    uid,
+    v2_systemd_containerd,
+    write_proc,
+)
 
 DRIVER = "gpu.nvidia.com"
 POOL = "gpu-node-1"
