@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from gpuslice.testing.eventually import eventually_async
 
 WAIT_S = 15.0
 POD_UID = "0f3c2a4e-8b1d-4c5e-9a7f-1234567890ab"
@@ -53,19 +56,25 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     ]
 
 
-async def wait_scrape(port: int, ok: object, what: str) -> str:
-    assert callable(ok)
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    text = ""
-    while asyncio.get_running_loop().time() < deadline:
+async def wait_scrape(port: int, ok: Callable[[str], bool], what: str) -> str:
+    """The first scrape that `ok` accepts; on a timeout the failure shows the last one."""
+    last = [""]
+
+    async def accepted() -> bool:
         try:
-            text = await scrape(port)
+            last[0] = await scrape(port)
         except OSError:
-            text = ""
-        if text and ok(text):
-            return text
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last scrape:\n{text[-3000:]}")
+            last[0] = ""
+        return bool(last[0]) and ok(last[0])
+
+    await eventually_async(
+        accepted,
+        what,
+        timeout=WAIT_S,
+        interval=0.1,
+        explain=lambda: f"last scrape:\n{last[0][-3000:]}",
+    )
+    return last[0]
 
 
 async def status_code(url: str) -> int:
@@ -82,11 +91,16 @@ async def status_code(url: str) -> int:
 
 
 async def wait_code(url: str, code: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 30.0
-    last = -1
-    while asyncio.get_running_loop().time() < deadline:
-        last = await status_code(url)
-        if last == code:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{url} answered {last}, never {code}")
+    last = [-1]
+
+    async def answered() -> bool:
+        last[0] = await status_code(url)
+        return last[0] == code
+
+    await eventually_async(
+        answered,
+        f"{url} to answer {code}",
+        timeout=30.0,
+        interval=0.1,
+        explain=lambda: f"it answered {last[0]}",
+    )
