@@ -99,7 +99,7 @@ async def worker(kubeconfig: str, nodes: list[str], mode: str, resync_s: float) 
     from gpuslice.k8s.dra import DraApi
     from gpuslice.state import PlanState
 
-    backend = open_backend(SIM, environ={})
+    backend = open_backend(SIM)
     try:
         inventory = backend.inventory()
     finally:

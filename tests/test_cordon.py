@@ -9,7 +9,7 @@ from gpuslice.core.devices import Inventory
 
 
 def inventory(node: str) -> Inventory:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return backend.inventory()
     finally:

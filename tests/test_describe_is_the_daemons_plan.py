@@ -34,7 +34,7 @@ def test_describe_prints_the_plan_the_daemon_serves(tmp_path: Path) -> None:
     path = _config(tmp_path)
     described = plan_for(NODE, path).plan
 
-    backend = open_backend(NODE, environ={})
+    backend = open_backend(NODE)
     try:
         settings = AgentSettings(node=NODE, config_path=path)
         served = asyncio.run(first_plan(settings, backend)).loaded.plan

@@ -252,7 +252,7 @@ def test_warnings_about_mig_strategy_are_told_apart_for_dra_mode() -> None:
     advice about the strategy; the plan keeps every warning for describe and the logs."""
     from gpuslice.backends import open_backend
 
-    backend = open_backend("sim:1xa100-40gb/mig=1g.5gb*7,1xa100-40gb", environ={})
+    backend = open_backend("sim:1xa100-40gb/mig=1g.5gb*7,1xa100-40gb")
     try:
         inv = backend.inventory()
     finally:

@@ -31,7 +31,7 @@ def config(strategy: str, replicas: int = 4) -> str:
 
 
 def inventory(node: str = "sim:1xgb10") -> Inventory:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return backend.inventory()
     finally:

@@ -26,7 +26,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[GpuBackend]:
     spec: str = request.param
     if spec == "nvml" and not request.config.getoption("--with-gpu"):
         pytest.skip("NVML contract needs --with-gpu")
-    opened = open_backend(spec, environ={})
+    opened = open_backend(spec)
     try:
         yield opened
     finally:

@@ -37,7 +37,7 @@ def nvml_loadable() -> bool:
 @pytest.mark.skipif(nvml_loadable(), reason="an NVIDIA driver is installed here")
 def test_no_driver_is_a_clear_backend_error() -> None:
     with pytest.raises(BackendError) as err:
-        open_backend("nvml", environ={})
+        open_backend("nvml")
     message = str(err.value)
     assert message.startswith("NVML not available: ")
     assert "(no NVIDIA driver on this machine?)" in message

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,15 +13,14 @@ from pathlib import Path
 import pytest
 
 from gpuslice.backends import open_backend
-from gpuslice.backends.simulated import ENV_CONTROL_DIR, ControlDir, SimulatedBackend
+from gpuslice.backends.simulated import ControlDir, SimulatedBackend
 from gpuslice.core.health import HealthEvent
 from gpuslice.core.units import MIB
 
 
 @pytest.fixture
 def sim(tmp_path: Path) -> Iterator[SimulatedBackend]:
-    env = {ENV_CONTROL_DIR: str(tmp_path / "ctl")}
-    backend = open_backend("sim:2xt4,1xa30/mig=2g.12gb*2", environ=env)
+    backend = open_backend("sim:2xt4,1xa30/mig=2g.12gb*2", control_dir=tmp_path / "ctl")
     assert isinstance(backend, SimulatedBackend)
     try:
         yield backend
@@ -30,7 +28,7 @@ def sim(tmp_path: Path) -> Iterator[SimulatedBackend]:
         backend.close()
 
 
-def test_env_var_names_the_directory(sim: SimulatedBackend, tmp_path: Path) -> None:
+def test_the_callers_directory_is_polled(sim: SimulatedBackend, tmp_path: Path) -> None:
     assert sim.control_dir == tmp_path / "ctl"
     assert (tmp_path / "ctl" / "events").is_dir()
 
@@ -85,9 +83,10 @@ def test_bad_commands_are_rejected_not_lost(sim: SimulatedBackend, tmp_path: Pat
 CHILD = textwrap.dedent(
     """
     import json, sys
+    from pathlib import Path
     from gpuslice.backends import open_backend
 
-    backend = open_backend(sys.argv[1])
+    backend = open_backend(sys.argv[1], control_dir=Path(sys.argv[2]))
     print(json.dumps({"ready": [g.uuid for g in backend.inventory().gpus]}), flush=True)
     event = backend.wait_health_event(30.0)
     procs = [(p.pid, p.gpu_uuid, p.used_memory_bytes) for p in backend.processes()]
@@ -99,15 +98,14 @@ CHILD = textwrap.dedent(
 
 
 def test_a_separate_process_receives_injected_xids(tmp_path: Path) -> None:
-    """The way end-to-end tests drive the daemon: env var in, files through the directory."""
+    """The way end-to-end tests drive the daemon: the directory named at start (the daemon's
+    `GPUSLICE_SIM_CONTROL_DIR`), files through it."""
     control = tmp_path / "ctl"
-    env = {**os.environ, ENV_CONTROL_DIR: str(control)}
     with subprocess.Popen(
-        [sys.executable, "-c", CHILD, "sim:2xl40s"],
+        [sys.executable, "-c", CHILD, "sim:2xl40s", str(control)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
     ) as child:
         assert child.stdout is not None
         ready = json.loads(child.stdout.readline())["ready"]

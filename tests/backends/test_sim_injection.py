@@ -16,7 +16,7 @@ from gpuslice.ports import BackendError, GpuProcess
 
 @pytest.fixture
 def sim() -> Iterator[SimulatedBackend]:
-    backend = open_backend("sim:2xt4,1xa100-40gb/mig=3g.20gb*2", environ={})
+    backend = open_backend("sim:2xt4,1xa100-40gb/mig=3g.20gb*2")
     assert isinstance(backend, SimulatedBackend)
     try:
         yield backend
@@ -73,7 +73,7 @@ def test_waiter_in_another_thread_gets_the_event(sim: SimulatedBackend) -> None:
 
 
 def test_close_wakes_a_waiter() -> None:
-    backend = open_backend("sim:1xt4", environ={})
+    backend = open_backend("sim:1xt4")
     got: list[HealthEvent | None] = []
     waiter = threading.Thread(target=lambda: got.append(backend.wait_health_event(30.0)))
     waiter.start()

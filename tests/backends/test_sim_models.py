@@ -13,7 +13,7 @@ from tests.mig_guide import MAX_INSTANCES
 
 
 def inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:

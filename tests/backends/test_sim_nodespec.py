@@ -16,7 +16,7 @@ from gpuslice.ports import BackendError
 
 
 def inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:
@@ -128,7 +128,7 @@ def test_mig_index_ids() -> None:
 )
 def test_bad_specs_say_what_is_accepted(spec: str, message: str) -> None:
     with pytest.raises(BackendError, match=message):
-        open_backend(spec, environ={})
+        open_backend(spec)
 
 
 def test_no_placement_left_names_the_free_slices() -> None:
@@ -176,7 +176,7 @@ def test_node_file(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text(NODE_FILE)
     for spec in (str(path), f"sim:{path}"):
-        backend = open_backend(spec, environ={})
+        backend = open_backend(spec)
         try:
             assert isinstance(backend, SimulatedBackend)
             assert backend.control_dir == tmp_path / "ctl"
@@ -220,9 +220,9 @@ def test_bad_node_files_name_the_field(tmp_path: Path, text: str, message: str) 
     path = tmp_path / "node.yaml"
     path.write_text(text)
     with pytest.raises(BackendError, match=message):
-        open_backend(str(path), environ={})
+        open_backend(str(path))
 
 
 def test_missing_node_file(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"node file .*nope.yaml not found"):
-        open_backend(f"sim:{tmp_path}/nope.yaml", environ={})
+        open_backend(f"sim:{tmp_path}/nope.yaml")

@@ -26,7 +26,6 @@ NOT_THE_AGENTS = {
     "NVIDIA_VISIBLE_DEVICES": "the container runtime's",
     "NVIDIA_DRIVER_CAPABILITIES": "the container runtime's",
     "NVIDIA_MIG_MONITOR_DEVICES": "the container runtime's",
-    "POD_UID": "read by the guard (gpuslice.guard.signals) to spare the agent's own pod",
 }
 
 

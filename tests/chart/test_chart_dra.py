@@ -148,7 +148,7 @@ def test_device_classes_can_be_left_to_someone_else() -> None:
 def _inventory(node: str) -> Any:
     from gpuslice.backends import open_backend
 
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return backend.inventory()
     finally:

@@ -196,10 +196,16 @@ def test_variables_without_flags_are_read_through_their_knobs(
     monkeypatch.setenv("POD_NAME", " agent-x \n")
     monkeypatch.setenv("DP_DISABLE_HEALTHCHECKS", "xids")
     monkeypatch.delenv("DP_ENABLE_HEALTHCHECKS", raising=False)
+    monkeypatch.setenv("POD_UID", " 0f3c2a4e-8b1d \n")
+    monkeypatch.setenv("GPUSLICE_SIM_CONTROL_DIR", "/run/ctl")
     settings, _ = settings_from_cli(plugin.make_context("plugin", []))
     assert settings.pod_name == "agent-x"
     assert settings.disable_healthchecks == "xids"
     assert settings.enable_healthchecks is None
+    assert settings.pod_uid == "0f3c2a4e-8b1d"
+    assert settings.sim_control_dir == Path("/run/ctl")
+    monkeypatch.setenv("GPUSLICE_SIM_CONTROL_DIR", "")
+    assert settings_from_cli(plugin.make_context("plugin", []))[0].sim_control_dir is None
 
 
 def test_the_kubelet_socket_defaults_under_the_plugin_directory(tmp_path: Path) -> None:

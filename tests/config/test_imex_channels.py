@@ -47,7 +47,7 @@ def test_present_channel_is_granted_in_the_plan(tmp_path: Path) -> None:
     # /dev/null stands in for the channel's character device (mknod would need root).
     _channel(tmp_path).symlink_to("/dev/null")
     config = parse_config(_config(tmp_path, required=True))
-    backend = open_backend("sim:1xh100-80gb", environ={})
+    backend = open_backend("sim:1xh100-80gb")
     try:
         inv = backend.inventory()
     finally:

@@ -19,7 +19,7 @@ from gpuslice.core.dra.publish import dra_devices
 
 
 def inventory(node: str) -> Inventory:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return backend.inventory()
     finally:

@@ -42,7 +42,7 @@ def devices(
 ) -> list[Json]:
     """Our publisher's devices for a simulated node; `shares` offers every whole GPU as
     consumable shares the way the DRA design note describes."""
-    backend = open_backend(node_spec, environ={})
+    backend = open_backend(node_spec)
     try:
         inventory = backend.inventory()
     finally:

@@ -28,7 +28,7 @@ def nvidia_class(name: str, kind: str) -> Json:
 
 
 def published(node_spec: str, health: Health | None = None) -> list[Json]:
-    backend = open_backend(node_spec, environ={})
+    backend = open_backend(node_spec)
     try:
         inventory = backend.inventory()
     finally:

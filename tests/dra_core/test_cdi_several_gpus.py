@@ -67,7 +67,7 @@ def test_a_container_given_one_request_sees_only_that_requests_gpu() -> None:
 
 def _mig_claim() -> tuple[ClaimWork, DraDevice]:
     """A claim of one MIG device (not GI 0, so the numbering is not trivially right)."""
-    backend = open_backend("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2", environ={})
+    backend = open_backend("sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2")
     try:
         inventory = backend.inventory()
     finally:

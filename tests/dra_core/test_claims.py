@@ -28,7 +28,7 @@ NVIDIA = "resource.nvidia.com/v1beta1"
 
 
 def devices(node: str = "sim:2xh100-80gb") -> dict[str, DraDevice]:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return {d.name: d for d in dra_devices(backend.inventory())}
     finally:

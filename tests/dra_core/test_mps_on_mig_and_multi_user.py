@@ -33,7 +33,7 @@ ROOT = "/plug/mps"
 
 
 def devices(node: str) -> dict[str, DraDevice]:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return {d.name: d for d in dra_devices(backend.inventory())}
     finally:

@@ -24,7 +24,7 @@ DRIVER = "gpu.nvidia.com"
 
 
 def inventory(node: str) -> Inventory:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         return backend.inventory()
     finally:

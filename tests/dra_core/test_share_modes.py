@@ -43,7 +43,7 @@ sharing:
 
 
 def node(name: str, config: str = "version: v1\n") -> tuple[Inventory, Plan]:
-    backend = open_backend(name, environ={})
+    backend = open_backend(name)
     try:
         inventory = backend.inventory()
     finally:

@@ -18,7 +18,7 @@ from tests.dra_driver.rig import DRIVER, GPU_CLASS, NODE, Rig
 @pytest.fixture
 def make_rig(sock_dir: Path) -> Callable[..., Awaitable[Rig]]:
     async def make(node: str = "sim:2xh100-80gb", config: str = "version: v1\n") -> Rig:
-        backend = open_backend(node, environ={})
+        backend = open_backend(node)
         try:
             inventory = backend.inventory()
         finally:

@@ -122,7 +122,7 @@ def release_all(hold_dir: Path) -> None:
 
 @pytest.fixture
 async def node(sock_dir: Path, hold_dir: Path) -> AsyncIterator[Node]:
-    backend = open_backend("sim:2xh100-80gb", environ={})
+    backend = open_backend("sim:2xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:

@@ -419,7 +419,7 @@ async def test_an_api_that_hangs_fails_its_claim_in_time_and_holds_no_other(
 ) -> None:
     import asyncio
 
-    backend = open_backend("sim:2xh100-80gb", environ={})
+    backend = open_backend("sim:2xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:

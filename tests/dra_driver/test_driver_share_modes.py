@@ -106,7 +106,7 @@ class Node:
 async def make_node(
     workdir: Path, mode: SharesMode, config: str = "version: v1\n", sim: str = "sim:1xh100-80gb"
 ) -> Node:
-    backend = open_backend(sim, environ={})
+    backend = open_backend(sim)
     try:
         inventory = backend.inventory()
     finally:

@@ -45,7 +45,7 @@ class Running:
 
 @pytest.fixture
 async def running() -> AsyncIterator[Running]:
-    backend = open_backend("sim:2xh100-80gb", environ={})
+    backend = open_backend("sim:2xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:
@@ -114,7 +114,7 @@ async def test_a_server_without_effect_none_gets_the_slices_without_informationa
     """A 1.34 server refuses the taint effect `None` (422): the publisher drops the
     informational taints for good and publishes the rest (health, cordon) rather than
     nothing at all, which would leave every later change unpublished."""
-    backend = open_backend("sim:2xh100-80gb", environ={})
+    backend = open_backend("sim:2xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:

@@ -125,7 +125,7 @@ async def make_node(
     mps: MpsDaemonManager | None = None,
     warn: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> Node:
-    backend = open_backend(node, environ={})
+    backend = open_backend(node)
     try:
         inventory = backend.inventory()
     finally:
@@ -433,7 +433,7 @@ def test_device_classes_replace_the_default_ones(sock_dir: Path) -> None:
         "spec: {selectors: [{cel: {expression: \"device.attributes['gpu.nvidia.com']"
         ".productName == 'Tesla T4'\"}}]}\n"
     )
-    backend = open_backend("sim:1xh100-80gb", environ={})
+    backend = open_backend("sim:1xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:

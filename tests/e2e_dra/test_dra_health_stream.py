@@ -44,7 +44,7 @@ async def test_an_xid_reaches_the_kubelet_as_unhealthy_then_healthy_again(
 async def test_an_xid_in_one_gpu_instance_marks_only_that_mig_device(
     sock_dir: Path, api: FakeApiServer
 ) -> None:
-    backend = open_backend(MIG_NODE, environ={})
+    backend = open_backend(MIG_NODE)
     try:
         inventory = backend.inventory()
     finally:

@@ -113,7 +113,7 @@ def test_the_agent_flag_reaches_allocate(soft: bool) -> None:
     from gpuslice.core.allocation import build_allocation
     from gpuslice.core.config import parse_config
 
-    backend = open_backend("sim:1xl40s", environ={})
+    backend = open_backend("sim:1xl40s")
     try:
         settings = AgentSettings(node="sim:1xl40s", memory_guard=GuardSettings(soft_limits=soft))
         plan = plan_node(backend.inventory(), parse_config(TIME_SLICING), settings)

@@ -122,15 +122,13 @@ def test_the_agents_own_pod_is_never_signalled(
     assert alive(q)
 
 
-def test_own_pod_uid_from_env_or_own_cgroup(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_own_pod_uid_from_the_setting_or_own_cgroup(tmp_path: Path) -> None:
+    """`given` is the `POD_UID` setting (read through its knob: tests/cli/test_plugin_knobs)."""
     from gpuslice.guard import own_pod_uid
 
-    monkeypatch.setenv("POD_UID", AGENT_POD)
-    assert own_pod_uid(tmp_path) == AGENT_POD
-    monkeypatch.delenv("POD_UID")
-    assert own_pod_uid(tmp_path) is None
+    assert own_pod_uid(tmp_path, given=AGENT_POD) == AGENT_POD
+    assert own_pod_uid(tmp_path, given=" ") is None
     in_pod(tmp_path, 0, POD_B, CTR_B)
     (tmp_path / "0").rename(tmp_path / "self")
     assert own_pod_uid(tmp_path) == POD_B
+    assert own_pod_uid(tmp_path, given=AGENT_POD) == AGENT_POD  # the setting comes first

@@ -15,7 +15,7 @@ TS4 = "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n   
 
 
 def _inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:

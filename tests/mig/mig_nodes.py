@@ -39,7 +39,7 @@ MIG_MODELS = tuple(sorted(MAX_INSTANCES))
 
 
 def inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:

@@ -120,7 +120,7 @@ def _fits(model: str) -> str:
 
 def _refusal(spec: str) -> str:
     with pytest.raises(BackendError) as err:
-        open_backend(spec, environ={})
+        open_backend(spec)
     return str(err.value)
 
 
@@ -181,7 +181,7 @@ def test_profile_of_another_model_is_refused_with_this_models_profiles(model: st
 def test_two_me_instances_are_refused(model: str) -> None:
     me = f"{SMALLEST[model]}+me"
     with pytest.raises(BackendError, match=r"at most 1 fit|at most one \+me instance"):
-        open_backend(f"sim:1x{model}/mig={me}*2", environ={})
+        open_backend(f"sim:1x{model}/mig={me}*2")
 
 
 def test_layout_on_a_gpu_without_mig_names_the_mig_models() -> None:

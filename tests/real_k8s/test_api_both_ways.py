@@ -110,7 +110,7 @@ async def test_every_gfd_label_is_a_valid_label(
     value it refuses fails the whole apply, and the node would carry no label at all."""
     node = kube.name("gfd")
     kube.add_node(node)
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         inventory = backend.inventory()
     finally:

@@ -247,7 +247,7 @@ async def make_node(
             "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status)
         )
         assert patched.returncode == 0, patched.stderr
-        backend = open_backend(spec, environ={})
+        backend = open_backend(spec)
         try:
             inventory = backend.inventory()
         finally:

@@ -45,7 +45,7 @@ async def test_the_server_takes_the_slices_and_a_republish_writes_nothing(
     node = kube.name(f"dra-{spec.split(':')[1][:9].replace('-', '')}-{expected}")
     node_uid = kube.add_node(node)["metadata"]["uid"]
     uuid.UUID(node_uid)  # the real server's UIDs are RFC 4122 UUIDs; so are the double's
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         inventory = backend.inventory()
     finally:
@@ -83,7 +83,7 @@ async def test_health_taints_are_stored_as_published(kube: Kube) -> None:
     stored taints, `timeAdded` included, read back as the publisher wants them."""
     node = kube.name("dra-taints")
     kube.add_node(node)
-    backend = open_backend("sim:3xh100-80gb", environ={})
+    backend = open_backend("sim:3xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:
@@ -122,7 +122,7 @@ async def test_informational_and_cordon_taints_are_stored_as_published(kube: Kub
     stored as published, a cordoned and unhealthy GPU carrying both taints."""
     node = kube.name("dra-info-taints")
     kube.add_node(node)
-    backend = open_backend("sim:3xh100-80gb", environ={})
+    backend = open_backend("sim:3xh100-80gb")
     try:
         inventory = backend.inventory()
     finally:

@@ -318,7 +318,7 @@ def agent_pod(settings: AgentSettings) -> AgentPod | None:
 
     if not settings.pod_name:
         return None
-    uid = own_pod_uid()
+    uid = own_pod_uid(given=settings.pod_uid)
     return AgentPod(settings.namespace, settings.pod_name, str(uid) if uid else None)
 
 
@@ -357,7 +357,7 @@ def wire_guard(
         params=guard_settings.params,
         interval_s=guard_settings.interval_s,
         action=guard_settings.action,
-        signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid()),
+        signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid(given=settings.pod_uid)),
         evict=_evictor(client),
         post_event=_pod_events(client, settings),
     )
@@ -490,7 +490,9 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
     to the plan state: nothing is wired to a plan that does not exist yet."""
     for problem in settings.problems():  # the CLI refused these already; code callers too
         raise GpusliceError(problem)
-    backend = await asyncio.to_thread(open_backend, settings.node)
+    backend = await asyncio.to_thread(
+        open_backend, settings.node, control_dir=settings.sim_control_dir
+    )
     watcher_task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
     try:

@@ -46,6 +46,10 @@ def _not(value: bool) -> bool:
     return not value
 
 
+def _path_or_none(text: str) -> Path | None:
+    return Path(text.strip()) if text.strip() else None
+
+
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 
@@ -420,6 +424,12 @@ class AgentSettings:
     )
     """How often the GPU inventory is re-read (seconds), so MIG mode and layout changes made
     on a running node (`nvidia-smi mig -cgi`, mig-parted) are re-planned without a restart."""
+    sim_control_dir: Path | None = knob(
+        None, env="GPUSLICE_SIM_CONTROL_DIR", from_cli=_path_or_none
+    )
+    """`GPUSLICE_SIM_CONTROL_DIR`: the control directory a simulated node polls for injected
+    events (`backends.simulated.control`); tests and the demo set it. None: the node file's
+    `controlDir`, if any."""
     health_poll_s: float = 30.0
     """Longest wait of one blocking health-event call (seconds). Shutdown does not wait for
     it (closing the backend wakes the waiting thread), so it only sets how often an idle
@@ -455,6 +465,9 @@ class AgentSettings:
     """`POD_NAME` (downward API): the agent's own Pod, which its Events are about (the
     API server takes an Event only in the namespace of what it is about). Empty outside a
     pod: Events are then on the Node, in `default`."""
+    pod_uid: str = knob("", env="POD_UID", from_cli=str.strip)
+    """`POD_UID` (downward API): the agent's own pod, which the memory guard never signals
+    and its Events name. Empty: the guard reads it from the agent's own cgroup."""
     initial_label_wait_s: float = 10.0
     """How long the first plan waits for the node's config label from the API server.
     NVIDIA's config-manager stopped blocking here (v0.18.2) and may then select a config

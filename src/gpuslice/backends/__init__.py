@@ -7,18 +7,16 @@ never choose a class themselves:
 - `sim:COUNTxMODEL[/mig=LAYOUT][,...]`: a simulated node (see `simulated.nodespec`);
 - `sim:/path/node.yaml` or `/path/node.yaml`: a simulated node from a YAML node file.
 
-A simulated node polls a control directory when the node file names one (`controlDir`) or
-the environment variable `GPUSLICE_SIM_CONTROL_DIR` does (see `simulated.control`).
+A simulated node polls a control directory when the caller names one (the daemon's
+`GPUSLICE_SIM_CONTROL_DIR` setting) or the node file does (`controlDir`; see
+`simulated.control`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from gpuslice.backends.simulated import (
-    ENV_CONTROL_DIR,
     SimulatedBackend,
     load_node_file,
     parse_spec,
@@ -34,16 +32,14 @@ _ACCEPTED = (
 )
 
 
-def open_backend(spec: str, *, environ: Mapping[str, str] | None = None) -> GpuBackend:
-    """Open the backend `spec` names; BackendError says what is accepted when it is wrong."""
-    env = os.environ if environ is None else environ
+def open_backend(spec: str, *, control_dir: Path | None = None) -> GpuBackend:
+    """Open the backend `spec` names; BackendError says what is accepted when it is wrong.
+    `control_dir` is where a simulated node polls for injected events."""
     text = spec.strip()
     if text == "nvml":
         from gpuslice.backends.nvml import NvmlBackend
 
         return NvmlBackend()
-    control = env.get(ENV_CONTROL_DIR) or None
-    control_dir = Path(control) if control else None
     rest = text.removeprefix("sim:") if text.startswith("sim:") else None
     if rest is not None and not _looks_like_path(rest):
         if not rest:

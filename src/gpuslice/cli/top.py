@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -26,10 +25,11 @@ from gpuslice.metrics.top import render_status
 DEFAULT_URL = "http://127.0.0.1:9400"
 
 
-def default_url() -> str:
+def default_url(port: str | None) -> str:
     """Inside the agent's pod METRICS_PORT is set (the chart's `metrics.port`), so
-    `kubectl exec ... gpuslice top` finds its agent whatever port the chart chose."""
-    port = os.environ.get("METRICS_PORT", "").strip()
+    `kubectl exec ... gpuslice top` finds its agent whatever port the chart chose; a
+    value that is no port number is the daemon's problem, not `top`'s, so it is ignored."""
+    port = (port or "").strip()
     return f"http://127.0.0.1:{port}" if port.isdigit() else DEFAULT_URL
 
 
@@ -68,9 +68,15 @@ def fetch_status(url: str) -> dict[str, Any]:
 @click.option(
     "--url",
     envvar="GPUSLICE_URL",
-    default=default_url,
-    show_default="http://127.0.0.1:$METRICS_PORT, else port 9400",
+    default=None,
+    show_default="http://127.0.0.1:PORT, else port 9400",
     help="The daemon's endpoint (its --metrics-address and --metrics-port).",
+)
+@click.option(
+    "--port",
+    envvar="METRICS_PORT",
+    default=None,
+    help="The local daemon's --metrics-port (METRICS_PORT in its pod), unless --url is given.",
 )
 @click.option(
     "--output",
@@ -86,8 +92,10 @@ def fetch_status(url: str) -> dict[str, Any]:
     default=None,
     help="Refresh every N seconds until interrupted (table output only).",
 )
-def top(url: str, output: str, watch: float | None) -> None:
+def top(url: str | None, port: str | None, output: str, watch: float | None) -> None:
     """Per-pod GPU usage on this node, against each pod's share, as the daemon sees it."""
+    if url is None:
+        url = default_url(port)
     doc = fetch_status(url)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))

@@ -69,7 +69,7 @@ def pods() -> tuple[SimPod, ...]:
 
 
 def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
-    backend = open_backend(NODE, environ={})
+    backend = open_backend(NODE)
     try:
         inventory = backend.inventory()
     finally:

@@ -44,11 +44,11 @@ class SignalReport:
     skipped: tuple[tuple[int, SkipReason], ...] = field(default=())
 
 
-def own_pod_uid(proc_root: Path = Path("/proc")) -> PodUid | None:
-    """The agent's own pod: `POD_UID` (downward API) or its own cgroup path."""
-    env = os.environ.get("POD_UID", "").strip()
-    if env:
-        return PodUid(env)
+def own_pod_uid(proc_root: Path = Path("/proc"), given: str = "") -> PodUid | None:
+    """The agent's own pod: `given` (the `POD_UID` setting, from the downward API) or,
+    where that is empty, its own cgroup path."""
+    if given.strip():
+        return PodUid(given.strip())
     text = _read_cgroup(proc_root / "self")
     identity = parse_cgroup(text) if text is not None else None
     return identity.pod_uid if identity is not None else None

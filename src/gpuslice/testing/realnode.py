@@ -436,7 +436,7 @@ def sim_uuids(spec: str) -> list[str]:
     """The GPU UUIDs of a simulated node spec, as the agent started with it will see them."""
     from gpuslice.backends import open_backend
 
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return [gpu.uuid for gpu in backend.inventory().gpus]
     finally:

@@ -6,12 +6,11 @@ directory for driving a daemon in another process: `control`.
 """
 
 from gpuslice.backends.simulated.backend import SimulatedBackend
-from gpuslice.backends.simulated.control import ENV_CONTROL_DIR, ControlDir
+from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.backends.simulated.models import MODELS, GpuModel, MigGeometry, MigProfile
 from gpuslice.backends.simulated.nodespec import NodeSpec, load_node_file, parse_spec
 
 __all__ = [
-    "ENV_CONTROL_DIR",
     "MODELS",
     "ControlDir",
     "GpuModel",

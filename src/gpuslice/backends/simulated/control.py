@@ -2,7 +2,7 @@
 
 End-to-end tests run the daemon as a subprocess, so they cannot call `inject_xid` on its
 backend object. Instead the backend polls a control directory, named by the node file's
-`controlDir` or by the environment variable `GPUSLICE_SIM_CONTROL_DIR`::
+`controlDir` or by the daemon's `GPUSLICE_SIM_CONTROL_DIR` (`open_backend(control_dir=...)`)::
 
     <dir>/events/<sortable-name>.json     one command per file, applied once, then deleted
 
@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.logs import get_logger
-
-ENV_CONTROL_DIR = "GPUSLICE_SIM_CONTROL_DIR"
 
 log = get_logger(__name__)
 
