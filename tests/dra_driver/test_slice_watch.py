@@ -31,6 +31,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 class Running:
     api: FakeApiServer
     publisher: SlicePublisher
+    state: PlanState
 
     def slice_requests(self, watch: bool) -> int:
         """GETs of this node's slices the server saw: watches or lists."""
@@ -65,7 +66,7 @@ async def running() -> AsyncIterator[Running]:
         task = asyncio.create_task(publisher.run(stop, state))
         try:
             await asyncio.wait_for(publisher.published.wait(), 10)
-            yield Running(api, publisher)
+            yield Running(api, publisher, state)
         finally:
             stop.set()
             await task
@@ -105,7 +106,14 @@ async def test_its_own_writes_are_not_rewritten(running: Running) -> None:
     """The watch echoes the agent's own publish; nothing is written again at rest."""
     publisher = running.publisher
     writes = publisher.publishes
-    await asyncio.sleep(0.5)
+    assert writes >= 1
+    # every write echoed (one event each on this server), then two further rounds of
+    # comparing: each must find the stored slices (in the server's spelling) as wanted
+    await eventually(lambda: publisher.events >= writes, "the echo of each write")
+    for _ in range(2):
+        rounds = publisher.rounds
+        running.state.publish()  # a new snapshot with nothing changed: one more round
+        await eventually(lambda r=rounds: publisher.rounds > r, "one more publish round")
     assert publisher.publishes == writes
     assert publisher.lists == 1
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.testing.eventually import eventually
 from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 GPUS = [gpu(0, numa=0), gpu(1, numa=1)]
@@ -200,8 +200,16 @@ async def test_kubelet_restarts_twenty_times_and_each_gets_one_registration(
                 ),
                 10,
             )
-        # Let the socket watcher run a few more rounds: no extra registration may follow.
-        await asyncio.sleep(0.3)
+        # Three more rounds of the socket watcher (each woken by a change in the directory,
+        # as a kubelet restart wakes it): no extra registration may follow.
+        for i in range(3):
+            checks = node.manager.socket_checks
+            (sock_dir / f"nudge-{i}").touch()
+            await eventually(
+                lambda c=checks: node.manager.socket_checks > c,  # type: ignore[misc]
+                "one more round of the socket watcher",
+            )
+        await eventually(lambda: all(node.manager.registered.values()), "registrations settled")
         assert dict(k.registrations) == {GPU: 21, SHARED: 21}
 
 

@@ -86,6 +86,11 @@ class SlicePublisher:
         self.lists = 0
         """Slice LISTs made: one at start, then one per 410 Gone (what tests and benches
         count)."""
+        self.rounds = 0
+        """Publish rounds run (each compares the wanted slices with the stored ones, writing
+        only a difference): tests wait for rounds to prove that nothing was written at rest."""
+        self.events = 0
+        """Watch events received, the echoes of this publisher's own writes included."""
         self.watches = 0
         """Watch streams opened by this publisher's loop (lightkube re-opens a stream the
         server ended without counting here)."""
@@ -234,6 +239,7 @@ class SlicePublisher:
                     failures += 1
                     self.last_error = str(exc)
                     log.warning("dra-slices-publish-failed", error=str(exc), failures=failures)
+                self.rounds += 1
                 version = snap.version
                 retry = None if failures == 0 else min(self.resync_s, self._backoff.delay(failures))
                 await _next_change(stop, state, version, self._moved, retry)
@@ -264,6 +270,7 @@ class SlicePublisher:
                 self.watches += 1
                 async for event in self._objects.watch_slices(version):
                     version = event.resource_version or version
+                    self.events += 1
                     delays = self._backoff.delays()
                     if self._take(event):
                         self._moved.set()

@@ -98,6 +98,9 @@ class DevicePluginManager:
         self._plugins: dict[str, _Plugin] = {}
         self._kubelet_id: SocketId | None = None
         self._lock = asyncio.Lock()
+        self.socket_checks = 0
+        """Rounds of the socket watcher run (tests wait for rounds to check that one changed
+        nothing, rather than for time)."""
 
     @property
     def serving(self) -> dict[str, Path]:
@@ -174,6 +177,7 @@ class DevicePluginManager:
             while not await self._next_tick(stop, watch):
                 async with self._lock:
                     await self._check_sockets()
+                self.socket_checks += 1
         finally:
             if watch is not None:
                 watch.close()
