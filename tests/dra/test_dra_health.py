@@ -22,6 +22,7 @@ from gpuslice.dra.rpc import HEALTH_SERVICE, RegistrationClient, unix_target
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.testing.eventually import eventually
 from tests.dra.dra_doubles import DRIVER, RecordingPreparer
 
 WIRE_PATH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
@@ -259,7 +260,10 @@ async def test_a_kubelet_without_the_gate_registers_and_opens_no_stream(
     async with DraKubeletEmulator(registry_dir, tick_s=0.5, health_services=()) as kubelet:
         registration = await kubelet.wait_registered(DRIVER)
         assert registration.version == "v1.DRAPlugin"
-        await asyncio.sleep(0.3)
+        # two further rounds of the plugin watcher after the one that connected: a health
+        # stream opened at connection would have been counted by then
+        scans = kubelet.scans
+        await eventually(lambda: kubelet.scans >= scans + 2, "two more plugin-watcher rounds")
         assert kubelet.health_streams.get(DRIVER, 0) == 0
         assert kubelet.health(DRIVER) == {}
     assert health_server.health is not None

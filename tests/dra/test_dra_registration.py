@@ -106,10 +106,12 @@ async def test_stop_leaves_a_socket_someone_else_put_in_our_place(
         DRIVER, plugin_dir, registry_dir, preparer, settings=DraServerSettings(check_tick_s=60)
     )
     await server.start()
+    await eventually(lambda: server.watch_rounds >= 1, "the socket watch started")
     server.registration_socket.unlink()
     _bound_socket(server.registration_socket)  # a second instance took the name
     replaced = socket_identity(server.registration_socket)
-    await asyncio.sleep(0.2)  # let the inotify wake-up look at it: it must not take it over
+    # the inotify wake-up's round looks at it: it must not take it over
+    await eventually(lambda: server.watch_rounds >= 2, "a round after the change")
     await server.stop()
     assert replaced is not None
     assert socket_identity(server.registration_socket) == replaced

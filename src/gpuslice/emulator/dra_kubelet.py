@@ -150,6 +150,9 @@ class DraKubeletEmulator:
         self.health_updates: dict[str, int] = {}
         """Health responses received per driver."""
         self.rejections: dict[str, str] = {}
+        self.scans = 0
+        """Rounds of the plugin watcher (a scan of the registry directory) completed: tests
+        wait for rounds to check that something did not happen."""
         self._timeout = call_timeout_s
         self._tick = tick_s
         self._log = logger or get_logger("gpuslice.emulator.dra")
@@ -341,6 +344,7 @@ class DraKubeletEmulator:
         for path, identity in present.items():
             if path not in self._handled:
                 await self._register(path, identity)
+        self.scans += 1
         async with self._changed:
             self._changed.notify_all()
 
