@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent.config_watch import ConfigWatch, watched_directories
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.testing.eventually import eventually
 
 WAIT_S = 10.0
-QUIET_S = 0.3
-"""How long a watch that should stay asleep is given to wake wrongly (not a timing claim:
-a wrong wake-up comes at once, from an event already queued)."""
 
 
 def test_a_file_is_watched_in_its_directory(tmp_path: Path) -> None:
@@ -54,6 +53,28 @@ async def _woken(watch: ConfigWatch, within_s: float) -> bool:
 
 
 @pytest.fixture
+def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory apart from the watched ones, for `_woken_wrongly`'s probe."""
+    return tmp_path_factory.mktemp("probe")
+
+
+async def _woken_wrongly(watch: ConfigWatch, probe_dir: Path) -> bool:
+    """Whether the watch holds a change once the event loop has read every inotify event
+    already queued. A wrong wake-up comes from such an event, so instead of giving it time,
+    a probe watch on another directory gets an event queued after it: once the loop has
+    read the probe's, it has read the watch's too (one epoll wait reports every ready
+    descriptor, and their callbacks run in the same round)."""
+    probe = DirWatch.open(probe_dir)
+    assert probe is not None
+    try:
+        (probe_dir / "marker").touch()
+        await eventually(probe.changed.is_set, "the probe's inotify event read")
+        return watch.pending
+    finally:
+        probe.close()
+
+
+@pytest.fixture
 def configmap(tmp_path: Path) -> Path:
     """A ConfigMap volume as the kubelet lays it out: `config.yaml -> ..data/config.yaml`,
     `..data -> ..<timestamp>`."""
@@ -64,11 +85,11 @@ def configmap(tmp_path: Path) -> Path:
     return tmp_path / "config.yaml"
 
 
-async def test_nothing_changes_nothing_wakes(configmap: Path) -> None:
+async def test_nothing_changes_nothing_wakes(configmap: Path, probe_dir: Path) -> None:
     watch = ConfigWatch(configmap)
     try:
         assert watch.armed
-        assert not await _woken(watch, QUIET_S)
+        assert not await _woken_wrongly(watch, probe_dir)
     finally:
         watch.close()
 
@@ -91,7 +112,7 @@ async def test_a_configmap_update_wakes_the_watch(configmap: Path) -> None:
         watch.close()
 
 
-async def test_an_edit_in_place_wakes_the_watch(tmp_path: Path) -> None:
+async def test_an_edit_in_place_wakes_the_watch(tmp_path: Path, probe_dir: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
     watch = ConfigWatch(config)
@@ -100,7 +121,7 @@ async def test_an_edit_in_place_wakes_the_watch(tmp_path: Path) -> None:
             f.write("# edited\n")
         assert await _woken(watch, WAIT_S)
         watch.clear()
-        assert not await _woken(watch, QUIET_S)
+        assert not await _woken_wrongly(watch, probe_dir)
     finally:
         watch.close()
 

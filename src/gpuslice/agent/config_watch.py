@@ -77,6 +77,11 @@ class ConfigWatch:
             return
         await first_of(*(e.wait() for e in events))
 
+    @property
+    def pending(self) -> bool:
+        """A change is waiting: `wait` would return at once."""
+        return any(w is not None and w.changed.is_set() for w in self._watches.values())
+
     def clear(self) -> None:
         for watch in self._watches.values():
             if watch is not None:
