@@ -110,10 +110,14 @@ async def test_its_own_writes_are_not_rewritten(running: Running) -> None:
     # every write echoed (one event each on this server), then two further rounds of
     # comparing: each must find the stored slices (in the server's spelling) as wanted
     await eventually(lambda: publisher.events >= writes, "the echo of each write")
-    for _ in range(2):
+
+    async def one_more_round() -> None:
         rounds = publisher.rounds
         running.state.publish()  # a new snapshot with nothing changed: one more round
-        await eventually(lambda r=rounds: publisher.rounds > r, "one more publish round")
+        await eventually(lambda: publisher.rounds > rounds, "one more publish round")
+
+    await one_more_round()
+    await one_more_round()
     assert publisher.publishes == writes
     assert publisher.lists == 1
 

@@ -200,15 +200,18 @@ async def test_kubelet_restarts_twenty_times_and_each_gets_one_registration(
                 ),
                 10,
             )
+
         # Three more rounds of the socket watcher (each woken by a change in the directory,
         # as a kubelet restart wakes it): no extra registration may follow.
-        for i in range(3):
+        async def one_more_round(nudge: str) -> None:
             checks = node.manager.socket_checks
-            (sock_dir / f"nudge-{i}").touch()
+            (sock_dir / nudge).touch()
             await eventually(
-                lambda c=checks: node.manager.socket_checks > c,  # type: ignore[misc]
-                "one more round of the socket watcher",
+                lambda: node.manager.socket_checks > checks, "one more socket-watcher round"
             )
+
+        for i in range(3):
+            await one_more_round(f"nudge-{i}")
         await eventually(lambda: all(node.manager.registered.values()), "registrations settled")
         assert dict(k.registrations) == {GPU: 21, SHARED: 21}
 
