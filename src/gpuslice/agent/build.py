@@ -26,7 +26,7 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.front import DevicePluginFrontEnd, FrontEnd
 from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
-from gpuslice.agent.runner import Agent, FirstPlan, first_plan, plan_state
+from gpuslice.agent.runner import Agent, AgentHooks, FirstPlan, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
@@ -71,7 +71,9 @@ log = get_logger("gpuslice.agent")
 
 
 def wire_mps(
-    agent: Agent,
+    state: PlanState,
+    hooks: AgentHooks,
+    set_withdrawn: Callable[[frozenset[str]], None],
     *,
     control: tuple[str, ...],
     set_compute_mode: bool,
@@ -91,8 +93,8 @@ def wire_mps(
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
-        plan = agent.state.current.plan
-        agent.set_withdrawn(
+        plan = state.current.plan
+        set_withdrawn(
             frozenset(
                 dev.physical.uuid
                 for res in plan.resources
@@ -114,8 +116,8 @@ def wire_mps(
         await manager.reconfigure(mps_specs(plan))
         withdraw_down_daemons()
 
-    agent.hooks.on_plan.append(on_plan)
-    agent.hooks.services.append(manager.run)
+    hooks.on_plan.append(on_plan)
+    hooks.services.append(manager.run)
     return manager
 
 
@@ -183,18 +185,22 @@ def dra_front_end(
     )
 
 
-def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRefresher:
+def snapshot_refresher(
+    settings: AgentSettings,
+    backend: GpuBackend,
+    front: FrontEnd,
+    pods: NodePods | None = None,
+) -> SnapshotRefresher:
     """The one attribution poll (NVML processes and telemetry, PodResources, `/proc`) that
     the exporter and the memory guard share: the guard refreshes it at its own interval,
     and the exporter's loop only refreshes when nobody did within `metrics_interval_s`."""
-    settings = agent.settings
     return SnapshotRefresher(
-        backend=agent.backend,
+        backend=backend,
         assignments=PodResourcesClient(
             settings.pod_resources_socket,
             dra_driver=None if settings.dra is None else settings.dra.driver_name,
         ),
-        current=agent.front_end.attributed_plan,
+        current=front.attributed_plan,
         hostname=settings.node_name or socket.gethostname(),
         proc_root=settings.proc_root,
         interval_s=settings.metrics_interval_s,
@@ -224,7 +230,7 @@ def wire_metrics(
     """
     settings = agent.settings
     if refresher is None:
-        refresher = snapshot_refresher(agent, pods)
+        refresher = snapshot_refresher(settings, agent.backend, agent.front_end, pods)
     registry, counters = exporter_registry(refresher.read_latest if gpu_metrics else _nothing)
 
     def status() -> dict[str, object]:
@@ -323,7 +329,10 @@ def agent_pod(settings: AgentSettings) -> AgentPod | None:
 
 
 def wire_guard(
-    agent: Agent,
+    settings: AgentSettings,
+    backend: GpuBackend,
+    front: FrontEnd,
+    hooks: AgentHooks,
     *,
     pods: NodePods | None = None,
     client: AsyncClient | None = None,
@@ -336,16 +345,17 @@ def wire_guard(
     pure policy and acts. `pods` names the pods on a shared GPU (without it several pods on
     one GPU cannot be told apart and nobody is reclaimed); `client` posts Events and
     evictions; `run_pods` starts the pod watch when the metrics exporter does not."""
-    settings = agent.settings
     guard_settings = settings.memory_guard
     if guard_settings.params.mode == "off":
         return None
-    shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
+    shared = (
+        refresher if refresher is not None else snapshot_refresher(settings, backend, front, pods)
+    )
 
-    mode_of = agent.front_end.guard_modes(guard_settings.params.mode, guard_settings.claim_override)
+    mode_of = front.guard_modes(guard_settings.params.mode, guard_settings.claim_override)
     read = guard_view_reader(
-        agent.backend,
-        agent.front_end.attributed_plan,
+        backend,
+        front.attributed_plan,
         shared,
         settings.proc_root,
         mode_of=mode_of,
@@ -353,7 +363,7 @@ def wire_guard(
 
     guard = MemoryGuard(
         read=read,
-        idle_wait=idle_probe(agent.backend),
+        idle_wait=idle_probe(backend),
         params=guard_settings.params,
         interval_s=guard_settings.interval_s,
         action=guard_settings.action,
@@ -361,9 +371,9 @@ def wire_guard(
         evict=_evictor(client),
         post_event=_pod_events(client, settings),
     )
-    agent.hooks.services.append(guard.run)
+    hooks.services.append(guard.run)
     if run_pods and pods is not None:
-        agent.hooks.services.append(pods.run)
+        hooks.services.append(pods.run)
     return guard
 
 
@@ -558,7 +568,9 @@ async def _wire(
         wire_cordon_events(agent, events)
     if settings.dra is None:
         wire_mps(
-            agent,
+            state,
+            agent.hooks,
+            agent.set_withdrawn,
             control=settings.mps_control,
             set_compute_mode=settings.set_compute_mode,
             nvidia_smi=settings.nvidia_smi,
@@ -570,9 +582,12 @@ async def _wire(
         from gpuslice.k8s import NodePods
 
         node_pods = NodePods(client, settings.node_name)
-    refresher = snapshot_refresher(agent, node_pods)
+    refresher = snapshot_refresher(settings, backend, front, node_pods)
     guard = wire_guard(
-        agent,
+        settings,
+        backend,
+        front,
+        agent.hooks,
         pods=node_pods,
         client=client,
         run_pods=not (metrics_on and settings.gpu_metrics),
