@@ -189,6 +189,9 @@ def _kubelet_config(workdir: Path, port: int) -> Json:
         "healthzPort": 0,
         "evictionHard": {},
         "nodeStatusUpdateFrequency": "2s",
+        # how soon a changed ConfigMap reaches a running pod's volume (default 1 min): the
+        # chart's configs are mounted from one and the agent reloads them live
+        "syncFrequency": "5s",
         # the control plane's DRA gates, so the kubelet passes claims' new fields through
         "featureGates": {gate.split("=")[0]: True for gate in envtest.GATES.split(",")},
     }
