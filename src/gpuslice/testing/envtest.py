@@ -268,9 +268,7 @@ def start(
     return plane
 
 
-def _start_controller_manager(
-    plane: ControlPlane, key: Path
-) -> subprocess.Popen[bytes]:
+def _start_controller_manager(plane: ControlPlane, key: Path) -> subprocess.Popen[bytes]:
     """kube-controller-manager with every controller but `nodelifecycle` (which would taint
     and evict from a Node whose kubelet sends no heartbeat), signing service-account tokens
     with the key the API server verifies, the admin kubeconfig for all three of its
