@@ -540,8 +540,30 @@ def test_dra_mode_from_the_chart_registers_publishes_and_prepares_a_claim(
     chars = {ln.removeprefix("char:") for ln in log if ln.startswith("char:")}
     assert chars == {f"nvidia{deployment.uuids.index(visible)}", "nvidiactl", "nvidia-uvm"}
 
+    # an image upgrade rolls the driver (maxSurge 0) under the running claim: the claim stays
+    # prepared, its container keeps running, and the new agent, registered again, is the one
+    # the kubelet asks to unprepare it when the pod goes
+    before = deployment.agent_pod()
+    [claimer_container] = deployment.pod(WORKLOADS, "claimer")["status"]["containerStatuses"]
+    deployment.upgrade(dict(values, image={**values["image"], "tag": deployment.tags[1]}),
+                       "helm upgrade (DRA, image tag)")  # fmt: skip
+    after = deployment.agent_pod()
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    wait_for(lambda: "event=dra-registered" in deployment.agent_log(after), "registered again")
+    [claimer_now] = deployment.pod(WORKLOADS, "claimer")["status"]["containerStatuses"]
+    assert claimer_now["containerID"] == claimer_container["containerID"]
+    assert claimer_now["restartCount"] == 0
+    assert claimer_now["state"].get("running"), claimer_now["state"]
+    assert spec.is_file(), "the claim's CDI spec went with the old agent"
+
     deployment.delete_workloads()
     wait_for(lambda: not spec.exists(), "the claim's CDI spec removed at Unprepare")
+    unprepared = [
+        ln
+        for ln in deployment.agent_log(after).splitlines()
+        if "event=dra-unprepared" in ln and claim_obj["metadata"]["uid"] in ln
+    ]
+    assert unprepared, "the new agent did not unprepare the claim"
     deployment.kubectl("delete", "resourceclaim", "whole", "-n", WORKLOADS, "--wait=false")
     deployment.uninstall()
     wait_for(lambda: not deployment.agent_pods(), "the agent's pod gone", deployment.diagnose)
@@ -558,5 +580,5 @@ def test_dra_mode_from_the_chart_registers_publishes_and_prepares_a_claim(
     # kubelet wipes the slices of a driver that has unregistered (about 30 s later, measured
     # with v1.36: not waited for here; docs/install.md, "Uninstall")
     assert not list(node.cdi_dir.iterdir())
-    for line in deployment.timings[-2:]:
+    for line in deployment.timings[-3:]:
         report_line(f"chart on a real kubelet: {line}")
