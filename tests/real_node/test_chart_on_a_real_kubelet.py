@@ -121,7 +121,14 @@ class Deployment:
             "mps": {"root": str(self.work / "mps")},
             "labels": {"mode": "api"},
             "metrics": {"port": self.metrics_port},
-            "probes": {"port": self.probe_port, "readiness": {"periodSeconds": 1}},
+            # probed every second once the agent has had 3 s to start its listener (the
+            # chart's default waits 10 s), and two failed liveness probes restart it: a
+            # restart count of 0 then says the probes in the tests' time passed
+            "probes": {
+                "port": self.probe_port,
+                "readiness": {"periodSeconds": 1},
+                "liveness": {"initialDelaySeconds": 3, "periodSeconds": 1, "failureThreshold": 2},
+            },
             "config": {"map": {CONFIG_NAME: sharing(replicas)}, "default": CONFIG_NAME},
             "extraEnv": [
                 {"name": "GPUSLICE_NODE", "value": SIM},
@@ -401,6 +408,8 @@ def test_helm_upgrade_reloads_the_config_live_and_rolls_the_image_while_a_worklo
     running with its GPU. A pod admitted after the roll gets a GPU from the new agent."""
     node = deployment.node
     before = deployment.agent_pod()
+    [agent] = before["status"]["containerStatuses"]
+    assert agent["restartCount"] == 0, "a liveness probe failed"
     keeper = deployment.pod(WORKLOADS, "keeper")
     [keeper_container] = keeper["status"]["containerStatuses"]
     keeper_gpu = deployment.visible_devices("keeper")
@@ -414,6 +423,8 @@ def test_helm_upgrade_reloads_the_config_live_and_rolls_the_image_while_a_worklo
     wait_for(lambda: deployment.node_labels().get("nvidia.com/gpu.replicas") == "2", "label 2")
     assert deployment.agent_pod()["metadata"]["uid"] == before["metadata"]["uid"]
 
+    [agent] = deployment.agent_pod()["status"]["containerStatuses"]
+    assert agent["restartCount"] == 0, "a liveness probe failed"
     deployment.upgrade(
         deployment.values(replicas=2, tag=deployment.tags[1]), "helm upgrade (image tag)"
     )
