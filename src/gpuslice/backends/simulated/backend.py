@@ -24,12 +24,11 @@ from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
 log = get_logger(__name__)
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
