@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from gpuslice.testing import envtest, realnode
+from gpuslice.testing.eventually import eventually_sync
 from gpuslice.testing.image import Buildah, default_cache
 from gpuslice.testing.realnode import RealNode, sim_uuids
 
@@ -84,12 +85,9 @@ except ImportError:  # the chart tooling is missing: say so before starting a no
     )
 
 
-def wait_for(ok: Callable[[], bool], what: str, diagnose: Callable[[], str] = str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{diagnose()}")
-        time.sleep(0.3)
+def wait_for(ok: Callable[[], bool], what: str, diagnose: Callable[[], str] | None = None) -> None:
+    """Until `ok()`, polled every 0.3 s (each check runs kubectl or reads the node's files)."""
+    eventually_sync(ok, what, timeout=WAIT_S, interval=0.3, explain=diagnose)
 
 
 @dataclass
