@@ -55,6 +55,10 @@ class MigProfile:
     jpeg: int
     ofa: int
     encoders: int = 0
+    profile_id: int | None = None
+    """NVML's GPU instance profile ID (`nvidia-smi mig -lgip`), what creating an instance
+    takes; None in the simulator's tables, whose names use the shape table instead
+    (`core.dra.publish.gi_profile_id`)."""
 
     @property
     def media_extensions(self) -> bool:
