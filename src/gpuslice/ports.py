@@ -87,11 +87,10 @@ class MigPartitioner(Protocol):
         placement, the placement taken, no compute slices left."""
         ...
 
-    def destroy_mig(self, gpu_uuid: str, mig: MigDevice) -> None:
-        """Destroy `mig`'s compute instance and GPU instance, after checking that the
-        instance at its GI/CI ids is still `mig` (its UUID): an instance that is gone is
-        not an error (MigGone); one with another UUID is someone else's (MigNotOurs) and is
-        left alone."""
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
+        """Destroy compute instance `ci_id` and GPU instance `gi_id`, after checking that
+        the MIG device there is still `mig_uuid`: one that is gone raises MigGone; one with
+        another UUID is someone else's (MigNotOurs) and is left alone."""
         ...
 
     def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:

@@ -37,13 +37,13 @@ def test_created_devices_appear_in_the_inventory_and_go_again() -> None:
         == {a.uuid, b.uuid}
         == {m.uuid for m in backend.live_mig_devices(gpu.uuid)}
     )
-    backend.destroy_mig(gpu.uuid, a)
+    backend.destroy_mig(gpu.uuid, a.uuid, a.gi_id, a.ci_id)
     assert backend.inventory().gpus[0].mig_devices == (b,)
     again = backend.create_mig(gpu.uuid, "4g.40gb", 0)
     assert again.uuid != a.uuid  # NVML gives a re-created instance a new UUID
-    backend.destroy_mig(gpu.uuid, again)
+    backend.destroy_mig(gpu.uuid, again.uuid, again.gi_id, again.ci_id)
     with pytest.raises(MigGone):
-        backend.destroy_mig(gpu.uuid, again)
+        backend.destroy_mig(gpu.uuid, again.uuid, again.gi_id, again.ci_id)
     assert [c[0] for c in backend.mig_calls] == ["create", "create", "destroy", "create", "destroy"]
 
 
@@ -84,11 +84,11 @@ def test_an_instance_with_another_uuid_is_not_destroyed() -> None:
     backend = sim("sim:1xh100-80gb/mig=")
     gpu = backend.inventory().gpus[0]
     ours = backend.create_mig(gpu.uuid, "1g.10gb", 0)
-    backend.destroy_mig(gpu.uuid, ours)
+    backend.destroy_mig(gpu.uuid, ours.uuid, ours.gi_id, ours.ci_id)
     theirs = backend.create_mig(gpu.uuid, "1g.10gb", 0)  # same GI/CI ids, someone else's
     assert (theirs.gi_id, theirs.ci_id) == (ours.gi_id, ours.ci_id)
     with pytest.raises(MigNotOurs):
-        backend.destroy_mig(gpu.uuid, ours)
+        backend.destroy_mig(gpu.uuid, ours.uuid, ours.gi_id, ours.ci_id)
     assert backend.inventory().gpus[0].mig_devices == (theirs,)
 
 

@@ -441,22 +441,20 @@ class NvmlBackend:
             f"GPU {index}: GI {gi_id} CI {ci_id} was created but NVML lists no MIG device for it"
         )
 
-    def destroy_mig(self, gpu_uuid: str, mig: MigDevice) -> None:
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
         _index, handle = self._handle_of(gpu_uuid)
         with self._mig_lock:
             live = [
-                m
-                for m in self.live_mig_devices(gpu_uuid)
-                if (m.gi_id, m.ci_id) == (mig.gi_id, mig.ci_id)
+                m for m in self.live_mig_devices(gpu_uuid) if (m.gi_id, m.ci_id) == (gi_id, ci_id)
             ]
             if not live:
-                raise MigGone(f"GPU {gpu_uuid} has no GI {mig.gi_id} CI {mig.ci_id} any more")
-            if live[0].uuid != mig.uuid:
+                raise MigGone(f"GPU {gpu_uuid} has no GI {gi_id} CI {ci_id} any more")
+            if live[0].uuid != mig_uuid:
                 raise MigNotOurs(
-                    f"GPU {gpu_uuid}: GI {mig.gi_id} CI {mig.ci_id} is {live[0].uuid}, not "
-                    f"{mig.uuid}: left alone"
+                    f"GPU {gpu_uuid}: GI {gi_id} CI {ci_id} is {live[0].uuid}, not "
+                    f"{mig_uuid}: left alone"
                 )
-            nvml_mig.destroy(self._nv, handle, mig.gi_id, mig.ci_id)
+            nvml_mig.destroy(self._nv, handle, gi_id, ci_id)
 
     def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:
         index, handle = self._handle_of(gpu_uuid)

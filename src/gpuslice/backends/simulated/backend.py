@@ -323,9 +323,9 @@ class SimulatedBackend:
         self._poll_control()
         return self._create_mig(gpu_uuid, profile, start)
 
-    def destroy_mig(self, gpu_uuid: str, mig: MigDevice) -> None:
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
         self._poll_control()
-        self._destroy_mig(gpu_uuid, mig)
+        self._destroy_mig(gpu_uuid, mig_uuid, gi_id, ci_id)
 
     def _create_mig(self, gpu_uuid: str, profile: str, start: int) -> MigDevice:
         with self._lock:
@@ -337,12 +337,12 @@ class SimulatedBackend:
         self._events.put(HealthEvent("inventory-changed", gpu.uuid))
         return mig
 
-    def _destroy_mig(self, gpu_uuid: str, mig: MigDevice) -> None:
+    def _destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
         with self._lock:
             gpu = self._gpu(gpu_uuid)
-            self._replace_migs(gpu, without(gpu, mig))
-            self._processes = [p for p in self._processes if p.mig_uuid != mig.uuid]
-            self.mig_calls.append(("destroy", gpu.uuid, mig.uuid))
+            self._replace_migs(gpu, without(gpu, mig_uuid, gi_id, ci_id))
+            self._processes = [p for p in self._processes if p.mig_uuid != mig_uuid]
+            self.mig_calls.append(("destroy", gpu.uuid, mig_uuid))
         self._events.put(HealthEvent("inventory-changed", gpu.uuid))
 
     def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:
@@ -455,7 +455,8 @@ class SimulatedBackend:
                 raise BackendError("profile: expected a MIG profile name")
             self._create_mig(gpu.uuid, profile, _int(command, "start"))
         elif kind == "destroy_mig":
-            self._destroy_mig(gpu.uuid, self.resolve_mig(gpu, _ref(command, "mig")))
+            mig = self.resolve_mig(gpu, _ref(command, "mig"))
+            self._destroy_mig(gpu.uuid, mig.uuid, mig.gi_id, mig.ci_id)
         elif kind == "grow_process":
             target = command.get("targetMiB")
             self.start_growing(

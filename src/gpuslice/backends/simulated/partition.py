@@ -90,15 +90,15 @@ def created(gpu: Gpu, profile_name: str, start: int, serial: int) -> MigDevice:
     )
 
 
-def without(gpu: Gpu, mig: MigDevice) -> tuple[MigDevice, ...]:
-    """`gpu`'s MIG devices less `mig`, checked as NVML's destroy path checks it."""
+def without(gpu: Gpu, mig_uuid: str, gi_id: int, ci_id: int) -> tuple[MigDevice, ...]:
+    """`gpu`'s MIG devices less the one at `gi_id`/`ci_id`, which must be `mig_uuid`."""
     live: Sequence[MigDevice] = gpu.mig_devices
-    at = [m for m in live if (m.gi_id, m.ci_id) == (mig.gi_id, mig.ci_id)]
+    at = [m for m in live if (m.gi_id, m.ci_id) == (gi_id, ci_id)]
     if not at:
-        raise MigGone(f"GPU {gpu.uuid} has no GPU instance {mig.gi_id} (CI {mig.ci_id}) any more")
-    if at[0].uuid != mig.uuid:
+        raise MigGone(f"GPU {gpu.uuid} has no GPU instance {gi_id} (CI {ci_id}) any more")
+    if at[0].uuid != mig_uuid:
         raise MigNotOurs(
-            f"GPU {gpu.uuid}: GI {mig.gi_id} CI {mig.ci_id} is {at[0].uuid} "
-            f"({at[0].profile}), not {mig.uuid}: left alone"
+            f"GPU {gpu.uuid}: GI {gi_id} CI {ci_id} is {at[0].uuid} "
+            f"({at[0].profile}), not {mig_uuid}: left alone"
         )
     return tuple(m for m in live if m is not at[0])
