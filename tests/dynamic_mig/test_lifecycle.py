@@ -18,7 +18,7 @@ from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.claims import ClaimError
 from gpuslice.core.dra.migrecord import decode
-from gpuslice.core.dra.partitions import Partition, dynamic_gpu
+from gpuslice.core.dra.partitions import Partition, partitions
 from gpuslice.host.checkpoint_file import CheckpointFile
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -68,8 +68,9 @@ def backend() -> SimulatedBackend:
 
 
 def part(backend: SimulatedBackend, name: str = "gpu-0-mig-1g10gb-19-3") -> Partition:
-    inventory = backend.inventory()
-    return dynamic_gpu(inventory.gpus[0], inventory, ()).partitions[name]
+    gpu = backend.inventory().gpus[0]
+    assert gpu.mig_geometry is not None
+    return {p.name: p for p in partitions(gpu, gpu.mig_geometry)}[name]
 
 
 def gpu_uuid(backend: SimulatedBackend) -> str:

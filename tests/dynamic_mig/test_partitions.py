@@ -10,6 +10,7 @@ knows is tried both ways."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -26,7 +27,7 @@ from gpuslice.core.dra.partitions import (
     node_devices,
     partitions,
 )
-from gpuslice.core.dra.publish import dra_devices, slice_specs
+from gpuslice.core.dra.publish import device_json, dra_devices, slice_specs
 from gpuslice.core.gpumodels import MODELS
 from gpuslice.ports import BackendError
 
@@ -122,15 +123,31 @@ def test_names_are_the_static_mig_devices_names() -> None:
     """A claim naming a static layout's device names the same instance when dynamic."""
     static = inventory("sim:1xh100-80gb/mig=3g.40gb*1+2g.20gb*1+1g.10gb*2")
     names = {d.name for d in dra_devices(static)}
-    dyn = dynamic_gpu(static.gpus[0], static, foreign=())
+    dyn = dynamic_gpu(static.gpus[0], static, ours={m.uuid for m in static.gpus[0].mig_devices})
     assert names <= set(dyn.partitions)
+
+
+def test_a_partition_gpuslice_created_carries_its_mig_device_and_publishes_the_same() -> None:
+    inv = inventory("sim:1xh100-80gb/mig=3g.40gb*1")
+    [gpu] = inv.gpus
+    [mig] = gpu.mig_devices
+    bare = replace(gpu, mig_devices=())
+    before = dynamic_gpu(bare, replace(inv, gpus=(bare,)))
+    after = dynamic_gpu(gpu, inv, ours={mig.uuid})
+    [device] = [d for d in after.devices if d.mig is not None]
+    assert device.name == "gpu-0-mig-3g40gb-9-4"
+    assert device.uuid == mig.uuid
+    assert [device_json(d, []) for d in after.devices] == [
+        device_json(replace(d, gpu=gpu), []) for d in before.devices
+    ]
+    assert after.counter_set == before.counter_set  # the scheduler counts our instance
 
 
 def test_foreign_instances_shrink_the_counters_and_hide_what_they_overlap() -> None:
     inv = inventory("sim:1xh100-80gb/mig=3g.40gb*1")
     [gpu] = inv.gpus
     [theirs] = gpu.mig_devices
-    dyn = dynamic_gpu(gpu, inv, foreign=[theirs])
+    dyn = dynamic_gpu(gpu, inv)  # not created by gpuslice: foreign
     assert "gpu-0" not in {d.name for d in dyn.devices}  # the whole GPU is not free
     held = set(range(theirs.placement_start, theirs.placement_start + theirs.placement_size))
     assert all(not set(p.slots) & held for p in dyn.partitions.values())

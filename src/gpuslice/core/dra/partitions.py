@@ -259,13 +259,21 @@ def is_dynamic(gpu: Gpu, dynamic: Collection[str]) -> bool:
     return marked and gpu.mig_enabled and gpu.mig_geometry is not None
 
 
-def dynamic_gpu(gpu: Gpu, inventory: Inventory, foreign: Iterable[MigDevice] = ()) -> DynamicGpu:
-    """The devices and counter set of `gpu` (which `is_dynamic`); `foreign` are its
-    instances gpuslice did not create."""
+def dynamic_gpu(gpu: Gpu, inventory: Inventory, ours: Collection[str] = frozenset()) -> DynamicGpu:
+    """The devices and counter set of `gpu` (which `is_dynamic`). `ours`: UUIDs of the MIG
+    devices gpuslice created (`agent.dynamic_mig`); every other instance on the GPU is
+    foreign. A partition whose instance gpuslice created carries it (`DraDevice.uuid` and
+    `.mig`): health, the CDI spec and the guard then name the real MIG device, while the
+    published JSON stays the same (no republish per claim)."""
     geometry = gpu.mig_geometry
     if geometry is None:
         raise ValueError(f"GPU {gpu.uuid}: no MIG geometry to publish partitions from")
-    foreign = tuple(foreign)
+    foreign = tuple(m for m in gpu.mig_devices if m.uuid not in ours)
+    created: dict[str, MigDevice] = {}
+    for mig in gpu.mig_devices:
+        profile = geometry.profile(mig.profile)
+        if mig.uuid in ours and profile is not None:
+            created[partition_name(gpu, profile, mig.placement_start)] = mig
     common = common_attributes(gpu, inventory)
     devices: list[DraDevice] = []
     consumption: dict[str, Mapping[str, int]] = {}
@@ -287,7 +295,9 @@ def dynamic_gpu(gpu: Gpu, inventory: Inventory, foreign: Iterable[MigDevice] = (
             "profile": ("string", part.profile.name),
             **common,
         }
-        devices.append(DraDevice(part.name, "mig", "", gpu, None, attrs, part.capacity()))
+        mig = created.get(part.name)
+        uuid = "" if mig is None else mig.uuid
+        devices.append(DraDevice(part.name, "mig", uuid, gpu, mig, attrs, part.capacity()))
         consumption[part.name] = part.consumes()
     return DynamicGpu(
         gpu,
@@ -308,19 +318,16 @@ def with_consumption(device: Json, dyn: DynamicGpu) -> Json:
 
 
 def dynamic_gpus(
-    inventory: Inventory,
-    dynamic: Collection[str],
-    foreign: Mapping[str, Sequence[MigDevice]] | None = None,
+    inventory: Inventory, dynamic: Collection[str], ours: Collection[str] = frozenset()
 ) -> dict[str, DynamicGpu]:
     """GPU UUID -> what it publishes, for every GPU of `inventory` that `is_dynamic`;
-    `foreign`: GPU UUID -> its instances gpuslice did not create (all of them, when None:
-    with no record of what it created, gpuslice takes nothing on the GPU as its own)."""
-    out: dict[str, DynamicGpu] = {}
-    for gpu in inventory.gpus:
-        if is_dynamic(gpu, dynamic):
-            theirs = gpu.mig_devices if foreign is None else foreign.get(gpu.uuid, ())
-            out[gpu.uuid] = dynamic_gpu(gpu, inventory, theirs)
-    return out
+    `ours` as for `dynamic_gpu` (empty: with no record of what it created, gpuslice takes
+    nothing on a GPU as its own)."""
+    return {
+        gpu.uuid: dynamic_gpu(gpu, inventory, ours)
+        for gpu in inventory.gpus
+        if is_dynamic(gpu, dynamic)
+    }
 
 
 def node_devices(
