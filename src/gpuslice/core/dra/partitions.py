@@ -295,9 +295,9 @@ def dynamic_gpu(gpu: Gpu, inventory: Inventory, ours: Collection[str] = frozense
             "profile": ("string", part.profile.name),
             **common,
         }
-        mig = created.get(part.name)
-        uuid = "" if mig is None else mig.uuid
-        devices.append(DraDevice(part.name, "mig", uuid, gpu, mig, attrs, part.capacity()))
+        made = created.get(part.name)
+        uuid = "" if made is None else made.uuid
+        devices.append(DraDevice(part.name, "mig", uuid, gpu, made, attrs, part.capacity()))
         consumption[part.name] = part.consumes()
     return DynamicGpu(
         gpu,
