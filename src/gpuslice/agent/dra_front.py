@@ -16,7 +16,9 @@ from pathlib import Path
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.health import DeviceHealthReport, device_health
+from gpuslice.core.dra.publish import DraDevice
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
 from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.mps import MpsDaemonManager
@@ -31,15 +33,26 @@ class PlanHealth:
     """
 
     def __init__(
-        self, state: PlanState, *, pool: str, xids: Callable[[], Mapping[str, int | None]]
+        self,
+        state: PlanState,
+        *,
+        pool: str,
+        xids: Callable[[], Mapping[str, int | None]],
+        devices: Callable[[Inventory], Sequence[DraDevice]] | None = None,
     ) -> None:
+        """`devices`: the node's devices as published (the driver's, with dynamic MIG
+        partitions); `dra_devices` when None."""
         self._state = state
         self._pool = pool
         self._xids = xids
+        self._devices = devices
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        reports = device_health(snap.inventory, snap.unhealthy, self._xids(), pool=self._pool)
+        devices = None if self._devices is None else self._devices(snap.inventory)
+        reports = device_health(
+            snap.inventory, snap.unhealthy, self._xids(), pool=self._pool, devices=devices
+        )
         return snap.version, reports
 
     async def wait_newer(self, version: int) -> Snapshot:
@@ -85,7 +98,9 @@ class DraFrontEnd:
             self.registry_dir,
             self.driver,
             settings=self._server_settings,
-            health=PlanHealth(state, pool=self.node_name, xids=self._xids)
+            health=PlanHealth(
+                state, pool=self.node_name, xids=self._xids, devices=self.driver.devices
+            )
             if self.node_name
             else None,
         )

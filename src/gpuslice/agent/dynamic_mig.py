@@ -165,21 +165,19 @@ class DynamicMig:
             self._journal = self._journal.put(record)
             await self._write()  # recorded before it exists: a crash leaves no stranger
             try:
-                mig = await asyncio.to_thread(
-                    self._backend.create_mig, gpu, part.profile.name, part.start
-                )
+                # not cut short: a cancelled Prepare waits for the creation and its record,
+                # so what it made is known and its undo destroys it
+                made = await to_the_end(self._create(record))
             except BackendError as exc:
                 await to_the_end(self._forget([record.key]))
                 raise ClaimError(f"device {part.name}: creating {where}: {exc}") from None
-            made = replace(record, created=CreatedMig(mig.uuid, mig.gi_id, mig.ci_id))
-            self._journal = self._journal.put(made)
-            await to_the_end(self._write())
+            made_record, mig = made
             check = await self._live_or_fail(gpu)
             if not any(
                 m.uuid == mig.uuid and m.placement_start == part.start and m.profile == mig.profile
                 for m in check
             ):
-                await to_the_end(self._destroy(made))
+                await to_the_end(self._destroy(made_record))
                 raise ClaimError(
                     f"device {part.name}: the MIG device created for {where} ({mig.uuid}) is "
                     "not listed at that placement afterwards; destroyed again"
@@ -193,6 +191,16 @@ class DynamicMig:
                 ci=mig.ci_id,
             )
             return mig
+
+    async def _create(self, record: MigRecord) -> tuple[MigRecord, MigDevice]:
+        """Create the instance `record` describes and record it as created."""
+        mig = await asyncio.to_thread(
+            self._backend.create_mig, record.gpu_uuid, record.profile, record.start
+        )
+        made = replace(record, created=CreatedMig(mig.uuid, mig.gi_id, mig.ci_id))
+        self._journal = self._journal.put(made)
+        await self._write()
+        return made, mig
 
     async def _live_or_fail(self, gpu: str) -> tuple[MigDevice, ...]:
         try:
