@@ -13,18 +13,28 @@ import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import AsyncClient
 
+from gpuslice.agent.dra_driver import DraDriver, DriverSettings
+from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.agent.dynamic_mig import JOURNAL_NAME, DynamicMig
 from gpuslice.backends import open_backend
-from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
-from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
+from gpuslice.backends.simulated import SimulatedBackend
+from gpuslice.core.config import parse_config
+from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.sharing.plan import build_plan
+from gpuslice.host.cdi_store import CdiSpecStore
+from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
+from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.testing import envtest
 
 Json = dict[str, Any]
@@ -62,41 +72,53 @@ def plane(control_plane: envtest.ControlPlane) -> envtest.ControlPlane:
     return control_plane
 
 
-def published(inventory: Inventory, dynamic: tuple[str, ...]) -> tuple[list[Json], list[Json]]:
-    """The devices and counter sets the node publishes with `dynamic` GPUs marked dynamic."""
-    dyn = dynamic_gpus(inventory, dynamic)
-    devices = []
-    for device in node_devices(dra_devices(inventory), dyn):
-        obj = device_json(device, [])
-        owner = dyn.get(device.gpu.uuid)
-        devices.append(with_consumption(obj, owner) if owner is not None else obj)
-    return devices, [d.counter_set for d in dyn.values()]
-
-
 @dataclass
 class Node:
+    """A Node of the shared plane with a simulated GPU backend, its agent's publisher
+    (every GPU marked dynamic) and, on demand, its DRA driver."""
+
     plane: envtest.ControlPlane
     name: str
     api: DraApi
-    inventory: Inventory
+    backend: SimulatedBackend
+    workdir: Path
+    dynamic: DynamicMig = field(init=False)
+    publisher: SlicePublisher = field(init=False)
 
-    async def publish(self, dynamic: tuple[str, ...] = ("all",)) -> list[Json]:
-        devices, sets = published(self.inventory, dynamic)
-        changes = plan_slices(
-            await self.api.list_slices(),
-            devices,
+    def __post_init__(self) -> None:
+        self.dynamic = DynamicMig(self.backend, CheckpointFile(self.workdir / JOURNAL_NAME), "boot")
+        self.publisher = SlicePublisher(
+            self.api,
             driver=DRIVER,
             node=self.name,
-            node_uid="",
-            counter_sets=sets,
+            snapshot=self.snapshot,
+            dynamic=lambda: {"all"},
+            ours=self.dynamic.ours,
         )
-        for obj in changes.create:
-            await self.api.create_slice(obj)
-        for obj in changes.update:
-            await self.api.replace_slice(obj)
-        for name in changes.delete:
-            await self.api.delete_slice(name)
+
+    def snapshot(self) -> Snapshot:
+        inventory = self.backend.inventory()
+        return PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory).current
+
+    async def publish(self) -> list[Json]:
+        await self.publisher.publish_once()
         return await self.api.list_slices()
+
+    def driver(self) -> DraDriver:
+        return DraDriver(
+            DriverSettings(DRIVER, self.name, mps_root=str(self.workdir / "mps")),
+            objects=self.api,
+            checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
+            cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),
+            snapshot=self.snapshot,
+            boot_id="boot",
+            dynamic_mig=self.dynamic,
+            dynamic=lambda: {"all"},
+        )
+
+    async def ref(self, name: str) -> ClaimRef:
+        obj = await self.api.get_claim(NAMESPACE, f"{self.name}-{name}")
+        return ClaimRef(NAMESPACE, obj["metadata"]["uid"], f"{self.name}-{name}")
 
     def claim(self, name: str, profile: str | None = None, cls: str = "mig.nvidia.com") -> None:
         request: Json = {"deviceClassName": cls}
@@ -165,10 +187,14 @@ _NODES = itertools.count()
 
 
 @pytest.fixture
-async def make_node(plane: envtest.ControlPlane) -> AsyncIterator[Callable[[str], Awaitable[Node]]]:
+async def make_node(
+    plane: envtest.ControlPlane, sock_dir: Path
+) -> AsyncIterator[Callable[[str], Awaitable[Node]]]:
     clients: list[AsyncClient] = []
 
     async def make(spec: str) -> Node:
+        workdir = sock_dir / f"n{len(clients)}"
+        workdir.mkdir()
         name = f"dynmig-{next(_NODES)}"
         create(plane, {"apiVersion": "v1", "kind": "Node",
                        "metadata": {"name": name, "labels": {NODE_LABEL: name}}})  # fmt: skip
@@ -179,13 +205,12 @@ async def make_node(plane: envtest.ControlPlane) -> AsyncIterator[Callable[[str]
         )
         assert patched.returncode == 0, patched.stderr
         backend = open_backend(spec, environ={})
-        try:
-            inventory = backend.inventory()
-        finally:
-            backend.close()
+        assert isinstance(backend, SimulatedBackend)
         client = make_client(plane.kubeconfig, trust_env=False)
         clients.append(client)
-        return Node(plane, name, DraApi(client, name, DRIVER), inventory)
+        node = Node(plane, name, DraApi(client, name, DRIVER), backend, workdir)
+        await node.dynamic.load(set())
+        return node
 
     try:
         yield make
@@ -206,7 +231,8 @@ async def test_eight_dynamic_h100s_are_taken_as_published(
     assert [len(s["spec"]["devices"]) for s in devices] == [64, 64, 64, 16]
     assert [len(s["spec"]["sharedCounters"]) for s in counters] == [8]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {5}
-    assert await node.publish() == stored
+    assert (await node.publisher.publish_once()).empty
+    assert await node.api.list_slices() == stored
 
 
 async def test_seven_1g_claims_fit_an_h100_and_the_eighth_waits(
@@ -251,3 +277,53 @@ async def test_the_whole_gpu_blocks_mig_devices_and_the_reverse(
     assert await node.device("small") == "gpu-0-mig-1g10gb-19-0"
     node.claim("whole2", cls="gpu.nvidia.com")
     await node.unschedulable("whole2")
+
+
+async def test_prepare_creates_the_allocated_instance_and_unprepare_destroys_it(
+    make_node: Callable[[str], Awaitable[Node]],
+) -> None:
+    """The scheduler picks the placement; the driver creates exactly that MIG device,
+    hands its CDI spec to the kubelet, and destroys it at Unprepare, which frees the
+    placement for the next claim."""
+    node = await make_node("sim:1xh100-80gb/mig=")
+    await node.publish()
+    node.claim("a", "3g.40gb")
+    device = await node.device("a")
+    assert device == "gpu-0-mig-3g40gb-9-0"
+    driver = node.driver()
+    await driver.load()
+    ref = await node.ref("a")
+    result = (await driver.prepare([ref]))[ref.uid]
+    assert result.error == ""
+    [mig] = node.backend.inventory().gpus[0].mig_devices
+    assert (mig.profile, mig.placement_start) == ("3g.40gb", 0)
+    spec = yaml.safe_load(
+        (node.workdir / "cdi" / f"k8s.gpuslice.io-claim_{ref.uid}.yaml").read_text()
+    )
+    [entry] = spec["devices"]
+    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in entry["containerEdits"]["env"]
+    assert any("nvidia-caps" in n["path"] for n in entry["containerEdits"]["deviceNodes"])
+    # the slices do not change while the instance exists: no republish per claim
+    assert (await node.publisher.publish_once()).empty
+
+    assert await driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.backend.inventory().gpus[0].mig_devices == ()
+    node.delete("a")
+    node.claim("b", "4g.40gb")  # the freed placement is the 4g's
+    assert await node.device("b") == "gpu-0-mig-4g40gb-5-0"
+
+
+async def test_someone_elses_instance_takes_its_placements_out(
+    make_node: Callable[[str], Awaitable[Node]],
+) -> None:
+    """An operator's 4g.40gb on the GPU: the whole GPU and every partition it overlaps
+    leave the slices, its counters are taken out, and a 4g claim waits while a 3g fits."""
+    node = await make_node("sim:1xh100-80gb/mig=")
+    node.backend.create_mig(node.backend.inventory().gpus[0].uuid, "4g.40gb", 0)
+    await node.publish()
+    node.claim("whole", cls="gpu.nvidia.com")
+    node.claim("four", "4g.40gb")
+    node.claim("three", "3g.40gb")
+    assert await node.device("three") == "gpu-0-mig-3g40gb-9-4"
+    await node.unschedulable("whole")
+    await node.unschedulable("four")
