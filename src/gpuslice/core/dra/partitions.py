@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.devices import Gpu, Inventory, MigDevice, MigUuid
 from gpuslice.core.dra.publish import (
     GI_PROFILE_IDS,
     AttrKind,
@@ -46,6 +46,7 @@ from gpuslice.core.dra.publish import (
     quantity,
 )
 from gpuslice.core.gpumodels import MigGeometry, MigProfile
+from gpuslice.core.migcaps import numbered_minors
 
 Json = dict[str, Any]
 MIB = 1024 * 1024
@@ -349,3 +350,37 @@ def node_devices(
             out.extend(dyn.devices)
     out.sort(key=lambda d: d.gpu.index)
     return tuple(out)
+
+
+WOULD_BE_UUID = "MIG-created-at-prepare"
+"""How the UUIDs `describe --claims` shows for MIG devices Prepare would create begin (the
+real one is the driver's to give): `MIG-created-at-prepare-gpu<index>-<start>`."""
+
+
+def would_be(part: Partition, held: Sequence[MigDevice]) -> MigDevice:
+    """The MIG device Prepare would create for `part` next to the instances `held` on its
+    GPU, for `describe --claims`: GPU instance ID the lowest free one (the driver chooses
+    the real one), capability minors in the driver's fixed numbering."""
+    p, gpu = part.profile, part.gpu
+    gi_id = min(set(range(1, 16)) - {m.gi_id for m in held}, default=15)
+    return MigDevice(
+        uuid=MigUuid(f"{WOULD_BE_UUID}-gpu{gpu.index}-{part.start}"),
+        parent_uuid=gpu.uuid,
+        parent_index=gpu.index,
+        index=len(held),
+        profile=p.name,
+        gi_id=gi_id,
+        ci_id=0,
+        memory_mib=p.memory_mib,
+        multiprocessors=p.multiprocessors,
+        slices_gi=p.compute_slices,
+        slices_ci=p.compute_slices,
+        placement_start=part.start,
+        placement_size=p.memory_slices,
+        engines_copy=p.copy_engines,
+        engines_decoder=p.decoders,
+        engines_encoder=p.encoders,
+        engines_jpeg=p.jpeg,
+        engines_ofa=p.ofa,
+        cap_minors=numbered_minors(gpu.minor, gi_id, 0),
+    )
