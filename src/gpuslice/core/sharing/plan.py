@@ -374,4 +374,5 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         warnings=tuple(warnings),
         mig_strategy_warnings=tuple(strategy_warnings),
         mig_layout_problem=layout_problem,
+        dynamic_mig=() if config.flags.dynamic_mig is None else config.flags.dynamic_mig.markers(),
     )
