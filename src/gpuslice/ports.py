@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
@@ -71,6 +71,7 @@ class BackendError(Exception):
     """A backend could not start or answer (no driver, no library, bad simulated spec)."""
 
 
+@runtime_checkable
 class MigPartitioner(Protocol):
     """Creates and destroys MIG devices one at a time, for dynamic MIG (`agent.dynamic_mig`).
 

@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
+from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.agent.guard_view import claim_modes, guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks
@@ -60,7 +62,7 @@ from gpuslice.mps import (
     TimesliceSetter,
 )
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects
+from gpuslice.ports import DraObjects, MigPartitioner
 
 if TYPE_CHECKING:
     # The Kubernetes client (lightkube, httpx: about 11 MiB resident) is imported only
@@ -176,6 +178,20 @@ def wire_dra(
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
+
+    def dynamic() -> tuple[str, ...]:
+        snap = snapshot()
+        return () if snap is None else snap.plan.dynamic_mig
+
+    # dynamic MIG (flags.dynamicMig): both backends create and destroy MIG devices
+    partitioner = agent.backend if isinstance(agent.backend, MigPartitioner) else None
+    dynamic_mig = (
+        None
+        if partitioner is None
+        else DynamicMig(
+            partitioner, CheckpointFile(plugin_dir / DYNAMIC_MIG_RECORD), boot_id(), warn=warn
+        )
+    )
     driver = DraDriver(
         DriverSettings(
             driver=dra.driver_name,
@@ -193,6 +209,8 @@ def wire_dra(
         warn=warn,
         host_dev_root=lambda: _host_dev_root(agent),
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
+        dynamic_mig=dynamic_mig,
+        dynamic=dynamic,
     )
     publisher = SlicePublisher(
         objects,
@@ -202,6 +220,8 @@ def wire_dra(
         xids=lambda: agent.last_xid,
         resync_s=dra.resync_s,
         shares=dra.consumable_shares,
+        dynamic=dynamic,
+        ours=frozenset if dynamic_mig is None else dynamic_mig.ours,
     )
     front = DraFrontEnd(
         lambda: agent.state,

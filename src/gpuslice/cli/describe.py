@@ -188,7 +188,9 @@ def _describe_claims(
         if classes_file is not None
         else list(DEFAULT_DEVICE_CLASSES)
     )
-    report = what_if(view.inventory, view.plan, claims, classes, shares=shares)
+    report = what_if(
+        view.inventory, view.plan, claims, classes, shares=shares, dynamic=view.plan.dynamic_mig
+    )
     if output == "table":
         title = f"node {view.backend_name} · DRA driver {report.driver}"
         if view.config_name:

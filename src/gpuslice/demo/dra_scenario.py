@@ -250,7 +250,9 @@ async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 20
 
 
 @contextlib.asynccontextmanager
-async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
+async def _running_dra_node(
+    node: str, workdir: Path, node_config: str = NODE_CONFIG
+) -> AsyncIterator[_Node]:
     store = DraStore(NODE_NAME, DRIVER)
     for device_class in DEFAULT_DEVICE_CLASSES:
         store.add_device_class(device_class)
@@ -261,7 +263,7 @@ async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
         resync_s=1.0,
     )
     config = workdir / "config.yaml"
-    config.write_text(NODE_CONFIG, encoding="utf-8")
+    config.write_text(node_config, encoding="utf-8")
     kubelet = DraKubeletEmulator(dra.registry_dir, tick_s=0.5)
     await kubelet.start()
     backend = await asyncio.to_thread(open_backend, node)

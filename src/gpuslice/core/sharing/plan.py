@@ -167,7 +167,11 @@ def _units(
             name = _name_for(g.product_name, gpu_patterns, "GPU name", "gpus")
             units.append(_Unit(PhysicalDevice.of_gpu(g), g, name, -1))
             continue
-        if not g.mig_devices:
+        dynamic = config.flags.dynamic_mig
+        marked = dynamic is not None and bool(
+            {"all", g.uuid, str(g.index)} & set(dynamic.markers())
+        )
+        if not g.mig_devices and not marked:  # a dynamic GPU's are made per claim (DRA)
             warnings.append(
                 f"GPU {g.index} has MIG enabled but no MIG devices: it advertises nothing"
             )
