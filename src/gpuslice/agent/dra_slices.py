@@ -121,7 +121,10 @@ class SlicePublisher:
         # dynamic GPUs' devices are not offered as shares: a partition has no UUID yet
         offers = share_offers(snap.plan, self.shares, [d for d in devices if d.gpu.uuid not in dyn])
         xids = self._xids()
-        unhealthy = {u: xids.get(u) for u in snap.unhealthy}
+        # the agent records an XID against the physical GPU; a MIG device's taint names it
+        # too (not `gpu-lost`, which only a GPU without an XID gets)
+        parent = {m.uuid: g.uuid for g in snap.inventory.gpus for m in g.mig_devices}
+        unhealthy = {u: xids.get(u, xids.get(parent.get(u, ""))) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
             if uuid not in unhealthy:
                 del self._tainted_since[uuid]
