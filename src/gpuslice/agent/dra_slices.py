@@ -123,7 +123,9 @@ class SlicePublisher:
         xids = self._xids()
         # the agent records an XID against the physical GPU; a MIG device's taint names it
         # too (not `gpu-lost`, which only a GPU without an XID gets)
-        parent = {m.uuid: g.uuid for g in snap.inventory.gpus for m in g.mig_devices}
+        parent: dict[str, str] = {
+            m.uuid: g.uuid for g in snap.inventory.gpus for m in g.mig_devices
+        }
         unhealthy = {u: xids.get(u, xids.get(parent.get(u, ""))) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
             if uuid not in unhealthy:
