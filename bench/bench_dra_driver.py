@@ -54,6 +54,8 @@ from typing import Any
 
 import grpc
 
+from gpuslice.core.jsontypes import Json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dra_api_double import ApiDouble
@@ -73,12 +75,11 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, boot_id
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.ports import SliceEvent, SliceListing
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.state import Snapshot
 
-Json = dict[str, Any]
 SERVICE = "gpuslice.bench.Baseline"
 BASELINE = f"/{SERVICE}/Empty"
 GET_CLAIM = f"/{SERVICE}/GetClaim"

@@ -53,7 +53,7 @@ from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import Snapshot
+from gpuslice.state import Snapshot
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

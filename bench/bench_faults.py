@@ -55,8 +55,8 @@ import grpc
 
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.emulator.kubelet import KubeletEmulator
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.envtest import free_port
 from gpuslice.testing.hostile_configs import HOSTILE

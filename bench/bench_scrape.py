@@ -32,12 +32,12 @@ from gpuslice.core.sharing.model import (
     ResourceName,
     ResourcePlan,
 )
+from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.ports import ContainerDevices, GpuProcess, GpuStatus
 
 GPUS, REPLICAS, PROCS_PER_POD = 8, 8, 4
 RESOURCE = ResourceName("nvidia.com/gpu.shared")
-MIB = 1024 * 1024
 QUICK_ROUNDS = 20
 """`--quick`: enough scrapes for a median that shows the script works, not a measurement."""
 

@@ -19,8 +19,6 @@ from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import daemon_spec
 from gpuslice.core.sharing.plan import build_plan
 
-MIB = 1024 * 1024
-
 
 def config(strategy: str, replicas: int = 4) -> str:
     return (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
@@ -215,3 +215,24 @@ class DraExpired(Exception):
 
 class DraConflict(Exception):
     """A write lost a race (HTTP 409): re-read and plan again."""
+
+
+ComputeMode = Literal["DEFAULT", "EXCLUSIVE_PROCESS"]
+
+
+class ComputeModeSetter(Protocol):
+    """Sets a GPU's compute mode around its MPS daemon (`nvsmi.NvidiaSmi`)."""
+
+    async def set_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        """Set the mode; `aio.programs.ProgramError` (`MpsError`) carrying the tool's own
+        message when that fails."""
+        ...
+
+
+class TimesliceSetter(Protocol):
+    """Sets a GPU's time-slice interval for a DRA claim (`nvsmi.NvidiaSmi`)."""
+
+    async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
+        """Set the interval (0-3); `ProgramError` (`MpsError`) carrying the tool's message
+        when that fails."""
+        ...

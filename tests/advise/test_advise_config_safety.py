@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from gpuslice.cli.advise import config_map_text
 from gpuslice.core.advise import RawSeries, advise, build_history
+from gpuslice.core.units import MIB
 
-MIB = 1024 * 1024
 ESCALATION = (
     "Evil GPU\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
     "metadata: {name: pwned}\nroleRef: {apiGroup: rbac.authorization.k8s.io, "

@@ -9,12 +9,13 @@ import pytest
 from gpuslice.backends.simulated.layout import place
 from gpuslice.backends.simulated.models import MODELS
 from gpuslice.core.advise import AdviseError, RawSeries, advise, build_history, parse_duration
-from gpuslice.core.advise.history import MIB, PodTrace
+from gpuslice.core.advise.history import PodTrace
 from gpuslice.core.advise.leaks import find_leak
 from gpuslice.core.advise.replay import replay
 from gpuslice.core.advise.sizing import MAX_REPLICAS
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import ContainerKey
+from gpuslice.core.units import MIB
 
 H100 = MODELS["h100-80gb"]
 STEP = 15.0

@@ -23,8 +23,9 @@ from hostile import (
     send,
 )
 
+from gpuslice.core.units import MIB
+
 WINDOW = ("--until", str(UNTIL), "--since", "1h")
-MIB = 1024 * 1024
 
 
 def advise_json(url: str, *extra: str) -> tuple[int, dict[str, object], str]:

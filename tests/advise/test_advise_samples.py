@@ -154,7 +154,7 @@ def test_the_written_claims_ask_for_the_advised_profile_and_fit_a_dynamic_gpu(
     from gpuslice.backends import open_backend
     from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
     from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
-    from gpuslice.emulator.dra_allocator import AllocationError, allocate
+    from gpuslice.whatif.allocator import AllocationError, allocate
 
     claims = tmp_path / "claims.yaml"
     code, _, err = run("advise", "--samples", str(samples_file), "--write-claims", str(claims))

@@ -22,7 +22,7 @@ from gpuslice.core.dra.health import DeviceHealthReport
 from gpuslice.dra.rpc import HEALTH_SERVICE, RegistrationClient, unix_target
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
 
 WIRE_PATH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 HEALTHY = (

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
+from gpuslice.aio.sockets import socket_identity
 from gpuslice.dra.server import DraPluginServer, DraServerError, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError
-from gpuslice.kubelet.sockets import socket_identity
 
 
 def _bound_socket(path: Path) -> None:

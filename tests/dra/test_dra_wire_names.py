@@ -8,10 +8,10 @@ from dra_doubles import claim
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import unix_target
 from gpuslice.dra.server import DraPluginServer
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
-from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.pluginregistration.v1 import api_pb2 as reg
 
 
 def _methods(module: object, service: str) -> set[str]:

@@ -11,11 +11,11 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import Health, device_json, dra_devices, plan_slices, taints
-from gpuslice.emulator.dra_allocator import AllocationError
+from gpuslice.core.jsontypes import Json
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.ports import DraConflict, DraObjectNotFound, DraObjects
+from gpuslice.whatif.allocator import AllocationError
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 
 

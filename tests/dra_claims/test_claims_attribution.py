@@ -25,9 +25,9 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.ports import ContainerDevices, GpuProcess
 
-MIB = 1024 * 1024
 L40S = GpuUuid("GPU-44444444-0000-0000-0000-000000000000")
 A100 = GpuUuid("GPU-33333333-0000-0000-0000-000000000000")
 MIG_1G = MigUuid("MIG-aaaaaaaa-0000-0000-0000-000000000000")

@@ -27,11 +27,11 @@ from gpuslice.core.dra.publish import (
 )
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_whatif import slice_devices
+from gpuslice.core.units import MIB
+from gpuslice.whatif.claims import slice_devices
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
-MIB = 2**20
 SHARED = """\
 version: v1
 sharing:

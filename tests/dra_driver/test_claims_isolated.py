@@ -21,8 +21,8 @@ import pytest
 from test_driver import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
@@ -34,9 +34,9 @@ from gpuslice.emulator.dra_store import DraStore
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
-from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.mps.control import process_alive
+from gpuslice.state import PlanState
 
 MPS = {
     "apiVersion": "resource.nvidia.com/v1beta1",

@@ -18,7 +18,7 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState
+from gpuslice.state import PlanState
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
 
 DRIVER = "gpu.nvidia.com"

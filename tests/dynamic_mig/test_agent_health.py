@@ -13,7 +13,7 @@ from typing import Any
 from gpuslice.demo.dra_scenario import NAMESPACE, NODE_NAME, _add_and_allocate, _prepare
 from gpuslice.demo.dra_scenario import _running_dra_node as running
 from gpuslice.demo.dynmig_scene import DYNAMIC_CONFIG, profile_claim
-from gpuslice.emulator.dra_whatif import DRIVER
+from gpuslice.whatif.claims import DRIVER
 
 XID_CONTAINED_ECC = 94
 """A contained ECC error: NVML scopes it to the GPU instance it hit."""

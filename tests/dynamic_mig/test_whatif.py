@@ -13,7 +13,7 @@ from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.partitions import WOULD_BE_UUID
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_whatif import WhatIf, what_if, what_if_to_dict
+from gpuslice.whatif.claims import WhatIf, what_if, what_if_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs/schemas/describe-claims.schema.json").read_text("utf-8"))

@@ -16,8 +16,8 @@ import pytest
 from daemon_fixtures import running_daemon
 
 from gpuslice.emulator.admission import AdmissionError
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
 
 WAIT_S = 10.0

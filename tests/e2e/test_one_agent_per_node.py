@@ -14,8 +14,8 @@ from daemon_fixtures import running_daemon
 from test_endpoints import wait_code
 from test_metrics import free_port
 
+from gpuslice.aio.sockets import socket_identity
 from gpuslice.host.nodelock import LOCK_NAME, NodeLock
-from gpuslice.kubelet.sockets import socket_identity
 from gpuslice.testing.daemon import DaemonProcess
 
 WAIT_S = 20.0

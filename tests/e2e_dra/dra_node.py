@@ -17,11 +17,11 @@ import yaml
 
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.jsontypes import Json
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.daemon import DaemonProcess
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
 STARTUP_S = 30.0
@@ -148,7 +148,7 @@ class DraNode:
                 }
             }
         else:
-            from gpuslice.emulator.dra_allocator import allocate
+            from gpuslice.whatif.allocator import allocate
 
             others = [
                 c["status"]["allocation"]

@@ -29,8 +29,8 @@ from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, unix_target
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.mps.control import process_alive
+from gpuslice.protos.dra.v1 import api_pb2 as v1
 from gpuslice.testing.apiserver import FakeApiServer
 
 MPS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",

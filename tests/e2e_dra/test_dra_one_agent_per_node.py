@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from dra_node import DRIVER, claim_obj, request, running_dra_node
 
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.daemon import DaemonProcess
 

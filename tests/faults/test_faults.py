@@ -14,8 +14,8 @@ import grpc
 import pytest
 from daemon_fixtures import FAKE_MPS, running_daemon
 
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.hostile_configs import HOSTILE
 

@@ -14,8 +14,8 @@ from daemon_fixtures import FAKE_MPS, running_daemon
 
 from gpuslice.agent.watchdog import HARD_EXIT_CODE
 from gpuslice.emulator.kubelet import KubeletEmulator
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
 
 WAIT_S = 20.0

@@ -49,7 +49,6 @@ from gpuslice.ports import ContainerDevices, GpuProcess
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
 
 GIB = 1024**3
-MIB = 1024**2
 TOTAL = 48 * GIB
 SHARE = 8 * GIB  # six shares of an L40S-sized GPU
 NODE = "gpu-node"

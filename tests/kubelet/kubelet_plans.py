@@ -23,8 +23,8 @@ from gpuslice.core.sharing.model import (
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.kubelet.manager import DevicePluginManager, ManagerSettings
 from gpuslice.kubelet.registration import Backoff
-from gpuslice.kubelet.state import PlanState
 from gpuslice.logs import get_logger
+from gpuslice.state import PlanState
 
 FAST = ManagerSettings(
     watch_interval_s=0.05,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kubelet_plans import FAST, gpu, inventory, plan, running_node, whole
 
-from gpuslice.kubelet.dirwatch import DirWatch
+from gpuslice.aio.dirwatch import DirWatch
 
 GPUS = [gpu(0), gpu(1)]
 GPU = "nvidia.com/gpu"

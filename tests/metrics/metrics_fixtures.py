@@ -21,9 +21,8 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.ports import GpuProcess, GpuStatus
-
-MIB = 1024 * 1024
 
 T4 = GpuUuid("GPU-11111111-0000-0000-0000-000000000000")
 A100_MPS = GpuUuid("GPU-22222222-0000-0000-0000-000000000000")

@@ -15,7 +15,6 @@ from metrics_fixtures import (
     HOST_DAEMON,
     INVENTORY,
     L40S,
-    MIB,
     MIG_1G,
     MIG_1G_RES,
     MIG_3G,
@@ -39,6 +38,7 @@ from metrics_fixtures import (
 
 from gpuslice.core.attribution import Attribution, ContainerGpuUsage, attribute
 from gpuslice.core.cgroups import ContainerId, PodUid
+from gpuslice.core.units import MIB
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.ports import ContainerDevices, GpuProcess
 

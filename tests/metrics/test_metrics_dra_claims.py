@@ -21,7 +21,6 @@ from metrics_fixtures import (
     A100_MPS,
     INVENTORY,
     L40S,
-    MIB,
     T4,
     ScriptedBackend,
     container_id,
@@ -47,6 +46,7 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.snapshot import MetricsSnapshot
 from gpuslice.metrics.status import build_status

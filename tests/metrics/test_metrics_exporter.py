@@ -18,7 +18,6 @@ from metrics_fixtures import (
     A100_MPS,
     INVENTORY,
     L40S,
-    MIB,
     MIG_1G,
     MIG_1G_RES,
     MPS,
@@ -36,6 +35,7 @@ from metrics_fixtures import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.core.cgroups import PodUid
+from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.podresources import PodResourcesClient, PodResourcesEmulator
 from gpuslice.ports import ContainerDevices

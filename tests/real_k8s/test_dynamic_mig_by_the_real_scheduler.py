@@ -34,7 +34,7 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState, Snapshot
+from gpuslice.state import PlanState, Snapshot
 from gpuslice.testing import envtest
 
 Json = dict[str, Any]

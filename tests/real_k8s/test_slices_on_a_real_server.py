@@ -20,7 +20,7 @@ from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState
+from gpuslice.state import PlanState
 from gpuslice.testing.kubes import Kube
 
 DRIVER = "gpu.nvidia.com"

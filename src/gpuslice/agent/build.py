@@ -48,7 +48,6 @@ from gpuslice.host.checkpoint_file import (
 )
 from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.server import ServerLimits
@@ -57,12 +56,11 @@ from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
     MpsTimings,
-    NvidiaSmiComputeMode,
-    NvidiaSmiTimeslice,
-    TimesliceSetter,
 )
+from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects, MigPartitioner
+from gpuslice.ports import DraObjects, MigPartitioner, TimesliceSetter
+from gpuslice.state import Snapshot
 
 if TYPE_CHECKING:
     # The Kubernetes client (lightkube, httpx: about 11 MiB resident) is imported only
@@ -79,6 +77,7 @@ def wire_mps(
     *,
     control: tuple[str, ...],
     set_compute_mode: bool,
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",),
     timings: MpsTimings | None = None,
 ) -> MpsDaemonManager:
     """Run an MPS control daemon per MPS resource; its replicas are Unhealthy while it is down.
@@ -109,7 +108,7 @@ def wire_mps(
     manager = MpsDaemonManager(
         [],
         ControlProgram.factory(control),
-        compute_mode=NvidiaSmiComputeMode() if set_compute_mode else None,
+        compute_mode=NvidiaSmi(nvidia_smi) if set_compute_mode else None,
         timings=timings,
         on_readiness=withdraw_down_daemons,
         keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
@@ -171,10 +170,11 @@ def wire_dra(
     def snapshot() -> Snapshot | None:
         return None if agent.state is None else agent.state.current
 
+    smi = NvidiaSmi(settings.nvidia_smi)
     mps = MpsDaemonManager(
         [],
         ControlProgram.factory(settings.mps_control),
-        compute_mode=NvidiaSmiComputeMode() if settings.set_compute_mode else None,
+        compute_mode=smi if settings.set_compute_mode else None,
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
@@ -205,7 +205,7 @@ def wire_dra(
         snapshot=snapshot,
         boot_id=boot_id(),
         mps=mps,
-        timeslice=timeslice if timeslice is not None else NvidiaSmiTimeslice(dra.nvidia_smi),
+        timeslice=timeslice if timeslice is not None else smi,
         warn=warn,
         host_dev_root=lambda: _host_dev_root(agent),
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
@@ -601,6 +601,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
                 agent,
                 control=settings.mps_control,
                 set_compute_mode=settings.set_compute_mode,
+                nvidia_smi=settings.nvidia_smi,
                 timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
             )
         metrics_on = settings.metrics_port is not None

@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuslice.agent.dynamic_mig import DynamicMig
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
@@ -63,16 +63,17 @@ from gpuslice.core.dra.publish import (
     dra_devices,
     share_offers,
 )
+from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
-from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
+from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
-from gpuslice.ports import DraObjectNotFound, DraObjects
+from gpuslice.ports import DraObjectNotFound, DraObjects, TimesliceSetter
+from gpuslice.state import Snapshot
 
 log = get_logger("gpuslice.dra.driver")
 
@@ -415,17 +416,15 @@ class DraDriver:
     def _record_of(self, claim: Mapping[str, object], written: set[str]) -> PreparedClaim | None:
         """What Prepare recorded for `claim`, derived again (the core decides it the same
         way every time) without touching the node; None for a claim not prepared here."""
-        meta = claim.get("metadata")
-        if not isinstance(meta, Mapping) or meta.get("uid") not in written:
+        read = ResourceClaim.read(claim)
+        if not isinstance(read.uid, str) or read.uid not in written:
             return None
         try:
-            ref = check_claim_ref(
-                ClaimRef(str(meta.get("namespace")), str(meta["uid"]), str(meta.get("name")))
-            )
-            work = self._work(claim, ref)
+            ref = check_claim_ref(ClaimRef(str(read.namespace), read.uid, str(read.name)))
+            work = self._work(read, ref)
             prepared = preparation(work, self.settings.mps_root)
         except (BadName, ClaimError) as exc:
-            log.warning("dra-rebuild-skipped", claim_uid=str(meta.get("uid")), error=str(exc))
+            log.warning("dra-rebuild-skipped", claim_uid=read.uid, error=str(exc))
             return None
         guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
         return PreparedClaim(
@@ -594,12 +593,14 @@ class DraDriver:
         await self._release(ref)
         log.info("dra-prepare-undone", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
-    async def _read_claim(self, ref: ClaimRef) -> Mapping[str, object] | str:
-        """The claim from the API, or why it could not be read."""
+    async def _read_claim(self, ref: ClaimRef) -> ResourceClaim | str:
+        """The claim from the API, read into what Prepare uses, or why it could not be read."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         try:
-            return await asyncio.wait_for(
-                self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+            return ResourceClaim.read(
+                await asyncio.wait_for(
+                    self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+                )
             )
         except DraObjectNotFound:
             return f"{where} not found in the API (deleted?)"
@@ -623,9 +624,7 @@ class DraDriver:
         dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
         return {d.name: d for d in node_devices(static, dyn)}
 
-    async def _materialize(
-        self, claim: Mapping[str, object], ref: ClaimRef
-    ) -> dict[str, MigDevice]:
+    async def _materialize(self, claim: ResourceClaim, ref: ClaimRef) -> dict[str, MigDevice]:
         """Create the MIG devices of the claim's dynamic MIG partitions that do not exist
         yet (`agent.dynamic_mig`): device name -> the MIG device. ClaimError when one
         cannot be made."""
@@ -655,7 +654,7 @@ class DraDriver:
 
     def _work(
         self,
-        claim: Mapping[str, object],
+        claim: ResourceClaim,
         ref: ClaimRef,
         made: Mapping[str, MigDevice] | None = None,
     ) -> ClaimWork:
@@ -969,20 +968,12 @@ def _daemon_may_run(pid_file: Path) -> bool:
     return pid > 0 and process_alive(pid)
 
 
-def _allocated(claim: Mapping[str, object], driver: str, pool: str) -> list[str]:
+def _allocated(claim: ResourceClaim, driver: str, pool: str) -> list[str]:
     """The device names the claim's allocation gives this driver on this node's pool (what
     `claim_work` checks in full; here only to find the partitions to create first)."""
-    status = claim.get("status")
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    if not isinstance(results, list):
+    if claim.allocation is None or claim.allocation.results is None:
         return []
-    return [
-        str(r.get("device"))
-        for r in results
-        if isinstance(r, Mapping) and r.get("driver") == driver and r.get("pool") == pool
-    ]
+    return [r.device for r in claim.allocation.results if (r.driver, r.pool) == (driver, pool)]
 
 
 def _described(exc: BaseException) -> str:

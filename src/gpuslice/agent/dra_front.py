@@ -20,8 +20,8 @@ from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.health import DeviceHealthReport, device_health
 from gpuslice.core.dra.publish import DraDevice
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
-from gpuslice.kubelet.state import PlanState, Snapshot
 from gpuslice.mps import MpsDaemonManager
+from gpuslice.state import PlanState, Snapshot
 
 
 class PlanHealth:

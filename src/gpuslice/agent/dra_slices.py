@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
+from gpuslice.aio.races import first_of
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
 from gpuslice.core.dra.publish import (
@@ -39,13 +40,12 @@ from gpuslice.core.dra.publish import (
     share_offers,
     taints,
 )
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
+from gpuslice.state import PlanState, Snapshot
 
 log = get_logger("gpuslice.dra.slices")
-Json = dict[str, Any]
 
 
 def _now() -> str:
@@ -354,18 +354,7 @@ async def _next_change(
 ) -> None:
     """Until the plan moves on, the watch shows a change, `stop`, or (after a failure)
     the retry delay: with nothing happening, nothing wakes."""
-    newer: asyncio.Future[Any] = asyncio.ensure_future(state.wait_newer(version))
-    watched: asyncio.Future[Any] = asyncio.ensure_future(moved.wait())
-    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait(
-            {newer, watched, stopped}, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED
-        )
-    finally:
-        for task in (newer, watched, stopped):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    await first_of(state.wait_newer(version), moved.wait(), stop.wait(), within_s=retry_s)
 
 
 def _is_partition(device: Json) -> bool:

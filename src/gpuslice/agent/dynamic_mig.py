@@ -20,8 +20,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import replace
 
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.claims import ClaimError
 from gpuslice.core.dra.migrecord import (

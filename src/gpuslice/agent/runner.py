@@ -10,7 +10,6 @@ previous plan stays advertised, so nothing already allocated disappears.
 from __future__ import annotations
 
 import asyncio
-from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -19,6 +18,8 @@ from gpuslice.agent.config_watch import ConfigWatch
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
 from gpuslice.agent.imex import with_imex
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.aio.races import first_of
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.config.schema import Config
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
@@ -29,10 +30,9 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
-from gpuslice.kubelet.state import PlanState
-from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.ports import GpuBackend
+from gpuslice.state import PlanState
 
 log = get_logger("gpuslice.agent")
 
@@ -340,11 +340,7 @@ class Agent:
             waiters["label"] = asyncio.ensure_future(self.label_values.get())
         if watch is not None and not settling:
             waiters["files"] = asyncio.ensure_future(watch.wait())
-        try:
-            await asyncio.wait(waiters.values(), timeout=timeout, return_when=FIRST_COMPLETED)
-        finally:
-            for waiter in waiters.values():
-                waiter.cancel()
+        await first_of(*waiters.values(), within_s=timeout)
         label = waiters.get("label")
         if label is None or not label.done() or label.cancelled():
             return False

@@ -68,8 +68,6 @@ class DraSettings:
     """`DRA_REGISTRY_DIR`: the kubelet's plugin-watcher directory."""
     cdi_root: Path = DEFAULT_CDI_ROOT
     """`CDI_ROOT`: where per-claim CDI specs are written for the container runtime."""
-    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
-    """`NVIDIA_SMI`: sets a claim's time-slice interval (`compute-policy --set-timeslice`)."""
     resync_s: float = 10.0
     """`DRA_RESYNC_INTERVAL`: seconds between checks that this node's ResourceSlices are
     still there (the kubelet deletes them when it restarts)."""
@@ -177,6 +175,9 @@ class AgentSettings:
     program once, so a few seconds keeps the cost negligible."""
     set_compute_mode: bool = True
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+    """`NVIDIA_SMI`: sets MPS GPUs' compute mode (both modes) and a claim's time-slice
+    interval (`compute-policy --set-timeslice`, DRA mode)."""
     kubeconfig: Path | None = None
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
     node_lock_wait_s: float | None = None

@@ -388,7 +388,7 @@ def _overrides(ctx: click.Context, params: dict[str, Any]) -> dict[str, object]:
     envvar="NVIDIA_SMI",
     default="nvidia-smi",
     show_default=True,
-    help="nvidia-smi command, for claims' time-slice intervals (DRA mode).",
+    help="nvidia-smi command: MPS GPUs' compute mode, claims' time-slice intervals.",
 )
 @click.option(
     "--dra-resync-interval",
@@ -476,6 +476,7 @@ def plugin(ctx: click.Context, /, **params: Any) -> None:
         proc_root=params["proc_root"],
         mps_control=tuple(params["mps_control"].split()),
         set_compute_mode=not params["no_compute_mode"],
+        nvidia_smi=tuple(params["nvidia_smi"].split()),
         mps_health_interval_s=params["mps_health_interval"],
         kubeconfig=params["kubeconfig"],
         memory_guard=_guard_settings(params),
@@ -502,7 +503,6 @@ def _dra_settings(params: dict[str, Any]) -> DraSettings | None:
         plugin_dir=params["dra_plugin_dir"],
         registry_dir=params["dra_registry_dir"],
         cdi_root=params["cdi_root"],
-        nvidia_smi=tuple(params["nvidia_smi"].split()),
         resync_s=params["dra_resync_interval"],
         consumable_shares=_shares_mode(params["consumable_shares"]),
     )

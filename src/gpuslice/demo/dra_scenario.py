@@ -7,7 +7,7 @@ sockets in a temp dir; `DraStore.allocate_claim` plays the scheduler. Every valu
 returned `DraStep`s comes back from the driver: the slices it published, the CDI device IDs
 Prepare returned over gRPC, the env and mounts of the CDI spec files it wrote, and the MPS
 daemon its manager started. Step 4 is `gpuslice describe --claims` on the same node and
-claims (`emulator.dra_whatif`), so the prediction can be read against what happened.
+claims (`whatif.claims`), so the prediction can be read against what happened.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -31,11 +30,12 @@ from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.jsontypes import Json
 from gpuslice.dra.server import DraServerSettings
-from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.dra_store import DraStore
-from gpuslice.emulator.dra_whatif import (
+from gpuslice.whatif.allocator import AllocationError
+from gpuslice.whatif.claims import (
     DEFAULT_DEVICE_CLASSES,
     DRIVER,
     Mount,
@@ -45,7 +45,6 @@ from gpuslice.emulator.dra_whatif import (
     what_if,
 )
 
-Json = dict[str, Any]
 DRA_NODE = "sim:1xh100-80gb,1xh100-80gb/mig=1g.10gb*7"
 """GPU 0 whole, GPU 1 split into seven 1g.10gb MIG devices."""
 NODE_NAME = "demo-node"

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.demo.dra_scenario import (
     NAMESPACE,
     NODE_NAME,
@@ -30,10 +31,9 @@ from gpuslice.demo.dra_scenario import (
     _prepare,
     _running_dra_node,
 )
-from gpuslice.emulator.dra_allocator import AllocationError
-from gpuslice.emulator.dra_whatif import DRIVER, slice_devices
+from gpuslice.whatif.allocator import AllocationError
+from gpuslice.whatif.claims import DRIVER, slice_devices
 
-Json = dict[str, Any]
 DYNAMIC_NODE = "sim:1xh100-80gb/mig="
 """One H100 in MIG mode with no instance: dynamic MIG makes them."""
 DYNAMIC_CONFIG = "version: v1\nflags:\n  migStrategy: mixed\n  dynamicMig: {}\n"

@@ -25,12 +25,11 @@ from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.backends.simulated.partition import created, without
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus
 
 log = get_logger(__name__)
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

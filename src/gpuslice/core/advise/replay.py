@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpuslice.core.advise.history import MIB, PodTrace
+from gpuslice.core.advise.history import PodTrace
 from gpuslice.core.gpumemory import GpuMemoryModel, RecordedDemand
 from gpuslice.core.guard import (
     ContainerKey,
@@ -30,6 +30,7 @@ from gpuslice.core.guard import (
     evaluate,
     lookahead_for,
 )
+from gpuslice.core.units import MIB
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import cap_node
 
-Json = dict[str, Any]
 CDI_KIND = "k8s.gpuslice.io/claim"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 TOOLKIT_DEVICE_LIST = "/var/run/nvidia-container-devices"

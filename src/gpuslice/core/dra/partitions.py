@@ -35,21 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuslice.core.devices import Gpu, Inventory, MigDevice, MigUuid
-from gpuslice.core.dra.publish import (
-    GI_PROFILE_IDS,
-    AttrKind,
-    DraDevice,
-    common_attributes,
-    quantity,
-)
+from gpuslice.core.dra.publish import GI_PROFILE_IDS, AttrKind, DraDevice, common_attributes
 from gpuslice.core.gpumodels import MigGeometry, MigProfile
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import numbered_minors
-
-Json = dict[str, Any]
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB, canonical_quantity
 
 MAX_COUNTERS_PER_SET = 32
 MAX_COUNTERS_PER_CONSUMPTION = 32
@@ -209,7 +201,7 @@ def partition_name(gpu: Gpu, profile: MigProfile, start: int) -> str:
 
 def counters_json(values: Mapping[str, int]) -> Json:
     """Counters of value 0 are left out (A100's `encoders`): nothing could consume them."""
-    return {name: {"value": quantity(v)} for name, v in sorted(values.items()) if v > 0}
+    return {name: {"value": canonical_quantity(v)} for name, v in sorted(values.items()) if v > 0}
 
 
 def counter_set(gpu: Gpu, geometry: MigGeometry, foreign: Iterable[MigDevice] = ()) -> Json:

@@ -9,6 +9,7 @@ advertise?" a value that can be printed, diffed and tested without any I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal, NewType
 
 from gpuslice.core.devices import Gpu, GpuUuid, MigDevice
@@ -19,7 +20,30 @@ ResourceName = NewType("ResourceName", str)
 DeviceId = NewType("DeviceId", str)
 """The ID advertised to the kubelet: a UUID, or a replica ID `<uuid>::<n>`."""
 
-SharingStrategy = Literal["none", "time-slicing", "mps"]
+
+class SharingStrategy(StrEnum):
+    """How a device is shared: the one vocabulary of both front ends.
+
+    A `StrEnum` so the values are the strings the device plugin has always printed, logged
+    and checkpointed (`mps`, `time-slicing`, `none`): a value read back from JSON compares
+    equal to its member. NVIDIA's DRA opaque configs spell two of them differently on the
+    wire (`TimeSlicing`, `MPS`); those names are read once, with `from_nvidia`, and never
+    compared anywhere else."""
+
+    NONE = "none"
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+    @classmethod
+    def from_nvidia(cls, name: NvidiaSharingName | None) -> SharingStrategy:
+        """NVIDIA's `sharing.strategy` (None: no sharing asked) as this type."""
+        if name is None:
+            return cls.NONE
+        return cls.MPS if name == "MPS" else cls.TIME_SLICING
+
+
+NvidiaSharingName = Literal["TimeSlicing", "MPS"]
+"""`sharing.strategy` as NVIDIA's `GpuConfig` / `MigDeviceConfig` spell it on the wire."""
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 DeviceIdStrategy = Literal["uuid", "index"]

@@ -78,7 +78,7 @@ class _Resource:
     """An advertised resource while it is being assembled."""
 
     label_name: ResourceName
-    strategy: SharingStrategy = "none"
+    strategy: SharingStrategy = SharingStrategy.NONE
     """Entries for one base resource all come from one sharing block (the schema forbids a
     name in both), and two bases never merge, so a resource has at most one strategy."""
     fail_requests_greater_than_one: bool = False
@@ -248,8 +248,8 @@ def _assignments(
 ) -> dict[str, _Assignment]:
     """Physical UUID -> the sharing entry that selected it."""
     blocks: list[tuple[str, SharingStrategy, ReplicatedResources | None]] = [
-        ("timeSlicing", "time-slicing", config.sharing.time_slicing),
-        ("mps", "mps", config.sharing.mps),
+        ("timeSlicing", SharingStrategy.TIME_SLICING, config.sharing.time_slicing),
+        ("mps", SharingStrategy.MPS, config.sharing.mps),
     ]
     chosen: dict[str, _Assignment] = {}
     for key, strategy, block in blocks:
@@ -272,7 +272,7 @@ def _assignments(
                         f"({unit.physical.uuid}) is also selected by {earlier.where}; entries "
                         "for one resource must select disjoint devices"
                     )
-                if strategy == "mps" and entry.replicas > 1:
+                if strategy is SharingStrategy.MPS and entry.replicas > 1:
                     _check_mps(unit, entry.replicas, where, entry.name)
                 chosen[unit.physical.uuid] = _Assignment(entry, block, strategy, where)
     return chosen
@@ -333,7 +333,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         else:
             name = unit.base
         share = None
-        if pick.strategy == "mps":
+        if pick.strategy is SharingStrategy.MPS:
             share = MpsShare(
                 active_thread_percentage=100 // entry.replicas,
                 pinned_memory_limit_mib=(
