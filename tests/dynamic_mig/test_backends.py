@@ -4,6 +4,7 @@ the NVML calls against a stand-in `pynvml` that keeps NVML's bookkeeping."""
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ import pytest
 from gpuslice.backends import nvml_mig, open_backend
 from gpuslice.backends.simulated import ENV_CONTROL_DIR, SimulatedBackend
 from gpuslice.backends.simulated.control import ControlDir
-from gpuslice.core.gpumodels import H100_80GB_MIG
+from gpuslice.core.gpumodels import H100_80GB_MIG, H200_MIG
 from gpuslice.ports import BackendError, MigGone, MigNotOurs
 
 
@@ -241,3 +242,51 @@ def test_nvml_create_then_destroy_and_a_failed_compute_instance_is_rolled_back()
         nvml_mig.create(failing, None, profile, 0)
     assert failing.gis == {}
     assert failing.calls == ["create-gi 1", "destroy-gi 1"]
+
+
+H200_RECORDED = {
+    # enum: (id, slices, count, SMs, MiB, copy, decoders, encoders, jpeg, ofa, starts, size)
+    0x0: (19, 1, 7, 16, 16384, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6), 1),
+    0x1: (14, 2, 3, 32, 33280, 2, 2, 0, 2, 0, (0, 2, 4), 2),
+    0x2: (9, 3, 2, 60, 71424, 3, 3, 0, 3, 0, (0, 4), 4),
+    0x3: (5, 4, 1, 64, 71424, 4, 4, 0, 4, 0, (0,), 4),
+    0x4: (0, 7, 1, 132, 143360, 8, 7, 0, 7, 1, (0,), 8),
+    0x7: (20, 1, 1, 16, 16384, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+    0x9: (15, 1, 4, 26, 33280, 1, 1, 0, 1, 0, (0, 2, 4, 6), 2),
+}
+"""NVML's answers on an H200 (MIG mode off), read with `nvmlDeviceGetGpuInstanceProfileInfoV`
+and `nvmlDeviceGetGpuInstancePossiblePlacements_v2`; every other enum index answered
+NOT_SUPPORTED."""
+
+
+class RecordedNvml(FakeNvml):
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, enum: int) -> Any:
+        if enum not in H200_RECORDED:
+            raise self.NVMLError("Not Supported")
+        pid, sl, cnt, sms, mib, ce, dec, enc, jpg, ofa, _, _ = H200_RECORDED[enum]
+        return SimpleNamespace(
+            id=pid, sliceCount=sl, instanceCount=cnt, multiprocessorCount=sms,
+            copyEngineCount=ce, decoderCount=dec, encoderCount=enc, jpegCount=jpg,
+            ofaCount=ofa, memorySizeMB=mib,
+        )  # fmt: skip
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, pid: int, array: Any, count: Any
+    ) -> None:
+        row = next(r for r in H200_RECORDED.values() if r[0] == pid)
+        starts, size = row[10], row[11]
+        for i, start in enumerate(starts):
+            array[i].start, array[i].size = start, size
+        ctypes.cast(count, ctypes.POINTER(ctypes.c_uint)).contents.value = len(starts)
+
+
+def test_the_h200_table_is_what_nvml_answers_on_an_h200() -> None:
+    """The simulator's H200 profiles (and so the counters dynamic MIG publishes for it) are
+    the hardware's: the NVML backend's reading of the recorded answers gives the table."""
+    geometry = nvml_mig.read_geometry(RecordedNvml(), None, 143771)
+    assert geometry is not None
+    table = {p.name: p for p in H200_MIG.profiles}
+    assert {p.name for p in geometry.profiles} == set(table)
+    for got in geometry.profiles:
+        want = table[got.name]
+        assert got == replace(want, profile_id=got.profile_id), got.name
