@@ -5,6 +5,7 @@ publisher's functions give once gpuslice created the instance."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,32 @@ async def test_the_created_instance_gets_a_static_mig_devices_cdi_spec(tmp_path:
     assert seen.env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
     assert await dyn.release(UID) == ""
     assert backend.inventory().gpus[1].mig_devices == ()
+
+
+async def test_nvidias_mps_config_applies_to_a_created_mig_device(tmp_path: Path) -> None:
+    """A `MigDeviceConfig` with MPS, where NVIDIA allows MPS: the created MIG device gets its
+    own daemon serving it, as a static MIG device does."""
+    from gpuslice.core.dra.preparation import StartDaemon
+
+    backend = open_backend("sim:2xh100-80gb/mig=", environ={})
+    assert isinstance(backend, SimulatedBackend)
+    dyn = DynamicMig(backend, CheckpointFile(tmp_path / JOURNAL_NAME), "b")
+    await dyn.load(set())
+    inventory = backend.inventory()
+    mig = await dyn.materialize(UID, dynamic_gpu(inventory.gpus[1], inventory).partitions[NAME])
+    obj = claim(NAME)
+    params = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+    }
+    allocation: dict[str, Any] = obj["status"]["allocation"]  # type: ignore[index]
+    allocation["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+    ]
+    work = claim_work(obj, ClaimRef("ns", UID, "c"), driver="gpu.nvidia.com", pool="n1",
+                      devices=devices(backend, dyn.ours()), offers={})  # fmt: skip
+    (step,) = preparation(work, "/plug/mps").steps
+    assert isinstance(step, StartDaemon)
+    assert step.spec.mig_uuids == (mig.uuid,)
+    assert await dyn.release(UID) == ""
