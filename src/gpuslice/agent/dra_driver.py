@@ -230,6 +230,9 @@ class DraDriver:
         that cannot be read, whatever is at its path, is kept aside and rebuilt from what
         the node and the API still say; the driver serves in every case."""
         raw: bytes | None = None
+        if self._dynamic_mig is not None:
+            # first: a rebuild of the DRA record must know which MIG devices are ours
+            await self._dynamic_mig.read()
         try:
             raw = await asyncio.to_thread(self._checkpoint.read)
             decoded = decode(raw, self._boot_id)
@@ -280,7 +283,7 @@ class DraDriver:
             # after the record: the instances of claims not prepared go, those of prepared
             # claims stay; with the record incomplete nothing is destroyed
             snap = self._snapshot()
-            await self._dynamic_mig.load(
+            await self._dynamic_mig.reconcile(
                 set(claims) if complete else None,
                 [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
                 [g.uuid for g in snap.inventory.gpus] if snap is not None else [],

@@ -58,6 +58,7 @@ class DynamicMig:
         self._backend = partitioner
         self._file = file
         self._journal = MigJournal(boot_id)
+        self._decoded = decode(None, boot_id)
         self._boot_id = boot_id
         self._warn = warn
         self._gpu_locks = KeyedLocks()
@@ -86,18 +87,36 @@ class DynamicMig:
         uses: Iterable[tuple[str, str, str]] = (),
         gpus: Collection[str] = (),
     ) -> None:
-        """Read the record and reconcile it with the GPUs (`core.dra.migrecord.recover`):
-        `prepared` are the claims the DRA record holds as prepared (None: unknown, then
-        nothing is destroyed); `uses` its (claim UID, device, physical UUID) triples, which
-        rebuild a record that cannot be read, looking on `gpus` (the dynamic GPUs)."""
+        """`read` then `reconcile`, for a start where the DRA record is known first."""
+        await self.read()
+        await self.reconcile(prepared, uses, gpus)
+
+    async def read(self) -> None:
+        """Read the record, destroying nothing: from here `ours` names the instances it
+        says gpuslice created, so the DRA record's rebuild (which derives each claim's
+        devices again) finds a prepared claim's partition with its MIG device instead of
+        taking that instance for someone else's."""
         try:
             raw = await asyncio.to_thread(self._file.read)
             decoded = decode(raw, self._boot_id)
         except CheckpointUnreadable as exc:
-            decoded = decode(b"", self._boot_id)
-            decoded = replace(decoded, reason=str(exc))
+            decoded = replace(decode(b"", self._boot_id), reason=str(exc))
         if decoded.status == "stale":
             log.warning("dynamic-mig-record-stale", reason=decoded.reason)
+        self._decoded = decoded
+        self._journal = decoded.journal
+
+    async def reconcile(
+        self,
+        prepared: Collection[str] | None,
+        uses: Iterable[tuple[str, str, str]] = (),
+        gpus: Collection[str] = (),
+    ) -> None:
+        """Reconcile the record `read` found with the GPUs (`core.dra.migrecord.recover`):
+        `prepared` are the claims the DRA record holds as prepared (None: unknown, then
+        nothing is destroyed); `uses` its (claim UID, device, physical UUID) triples, which
+        rebuild a record that cannot be read, looking on `gpus` (the dynamic GPUs)."""
+        decoded = self._decoded
         records = decoded.journal.records
         if decoded.status == "corrupt":
             kept = await asyncio.to_thread(self._file.quarantine)
