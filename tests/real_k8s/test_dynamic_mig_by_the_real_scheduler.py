@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_slices import SlicePublisher
@@ -327,3 +327,59 @@ async def test_someone_elses_instance_takes_its_placements_out(
     assert await node.device("three") == "gpu-0-mig-3g40gb-9-4"
     await node.unschedulable("whole")
     await node.unschedulable("four")
+
+
+def _slice(node: str, spec: Json) -> Json:
+    pool = {"name": f"{node}-limits", "generation": 1, "resourceSliceCount": 1}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-limits-"},
+        "spec": {"driver": DRIVER, "nodeName": node, "pool": pool, **spec},
+    }
+
+
+def _consumer(i: int, counters: int = 1) -> Json:
+    values = {f"c{k}": {"value": "1"} for k in range(counters)}
+    return {"name": f"d{i}", "consumesCounters": [{"counterSet": "s", "counters": values}]}
+
+
+@pytest.mark.parametrize(
+    ("what", "spec", "accepted"),
+    [
+        ("64 consuming devices", {"devices": [_consumer(i) for i in range(64)]}, True),
+        ("65 consuming devices", {"devices": [_consumer(i) for i in range(65)]}, False),
+        ("32 counters per consumption", {"devices": [_consumer(0, 32)]}, True),
+        ("33 counters per consumption", {"devices": [_consumer(0, 33)]}, False),
+        (
+            "devices and counter sets in one slice",
+            {
+                "devices": [_consumer(0)],
+                "sharedCounters": [{"name": "s", "counters": {"c0": {"value": "1"}}}],
+            },
+            False,
+        ),
+        (
+            "9 counter sets",
+            {
+                "sharedCounters": [
+                    {"name": f"s{i}", "counters": {"c": {"value": "1"}}} for i in range(9)
+                ]
+            },
+            False,
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+async def test_the_limits_the_publisher_keeps_are_the_servers(
+    make_node: Callable[[str], Awaitable[Node]], what: str, spec: Json, accepted: bool
+) -> None:
+    """What `publish.slice_specs` and `partitions` hold to, checked against the real server:
+    one side of each limit is taken, the other refused."""
+    node = await make_node("sim:1xh100-80gb/mig=")
+    if accepted:
+        await node.api.create_slice(_slice(node.name, spec))
+        return
+    with pytest.raises(ApiError) as err:
+        await node.api.create_slice(_slice(node.name, spec))
+    assert err.value.status.code == 422, what
