@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuslice.core.dra.health import device_health
 from gpuslice.demo.dra_scenario import NAMESPACE, NODE_NAME, _add_and_allocate, _prepare
 from gpuslice.demo.dra_scenario import _running_dra_node as running
 from gpuslice.demo.dynmig_scene import DYNAMIC_CONFIG, profile_claim
@@ -68,3 +69,20 @@ async def test_an_xid_on_a_created_instance_taints_its_partition_only(tmp_path: 
         )
         for other in ("gpu-0", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-1g10gb-19-0"):
             assert "taints" not in device(slices, other), other
+        # the kubelet's health stream (pod status) reports every published device, the
+        # created one unhealthy
+        inventory = state.current.inventory
+        reports = {
+            r.device: r
+            for r in device_health(
+                inventory,
+                state.current.unhealthy,
+                {gpu.uuid: XID_CONTAINED_ECC},
+                pool=NODE_NAME,
+                devices=n.front.driver.devices(inventory),
+            )
+        }
+        assert len(reports) == 26
+        assert not reports[name].healthy
+        assert reports[name].message == f"XID {XID_CONTAINED_ECC} on {gpu.uuid}"
+        assert reports["gpu-0-mig-3g40gb-9-4"].healthy
