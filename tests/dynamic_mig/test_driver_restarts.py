@@ -47,6 +47,8 @@ class Node:
         for cls in DEFAULT_DEVICE_CLASSES:
             self.store.add_device_class(cls)
         self.cdi_fails = False
+        self.record_fails_at: int | None = None
+        """The write of the dynamic MIG record (1-based, from the driver's start) that fails."""
 
     def snapshot(self) -> Snapshot:
         inventory = self.backend.inventory()
@@ -54,8 +56,18 @@ class Node:
 
     def driver(self) -> tuple[DraDriver, DynamicMig]:
         """A driver as the agent builds one at its start, on this node's files."""
-        dynamic = DynamicMig(self.backend, CheckpointFile(self.tmp / JOURNAL_NAME), "boot")
         node = self
+
+        class Record(CheckpointFile):
+            writes = 0
+
+            def write(self, data: bytes) -> None:
+                Record.writes += 1
+                if Record.writes == node.record_fails_at:
+                    raise OSError("No space left on device")
+                super().write(data)
+
+        dynamic = DynamicMig(self.backend, Record(self.tmp / JOURNAL_NAME), "boot")
 
         class Cdi(CdiSpecStore):
             def write(self, claim_uid: str, spec: dict[str, Any]) -> None:
@@ -171,3 +183,25 @@ async def test_a_placement_someone_else_took_is_refused_and_left(node: Node) -> 
     # its placement is no partition of this node any more: refused by name, nothing touched
     assert "'gpu-0-mig-4g40gb-5-0' is not a device of this node" in failed.error
     assert node.migs() == ["2g.20gb@2"]
+
+
+@pytest.mark.parametrize(
+    ("fails_at", "created"),
+    [(2, False), (3, True)],
+    ids=["before-creation", "after-creation"],
+)
+async def test_a_record_that_cannot_be_written_fails_the_claim_and_leaves_nothing(
+    node: Node, fails_at: int, created: bool
+) -> None:
+    """The record's first write (before creation) failing: nothing is created. Its second
+    (the instance exists) failing: the instance is destroyed again. Either way the claim
+    fails with the reason and nothing is left on the GPU."""
+    driver, dynamic = await started(node)  # write 1: the record as loaded
+    ref = node.claim("a", "1g.10gb")
+    node.record_fails_at = fails_at
+    failed = (await driver.prepare([ref]))[ref.uid]
+    assert "No space left on device" in failed.error
+    assert node.migs() == []
+    assert dynamic.journal.records == ()
+    calls = [c[0] for c in node.backend.mig_calls]
+    assert calls == (["create", "destroy"] if created else [])

@@ -638,10 +638,21 @@ class DraDriver:
         dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
         parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
         made: dict[str, MigDevice] = {}
-        for name in _allocated(claim, self.settings.driver, self.settings.node):
-            part = parts.get(name)
-            if part is not None:
-                made[name] = await self._dynamic_mig.materialize(ref.uid, part)
+        try:
+            for name in _allocated(claim, self.settings.driver, self.settings.node):
+                part = parts.get(name)
+                if part is not None:
+                    made[name] = await self._dynamic_mig.materialize(ref.uid, part)
+        except ClaimError:
+            raise  # the caller releases what was made
+        except BaseException as exc:  # a record that cannot be written, a cancellation
+            await self._release(ref)
+            if not isinstance(exc, Exception):
+                raise
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name}: creating its MIG devices: "
+                f"{_described(exc)}"
+            ) from None
         return made
 
     async def _release(self, ref: ClaimRef) -> str:

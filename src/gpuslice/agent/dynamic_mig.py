@@ -182,7 +182,14 @@ class DynamicMig:
                     )
             record = MigRecord(claim_uid, part.name, gpu, part.profile.name, part.start)
             self._journal = self._journal.put(record)
-            await self._write()  # recorded before it exists: a crash leaves no stranger
+            try:
+                await self._write()  # recorded before it exists: a crash leaves no stranger
+            except OSError as exc:
+                self._journal = self._journal.without([record.key])
+                raise ClaimError(
+                    f"device {part.name}: recording the creation of {where} first: {exc}; "
+                    "nothing was created"
+                ) from None
             try:
                 # not cut short: a cancelled Prepare waits for the creation and its record,
                 # so what it made is known and its undo destroys it
