@@ -80,23 +80,21 @@ def snapshots() -> tuple[Snapshot, Snapshot]:
     finally:
         backend.close()
     healthy = Snapshot(1, build_plan(inventory, parse_config("version: v1\n")), inventory)
+    sick_uuid = inventory.gpus[SICK_GPU].uuid
     sick = dataclasses.replace(
-        healthy, version=2, unhealthy=frozenset({inventory.gpus[SICK_GPU].uuid})
+        healthy, version=2, unhealthy=frozenset({sick_uuid}), last_xid={sick_uuid: XID}
     )
     return healthy, sick
 
 
 async def measure(api: ApiDouble, rounds: int) -> None:
     healthy, sick = snapshots()
-    xids: dict[str, int | None] = {sick.inventory.gpus[SICK_GPU].uuid: XID}
     client = make_client(api.kubeconfig(), trust_env=False)
     objects = DraApi(client, NODE, DRIVER)
     current = {"snap": healthy}
 
     def publisher() -> SlicePublisher:
-        return SlicePublisher(
-            objects, driver=DRIVER, node=NODE, snapshot=lambda: current["snap"], xids=lambda: xids
-        )
+        return SlicePublisher(objects, driver=DRIVER, node=NODE, snapshot=lambda: current["snap"])
 
     state: dict[str, Any] = {}
 

@@ -151,13 +151,12 @@ class DraDriver:
         mps: MpsDaemonManager | None = None,
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
-        host_dev_root: Callable[[], str] = lambda: "/",
         old_checkpoint: CheckpointFile | None = None,
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
     ) -> None:
-        """`host_dev_root` says where the device nodes are on the host (`host.devroot`);
-        it is asked at each Prepare, so a config reload that moves the driver root counts.
+        """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
+        at each Prepare, so a config reload that moves the driver root counts.
         `old_checkpoint` is where an earlier build kept the record
         (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
         `checkpoint` holds nothing. `dynamic_mig` creates and destroys the MIG devices of
@@ -175,7 +174,6 @@ class DraDriver:
         self._mps = mps
         self._timeslice = timeslice
         self._warn = warn
-        self._host_dev_root = host_dev_root
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -558,7 +556,8 @@ class DraDriver:
             await self._write()
             await self._apply(prepared, applied)
             devices = self._prepared_devices(work)
-            dev_root = await asyncio.to_thread(self._host_dev_root)
+            snap = self._snapshot()
+            dev_root = "/" if snap is None else snap.host_dev_root
             spec = claim_spec(ref.uid, prepared.cdi, host_dev_root=dev_root)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)

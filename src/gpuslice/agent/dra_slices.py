@@ -60,7 +60,6 @@ class SlicePublisher:
         driver: str,
         node: str,
         snapshot: Callable[[], Snapshot | None],
-        xids: Callable[[], Mapping[str, int | None]] = dict,
         resync_s: float = 10.0,
         backoff: Backoff | None = None,
         shares: SharesMode = REPLICAS,
@@ -75,7 +74,6 @@ class SlicePublisher:
         self.driver = driver
         self.node = node
         self._snapshot = snapshot
-        self._xids = xids
         self.resync_s = resync_s
         self.shares = shares
         self._tainted_since: dict[str, str] = {}
@@ -120,7 +118,7 @@ class SlicePublisher:
         devices = node_devices(static, dyn) if dyn else static
         # dynamic GPUs' devices are not offered as shares: a partition has no UUID yet
         offers = share_offers(snap.plan, self.shares, [d for d in devices if d.gpu.uuid not in dyn])
-        xids = self._xids()
+        xids = snap.last_xid
         # the agent records an XID against the physical GPU; a MIG device's taint names it
         # too (not `gpu-lost`, which only a GPU without an XID gets)
         parent: dict[str, str] = {

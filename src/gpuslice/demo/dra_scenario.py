@@ -1,6 +1,6 @@
 """`gpuslice demo --dra`: the agent as a DRA driver on an emulated node, claims end to end.
 
-The real agent runs in DRA mode (`agent.build.wire_dra`: slice publisher, Prepare and
+The real agent runs in DRA mode (`agent.build.dra_front_end`: slice publisher, Prepare and
 Unprepare, plugin registration, a claim MPS daemon on the fake MPS control program) with
 the in-memory API objects of `emulator.dra_store` and the DRA kubelet emulator over unix
 sockets in a temp dir; `DraStore.allocate_claim` plays the scheduler. Every value in the
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice.agent.build import wire_dra
+from gpuslice.agent.build import dra_front_end
 from gpuslice.agent.dra_front import DraFrontEnd
-from gpuslice.agent.runner import Agent
+from gpuslice.agent.runner import Agent, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
@@ -276,8 +276,17 @@ async def _running_dra_node(
         set_compute_mode=False,
         dra=dra,
     )
-    agent = Agent(settings, backend)
-    front = wire_dra(agent, dra, store, server_settings=DraServerSettings(check_tick_s=1.0))
+    first = await first_plan(settings, backend)
+    state = plan_state(first)
+    front = dra_front_end(
+        state,
+        settings,
+        dra,
+        store,
+        server_settings=DraServerSettings(check_tick_s=1.0),
+        backend=backend,
+    )
+    agent = Agent(settings, backend, state, first, front)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="demo-dra-agent")
     try:
@@ -417,10 +426,7 @@ async def run_dra_demo(node: str = DRA_NODE) -> DraDemoResult:
                 )
             )
 
-            state = n.agent.state
-            if state is None:
-                raise DemoError("the agent has no plan in force")
-            snap = state.current
+            snap = n.agent.state.current
             # the claims as users wrote them (UIDs kept, so paths compare), plus one more
             asked = [
                 {k: v for k, v in n.store.claim(r.namespace, r.name).items() if k != "status"}

@@ -211,9 +211,27 @@ class AllocateSettings:
     """`imex.channelIDs` whose device node exists on the host (the agent checks; NVIDIA
     skips a missing channel unless `imex.required`, when it refuses to start)."""
     memory_soft_limits: bool = False
-    """Not a config field: the agent's `--memory-soft-limits` flag (on by default there; off
-    here so a plan alone answers exactly as NVIDIA's plugin does). Time-sliced replicas get
-    env hints with their memory share (`core.allocation.softlimits`)."""
+    """Not a config field: `HostFacts.memory_soft_limits` (the agent's `--memory-soft-limits`)
+    puts it here. A plan of the config alone (no host facts) answers exactly as NVIDIA's
+    plugin does, so it is off there. Time-sliced replicas get env hints with their memory
+    share (`core.allocation.softlimits`)."""
+
+
+SOFT_LIMITS_DEFAULT = True
+"""The one default of `--memory-soft-limits` (`MEMORY_SOFT_LIMITS`): the agent's setting,
+`gpuslice describe` and the demo all take it from here."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What a node's plan needs besides its inventory and config: facts looked up on the
+    host (which IMEX channels exist) and the agent's own flags that shape Allocate. The
+    adapter gathers them (`agent.plan.host_facts`); the core only reads them, so the plan
+    the daemon serves and the one `gpuslice describe` prints come from one function."""
+
+    imex_channels: tuple[int, ...]
+    """The configured `imex.channelIDs` whose device node exists on the host."""
+    memory_soft_limits: bool = SOFT_LIMITS_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
+    HostFacts,
     MigStrategy,
     MpsShare,
     PhysicalDevice,
@@ -301,8 +302,12 @@ def _advertise(
     res.devices.extend(((gpu_index, mig_index, d.replica or 0), d) for d in devices)
 
 
-def build_plan(inventory: Inventory, config: Config) -> Plan:
-    """What this node advertises with this config. Raises PlanError if it cannot apply."""
+def build_plan(inventory: Inventory, config: Config, host: HostFacts | None = None) -> Plan:
+    """What this node advertises with this config. Raises PlanError if it cannot apply.
+
+    `host` (the IMEX channels found, the agent's soft-limits flag) makes it the plan the
+    daemon serves; without it, the plan of the config alone (what NVIDIA's plugin would
+    answer, and what the core's tests compare with)."""
     warnings: list[str] = []
     strategy_warnings: list[str] = []
     units = _units(inventory, config, warnings, strategy_warnings)
@@ -373,7 +378,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         layout_problem = single_layout_problem(sorted(inventory.gpus, key=lambda g: g.index))
     return Plan(
         resources=tuple(plans),
-        allocate=allocate_settings(config),
+        allocate=allocate_settings(config, host),
         mig_strategy=config.flags.mig_strategy,
         warnings=tuple(warnings),
         mig_strategy_warnings=tuple(strategy_warnings),
