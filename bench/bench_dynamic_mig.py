@@ -31,6 +31,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gpuslice.backends import open_backend
@@ -215,9 +216,7 @@ def main() -> None:
         sets = sum(len(o["spec"].get("sharedCounters") or ()) for o in objs)
         nbytes = sum(len(json.dumps(o, separators=(",", ":"))) for o in objs)
         size[kind] = (len(objs), devices, nbytes)
-        pure[kind] = median_s(
-            lambda inv=inv, kind=kind: slices_for(inv, kind == "dynamic", "n"), args.rounds
-        )
+        pure[kind] = median_s(partial(slices_for, inv, kind == "dynamic", "n"), args.rounds)
         print(f"| {kind} | {len(objs)} | {devices} | {sets} | {nbytes} | {pure[kind] * 1e3:.2f} |")
 
     ratios = [

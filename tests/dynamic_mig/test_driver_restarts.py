@@ -12,6 +12,7 @@ same files), as a GPU does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,10 @@ class Node:
         dynamic = DynamicMig(self.backend, Record(self.tmp / JOURNAL_NAME), "boot")
 
         class Cdi(CdiSpecStore):
-            def write(self, claim_uid: str, spec: dict[str, Any]) -> None:
+            def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
                 if node.cdi_fails:
                     raise OSError("No space left on device")
-                super().write(claim_uid, spec)
+                return super().write(claim_uid, spec)
 
         driver = DraDriver(
             DriverSettings(DRIVER, NODE, mps_root=str(self.tmp / "mps")),
