@@ -78,3 +78,25 @@ def test_without_the_marker_the_gpu_offers_what_it_holds() -> None:
     [c] = out.claims
     assert not c.fits  # MIG mode, no instance, not dynamic: nothing to allocate
     assert c.stage == "allocate"
+
+
+def test_describe_claims_reads_the_marker_from_the_config_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpuslice.cli.main import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags:\n  dynamicMig:\n    devices: [0]\n")
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(json.dumps(claim("big", "4g.40gb")))
+    args = ["describe", "--node", "sim:1xh100-80gb/mig=", "--config-file", str(config)]
+    out = CliRunner().invoke(main, [*args, "--claims", str(claims), "-o", "json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    jsonschema.validate(report, SCHEMA)
+    [device] = report["claims"][0]["devices"]
+    assert (device["device"], device["placement"], device["created_at_prepare"]) == (
+        "gpu-0-mig-4g40gb-5-0",
+        "0:4",
+        True,
+    )
