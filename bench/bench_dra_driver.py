@@ -48,16 +48,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
-
-from gpuslice.core.jsontypes import Json
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from dra_api_double import ApiDouble
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
@@ -66,6 +61,7 @@ from gpuslice.cli.logsetup import formatter
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, dra_handlers, unix_target
@@ -135,8 +131,8 @@ class Routed:
         self._api = api
         self._store = store
 
-    async def list_claims(self) -> list[Json]:
-        return [*await self._api.list_claims(), *await self._store.list_claims()]
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
+        return [*await self._api.list_claims(uids), *await self._store.list_claims(uids)]
 
     async def get_claim(self, namespace: str, name: str) -> Json:
         if namespace == MEM:

@@ -34,13 +34,9 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dra_api_double import ApiDouble
 from lightkube.resources.core_v1 import Node

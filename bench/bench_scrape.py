@@ -31,6 +31,7 @@ from gpuslice.core.sharing.model import (
     Plan,
     ResourceName,
     ResourcePlan,
+    SharingStrategy,
 )
 from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
@@ -59,7 +60,9 @@ def build() -> tuple[Plan, Inventory, tuple[ContainerDevices, ...]]:
         devices += [
             AdvertisedDevice(DeviceId(f"{g.uuid}::{r}"), phys, r, REPLICAS) for r in range(REPLICAS)
         ]
-    plan = Plan((ResourcePlan(RESOURCE, RESOURCE, "time-slicing", True, tuple(devices)),))
+    plan = Plan(
+        (ResourcePlan(RESOURCE, RESOURCE, SharingStrategy.TIME_SLICING, True, tuple(devices)),)
+    )
     books = tuple(
         ContainerDevices("bench", f"pod-{i}", "main", RESOURCE, (d.id,))
         for i, d in enumerate(devices)

@@ -157,6 +157,7 @@ def test_the_mig_layout_is_one_the_simulator_places() -> None:
     assert fits["ns/p5"] == "3g.40gb"
     placed = [inst.profile.name for layout in m.mig.layouts for inst in place(layout, H100)]
     for profile in set(fits.values()):
+        assert profile is not None
         assert placed.count(profile) >= list(fits.values()).count(profile)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 import pytest
-from test_chart import env_of, one, render
 
 from gpuslice.cli.plugin import FIELDS, GROUPS, plugin
+from tests.chart.chart_support import env_of, one, render
 
 DELIBERATE = {
     "GFD_OUTPUT_FILE": "the chart writes where NFD reads, as NVIDIA's chart does; unset, the "

@@ -15,7 +15,8 @@ import pytest
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import Health, device_json, dra_devices, slice_specs, taints
 from gpuslice.core.jsontypes import Json
-from gpuslice.whatif.allocator import AllocationError, Quantity, Version, allocate
+from gpuslice.core.units import Quantity
+from gpuslice.whatif.allocator import AllocationError, Version, allocate
 
 DRIVER = "gpu.nvidia.com"
 MIXED = "sim:1xa100-40gb,1xh100-80gb,1xh100-80gb"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 from gpuslice.core.allocation.response import Mount
 from gpuslice.core.sharing.model import AllocateSettings
@@ -18,6 +17,7 @@ from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.ports import ContainerDevices
 from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.state import PlanState
+from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 GPUS = [gpu(0), gpu(1)]
 INV = inventory(GPUS)

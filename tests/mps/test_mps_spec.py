@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpuslice.core.mps import daemon_spec, mps_specs, pinned_limit_shown, pipe_dir, shm_dir
-from gpuslice.core.sharing.model import AllocateSettings, Plan
+from gpuslice.core.sharing.model import AllocateSettings, Plan, SharingStrategy
 
 from .conftest import gpu, shared
 
@@ -83,7 +83,7 @@ def test_only_mps_resources_get_daemons_and_mig_devices_are_skipped() -> None:
     mig = replace(gpu(1), uuid="MIG-1", kind="mig", index_id="1:0", profile="1g.10gb")
     plan = Plan(
         resources=(
-            shared([gpu(0)], 2, name="nvidia.com/gpu", strategy="time-slicing"),
+            shared([gpu(0)], 2, name="nvidia.com/gpu", strategy=SharingStrategy.TIME_SLICING),
             shared([gpu(1)], 2, name="nvidia.com/gpu.mps"),
             shared([mig], 2, name="nvidia.com/mig-1g.10gb"),
         )
