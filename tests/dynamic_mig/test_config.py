@@ -43,3 +43,22 @@ def test_a_bad_marker_is_refused_naming_the_field(flags: str, why: str) -> None:
     with pytest.raises(ConfigError, match=r"flags\.dynamicMig") as err:
         parse_config(f"version: v1\nflags:\n  {flags}")
     assert why in str(err.value)
+
+
+def test_a_marked_gpu_not_in_mig_mode_is_said_to_stay_whole() -> None:
+    inventory = open_backend("sim:1xh100-80gb,1xh100-80gb/mig=,1xl40s", environ={}).inventory()
+    plan = build_plan(inventory, parse_config("version: v1\nflags:\n  dynamicMig: {}\n"))
+    said = [w for w in plan.warnings if "dynamicMig" in w]
+    # the H100 not in MIG mode is told; the one in MIG mode and the L40S (no MIG, under
+    # `all`) are not
+    assert said == [
+        "GPU 0 is marked for dynamic MIG (flags.dynamicMig) but is not in MIG mode: it is "
+        "published as a whole GPU (gpuslice never changes MIG mode)"
+    ]
+    named = build_plan(
+        inventory, parse_config("version: v1\nflags:\n  dynamicMig:\n    devices: [2]\n")
+    )
+    assert [w for w in named.warnings if "dynamicMig" in w] == [
+        "GPU 2 is marked for dynamic MIG (flags.dynamicMig) but does not support MIG: it is "
+        "published as a whole GPU (gpuslice never changes MIG mode)"
+    ]

@@ -164,14 +164,21 @@ def _units(
                 f"GPU {g.index} has a pending MIG mode change (now "
                 f"{'enabled' if g.mig_enabled else 'disabled'}): it applies after a GPU reset"
             )
-        if not use_mig[g.index]:
-            name = _name_for(g.product_name, gpu_patterns, "GPU name", "gpus")
-            units.append(_Unit(PhysicalDevice.of_gpu(g), g, name, -1))
-            continue
         dynamic = config.flags.dynamic_mig
         marked = dynamic is not None and bool(
             {"all", g.uuid, str(g.index)} & set(dynamic.markers())
         )
+        named = dynamic is not None and bool({g.uuid, str(g.index)} & set(dynamic.markers()))
+        if marked and not g.mig_enabled and (g.mig_capable or named):
+            why = "is not in MIG mode" if g.mig_capable else "does not support MIG"
+            warnings.append(
+                f"GPU {g.index} is marked for dynamic MIG (flags.dynamicMig) but {why}: it is "
+                "published as a whole GPU (gpuslice never changes MIG mode)"
+            )
+        if not use_mig[g.index]:
+            name = _name_for(g.product_name, gpu_patterns, "GPU name", "gpus")
+            units.append(_Unit(PhysicalDevice.of_gpu(g), g, name, -1))
+            continue
         if not g.mig_devices and not marked:  # a dynamic GPU's are made per claim (DRA)
             warnings.append(
                 f"GPU {g.index} has MIG enabled but no MIG devices: it advertises nothing"
