@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from gpuslice.testing.image import BASE_UNAVAILABLE, Buildah, default_cache
+
+IMAGE_REPORT = pytest.StashKey[list[str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,3 +51,60 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     for t in leaked:
         t.cancel()
     assert not leaked, f"test leaked asyncio tasks: {[t.get_name() for t in leaked]}"
+
+
+def _report(config: pytest.Config, line: str) -> None:
+    config.stash.setdefault(IMAGE_REPORT, []).append(line)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminalreporter.config.stash.get(IMAGE_REPORT, [])
+    if lines:
+        terminalreporter.section("the gpuslice image")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def report_line(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Adds a line to what the run prints about the image at its end, where CI logs keep
+    it (sizes, build and deploy times)."""
+    return lambda line: _report(request.config, line)
+
+
+def image_unavailable() -> str | None:
+    """Why scripts/build-image cannot run here, or None."""
+    if os.name != "posix" or os.uname().sysname != "Linux":
+        return "the image tests need Linux"
+    if os.geteuid() != 0:
+        return "buildah (chroot isolation) and runc need root here"
+    for tool, package in (("buildah", "buildah"), ("runc", "runc"), ("mmdebstrap", "mmdebstrap")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (Debian package {package}; scripts/check installs it)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def gpuslice_image(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The node agent image, built by scripts/build-image once per run and shared by the
+    image tests (tests/image) and the chart on a real kubelet (tests/real_node): a build is
+    30-40 s with the base cached, minutes when mmdebstrap makes the base. Its tag, in the
+    buildah storage `default_cache() / "storage"` (kept between runs for the base)."""
+    why = image_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    buildah = Buildah(default_cache() / "storage")
+    tag = f"localhost/gpuslice:test-{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    done = buildah.build(tag)
+    said = [line for line in done.stderr.splitlines() if line.startswith("build-image:")]
+    if done.returncode == BASE_UNAVAILABLE:
+        pytest.skip(said[-1] if said else done.stderr.strip()[-500:])
+    assert done.returncode == 0, f"scripts/build-image failed:\n{done.stderr[-6000:]}"
+    for line in said:
+        _report(request.config, line)
+    _report(request.config, f"image build (shared by the run) {time.monotonic() - started:.0f} s")
+    try:
+        yield tag
+    finally:
+        buildah("rmi", tag)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from gpuslice.core.devices import Inventory
+from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.health import HealthEvent
 
@@ -69,6 +69,42 @@ class GpuBackend(Protocol):
 
 class BackendError(Exception):
     """A backend could not start or answer (no driver, no library, bad simulated spec)."""
+
+
+@runtime_checkable
+class MigPartitioner(Protocol):
+    """Creates and destroys MIG devices one at a time, for dynamic MIG (`agent.dynamic_mig`).
+
+    Both backends implement it: NVML through its GPU- and compute-instance calls, the
+    simulator on its tables, with the driver's rules. Neither ever changes a GPU's MIG mode:
+    on a GPU not in MIG mode both refuse. Calls block (NVML does); the agent runs them off
+    the loop.
+    """
+
+    def create_mig(self, gpu_uuid: str, profile: str, start: int) -> MigDevice:
+        """A GPU instance of `profile` at placement `start` and one compute instance
+        spanning it: the new MIG device as the inventory will list it. BackendError (the
+        GPU's state unchanged) when the driver refuses: MIG mode off, no such profile or
+        placement, the placement taken, no compute slices left."""
+        ...
+
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
+        """Destroy compute instance `ci_id` and GPU instance `gi_id`, after checking that
+        the MIG device there is still `mig_uuid`: one that is gone raises MigGone; one with
+        another UUID is someone else's (MigNotOurs) and is left alone."""
+        ...
+
+    def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:
+        """The GPU's MIG devices now, read again (not the last inventory's)."""
+        ...
+
+
+class MigGone(BackendError):
+    """The MIG device to destroy no longer exists."""
+
+
+class MigNotOurs(BackendError):
+    """The GI/CI ids hold an instance with another UUID than the one recorded."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,3 +143,47 @@ def test_exactly_one_source(samples_file: Path) -> None:
     assert "--prometheus URL or --samples FILE" in err
     code, _, err = run("advise", "--samples", str(samples_file), "--prometheus", "http://x")
     assert code == 2
+
+
+def test_the_written_claims_ask_for_the_advised_profile_and_fit_a_dynamic_gpu(
+    samples_file: Path, tmp_path: Path
+) -> None:
+    """The H100 pods fit 1g.20gb: one template for it, whose claims the scheduler's rules
+    (the emulator's allocator) place on a dynamic H100's 1g.20gb partitions, four of them
+    (its four placements) and not a fifth."""
+    from gpuslice.backends import open_backend
+    from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+    from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
+    from gpuslice.whatif.allocator import AllocationError, allocate
+
+    claims = tmp_path / "claims.yaml"
+    code, _, err = run("advise", "--samples", str(samples_file), "--write-claims", str(claims))
+    assert code == 0, err
+    [doc] = list(yaml.safe_load_all(claims.read_text()))
+    assert doc["kind"] == "ResourceClaimTemplate"
+    assert doc["metadata"]["name"] == "mig-h100-80gb-1g20gb"
+    assert '"ml/' in claims.read_text()  # the pods it suits, as comments
+
+    inventory = open_backend("sim:1xh100-80gb/mig=", environ={}).inventory()
+    dyn = dynamic_gpus(inventory, {"all"})
+    devices = [
+        with_consumption(device_json(d, []), dyn[d.gpu.uuid])
+        for d in node_devices(dra_devices(inventory), dyn)
+    ]
+    sets = [d.counter_set for d in dyn.values()]
+    slices = plan_slices([], devices, driver="gpu.nvidia.com", node="n", node_uid="",
+                         counter_sets=sets).create  # fmt: skip
+    expression = (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+    )
+    classes = [{"metadata": {"name": "mig.nvidia.com"},
+                "spec": {"selectors": [{"cel": {"expression": expression}}]}}]  # fmt: skip
+    claim = {"metadata": {"name": "c"}, "spec": doc["spec"]["spec"]}
+    held: list[dict[str, object]] = []
+    for _ in range(4):
+        allocation = allocate(claim, classes, slices, held)
+        [result] = allocation["devices"]["results"]
+        assert result["device"].startswith("gpu-0-mig-1g20gb-15-")
+        held.append(allocation)
+    with pytest.raises(AllocationError, match="no device left"):
+        allocate(claim, classes, slices, held)

@@ -253,3 +253,24 @@ def test_the_plugin_runs_as_root_although_the_image_does_not() -> None:
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     assert "\nUSER 65532:65532\n" in dockerfile
     assert container_of(render())["securityContext"]["runAsUser"] == 0
+
+
+def test_host_network_only_when_asked_and_the_pod_resources_dir_follows_the_value() -> None:
+    """Both exist for nodes the defaults do not fit: one without a pod network yet (the
+    real-kubelet tier's node has no CNI), one whose kubelet has another --root-dir."""
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod
+    assert "dnsPolicy" not in pod
+    [default_dir] = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert default_dir["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+
+    pod = one(
+        render(hostNetwork=True, podResourcesDir="/var/lib/k0s/kubelet/pod-resources"),
+        "DaemonSet",
+    )["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"  # Services still resolve
+    [moved] = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert moved["hostPath"] == {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "Directory"}
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount["mountPath"] == "/var/lib/kubelet/pod-resources"  # where the agent looks

@@ -538,6 +538,16 @@ def test_notes_say_device_plugin_or_dra_never_both() -> None:
     )
 
 
+def test_notes_name_the_probe_port_and_a_host_network() -> None:
+    """The readiness probe is on `probes.port` (not the metrics port), and the host network
+    is a privilege the notes list when asked for."""
+    default = " ".join(render_notes().split())
+    assert "readiness probe on /readyz, port 9401" in default
+    assert "host network" not in default
+    on_host = " ".join(render_notes(hostNetwork=True).split())
+    assert "host network namespace: hostNetwork (ports 9400 and 9401" in on_host
+
+
 def _leaves(values: dict[str, Any], prefix: str) -> list[str]:
     out: list[str] = []
     for key, value in values.items():

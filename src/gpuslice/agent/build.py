@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
+from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.agent.front import DevicePluginFrontEnd, FrontEnd
 from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
@@ -57,7 +59,7 @@ from gpuslice.mps import (
 )
 from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects, GpuBackend, TimesliceSetter
+from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner, TimesliceSetter
 from gpuslice.state import PlanState
 
 if TYPE_CHECKING:
@@ -131,12 +133,15 @@ def dra_front_end(
     warn: Callable[[str, str], Awaitable[None]] | None = None,
     server_settings: DraServerSettings | None = None,
     mps_timings: MpsTimings | None = None,
+    backend: GpuBackend | None = None,
 ) -> DraFrontEnd:
     """Serve the node's GPUs as a DRA driver (docs/dra.md) instead of device plugins.
 
     Claims' MPS daemons get their own manager under the plugin directory; the device
     plugin's manager is not wired in this mode, so the two never start daemons on one GPU.
     The node's name is checked by `AgentSettings.problems` before anything starts.
+    `backend`, when it makes MIG devices (`ports.MigPartitioner`: both do), serves dynamic
+    MIG (`flags.dynamicMig`, `agent.dynamic_mig`).
     """
     plugin_dir = dra.plugin_path
     smi = NvidiaSmi(settings.nvidia_smi)
@@ -146,6 +151,18 @@ def dra_front_end(
         compute_mode=smi if settings.set_compute_mode else None,
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
+    )
+
+    def dynamic() -> tuple[str, ...]:
+        return state.snapshot().plan.dynamic_mig
+
+    partitioner = backend if isinstance(backend, MigPartitioner) else None
+    dynamic_mig = (
+        None
+        if partitioner is None
+        else DynamicMig(
+            partitioner, CheckpointFile(plugin_dir / DYNAMIC_MIG_RECORD), boot_id(), warn=warn
+        )
     )
     driver = DraDriver(
         DriverSettings(
@@ -163,6 +180,8 @@ def dra_front_end(
         timeslice=timeslice if timeslice is not None else smi,
         warn=warn,
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
+        dynamic_mig=dynamic_mig,
+        dynamic=dynamic,
     )
     publisher = SlicePublisher(
         objects,
@@ -171,6 +190,8 @@ def dra_front_end(
         snapshot=state.snapshot,
         resync_s=dra.resync_s,
         shares=dra.consumable_shares,
+        dynamic=dynamic,
+        ours=frozenset if dynamic_mig is None else dynamic_mig.ours,
     )
     return DraFrontEnd(
         state,
@@ -557,7 +578,7 @@ async def _wire(
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
-        front = dra_front_end(state, settings, settings.dra, objects, warn=warn)
+        front = dra_front_end(state, settings, settings.dra, objects, warn=warn, backend=backend)
     else:
         front = DevicePluginFrontEnd(state, settings)
     agent = Agent(

@@ -32,17 +32,20 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
+from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
+from gpuslice.core.dra.partitions import dynamic_gpus, node_devices
 from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon, preparation
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
@@ -53,7 +56,13 @@ from gpuslice.core.dra.prepared import (
     decode,
     encode,
 )
-from gpuslice.core.dra.publish import REPLICAS, SharesMode, dra_devices, share_offers
+from gpuslice.core.dra.publish import (
+    REPLICAS,
+    DraDevice,
+    SharesMode,
+    dra_devices,
+    share_offers,
+)
 from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
@@ -143,12 +152,15 @@ class DraDriver:
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
         old_checkpoint: CheckpointFile | None = None,
+        dynamic_mig: DynamicMig | None = None,
+        dynamic: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
         at each Prepare, so a config reload that moves the driver root counts.
         `old_checkpoint` is where an earlier build kept the record
         (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
-        `checkpoint` holds nothing."""
+        `checkpoint` holds nothing. `dynamic_mig` creates and destroys the MIG devices of
+        the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`)."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -174,6 +186,8 @@ class DraDriver:
         """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
         self._record_lock = asyncio.Lock()
         """Checkpoint writes, one at a time."""
+        self._dynamic_mig = dynamic_mig
+        self._dynamic = dynamic
         self.loaded = False
 
     # -- what others read ------------------------------------------------------------------
@@ -214,6 +228,9 @@ class DraDriver:
         that cannot be read, whatever is at its path, is kept aside and rebuilt from what
         the node and the API still say; the driver serves in every case."""
         raw: bytes | None = None
+        if self._dynamic_mig is not None:
+            # first: a rebuild of the DRA record must know which MIG devices are ours
+            await self._dynamic_mig.read()
         try:
             raw = await asyncio.to_thread(self._checkpoint.read)
             decoded = decode(raw, self._boot_id)
@@ -260,6 +277,15 @@ class DraDriver:
                 await self._quit_strays()
             if self._daemons:
                 await self._mps.reconfigure(self._daemons.values())
+        if self._dynamic_mig is not None:
+            # after the record: the instances of claims not prepared go, those of prepared
+            # claims stay; with the record incomplete nothing is destroyed
+            snap = self._snapshot()
+            await self._dynamic_mig.reconcile(
+                set(claims) if complete else None,
+                [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
+                [g.uuid for g in snap.inventory.gpus] if snap is not None else [],
+            )
         self.loaded = True
         log.info(
             "dra-checkpoint-loaded", claims=len(claims), status=decoded.status, complete=complete
@@ -502,10 +528,12 @@ class DraDriver:
             if isinstance(claim, str):
                 return _failed(ref, claim)
             try:
-                work = self._work(claim, ref)
+                made = await self._materialize(claim, ref)
+                work = self._work(claim, ref, made)
                 prepared = preparation(work, self.settings.mps_root)
                 self._reserve(work, prepared.uses)
             except ClaimError as exc:
+                await self._release(ref)
                 return _failed(ref, str(exc))
             try:
                 for notice in work.notices:  # the claim is prepared, on the node's terms
@@ -564,6 +592,7 @@ class DraDriver:
         await self._undo(ref.uid, applied)
         self._claims.pop(ref.uid, None)
         await self._write_quietly()
+        await self._release(ref)
         log.info("dra-prepare-undone", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
     async def _read_claim(self, ref: ClaimRef) -> ResourceClaim | str:
@@ -584,11 +613,73 @@ class DraDriver:
         except Exception as exc:
             return f"reading {where}: {exc}"
 
-    def _work(self, claim: ResourceClaim, ref: ClaimRef) -> ClaimWork:
+    def devices(self, inventory: Inventory) -> list[DraDevice]:
+        """The node's devices as published (the health stream reports each)."""
+        return list(self._devices(inventory).values())
+
+    def _devices(self, inventory: Inventory) -> dict[str, DraDevice]:
+        """The node's devices by name, as the publisher publishes them: a dynamic MIG GPU's
+        partitions included (`core.dra.partitions`)."""
+        static = dra_devices(inventory)
+        if self._dynamic_mig is None:
+            return {d.name: d for d in static}
+        dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
+        return {d.name: d for d in node_devices(static, dyn)}
+
+    async def _materialize(self, claim: ResourceClaim, ref: ClaimRef) -> dict[str, MigDevice]:
+        """Create the MIG devices of the claim's dynamic MIG partitions that do not exist
+        yet (`agent.dynamic_mig`): device name -> the MIG device. ClaimError when one
+        cannot be made."""
+        snap = self._snapshot()
+        if self._dynamic_mig is None or snap is None:
+            return {}
+        inventory = snap.inventory
+        dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
+        parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
+        made: dict[str, MigDevice] = {}
+        try:
+            for name in _allocated(claim, self.settings.driver, self.settings.node):
+                part = parts.get(name)
+                if part is not None:
+                    made[name] = await self._dynamic_mig.materialize(ref.uid, part)
+        except ClaimError:
+            raise  # the caller releases what was made
+        except BaseException as exc:  # a record that cannot be written, a cancellation
+            await self._release(ref)
+            if not isinstance(exc, Exception):
+                raise
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name}: creating its MIG devices: "
+                f"{_described(exc)}"
+            ) from None
+        return made
+
+    async def _release(self, ref: ClaimRef) -> str:
+        """Destroy the MIG devices created for the claim; "" or why not."""
+        if self._dynamic_mig is None:
+            return ""
+        error = await to_the_end(self._dynamic_mig.release(ref.uid))
+        if error:
+            log.error(
+                "dra-dynamic-mig-release-failed", claim=f"{ref.namespace}/{ref.name}", error=error
+            )
+        return error
+
+    def _work(
+        self,
+        claim: ResourceClaim,
+        ref: ClaimRef,
+        made: Mapping[str, MigDevice] | None = None,
+    ) -> ClaimWork:
+        """`made`: MIG devices just created for the claim, which the inventory read before
+        their creation does not list yet."""
         snap = self._snapshot()
         if snap is None:
             raise ClaimError("the driver has not read this node's GPUs yet")
-        devices = {d.name: d for d in dra_devices(snap.inventory)}
+        devices = self._devices(snap.inventory)
+        for name, mig in (made or {}).items():
+            if name in devices:
+                devices[name] = replace(devices[name], uuid=mig.uuid, mig=mig)
         by_uuid = share_offers(snap.plan, self.settings.consumable_shares, devices.values())
         offers = {name: by_uuid[d.uuid] for name, d in devices.items() if d.uuid in by_uuid}
         return claim_work(
@@ -726,7 +817,7 @@ class DraDriver:
             # never prepared here, already unprepared, or prepared before a record was lost:
             # success either way, after removing anything left under this claim's UID
             await self._clean_unrecorded(ref.uid)
-            return ""
+            return await self._release(ref)
         self._leaving.add(ref.uid)
         try:
             await self._undo(ref.uid, list(claim.applied))
@@ -738,6 +829,10 @@ class DraDriver:
                 return f"ResourceClaim {ref.namespace}/{ref.name}: writing the checkpoint: {exc}"
         finally:
             self._leaving.discard(ref.uid)
+        # the MIG devices last: what used them (daemons, the CDI spec) is gone; an error
+        # keeps them recorded, and the kubelet's next Unprepare tries again
+        if error := await self._release(ref):
+            return f"ResourceClaim {ref.namespace}/{ref.name}: {error}"
         log.info("dra-unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
         return ""
 
@@ -884,6 +979,14 @@ def _daemon_may_run(pid_file: Path) -> bool:
     except (IdentityError, ValueError):
         return True
     return pid > 0 and process_alive(pid)
+
+
+def _allocated(claim: ResourceClaim, driver: str, pool: str) -> list[str]:
+    """The device names the claim's allocation gives this driver on this node's pool (what
+    `claim_work` checks in full; here only to find the partitions to create first)."""
+    if claim.allocation is None or claim.allocation.results is None:
+        return []
+    return [r.device for r in claim.allocation.results if (r.driver, r.pool) == (driver, pool)]
 
 
 def _described(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ switches modes with one flag.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuslice.agent.dra_driver import DraDriver
@@ -20,6 +20,7 @@ from gpuslice.agent.front import ModeOf
 from gpuslice.agent.guard_view import claim_modes
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.health import DeviceHealthReport, device_health
+from gpuslice.core.dra.publish import DraDevice
 from gpuslice.core.guard.model import ClaimOverride, GuardMode
 from gpuslice.core.sharing.model import Plan
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
@@ -36,13 +37,25 @@ class PlanHealth:
     the device. Computed afresh at each send: a few devices, every few seconds.
     """
 
-    def __init__(self, state: PlanState, *, pool: str) -> None:
+    def __init__(
+        self,
+        state: PlanState,
+        *,
+        pool: str,
+        devices: Callable[[Inventory], Sequence[DraDevice]] | None = None,
+    ) -> None:
+        """`devices`: the node's devices as published (the driver's, with dynamic MIG
+        partitions); `dra_devices` when None."""
         self._state = state
         self._pool = pool
+        self._devices = devices
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        reports = device_health(snap.inventory, snap.unhealthy, snap.last_xid, pool=self._pool)
+        devices = None if self._devices is None else self._devices(snap.inventory)
+        reports = device_health(
+            snap.inventory, snap.unhealthy, snap.last_xid, pool=self._pool, devices=devices
+        )
         return snap.version, reports
 
     async def wait_newer(self, version: int) -> Snapshot:
@@ -91,7 +104,9 @@ class DraFrontEnd:
             self.registry_dir,
             self.driver,
             settings=self._server_settings,
-            health=PlanHealth(state, pool=self.node_name) if self.node_name else None,
+            health=PlanHealth(state, pool=self.node_name, devices=self.driver.devices)
+            if self.node_name
+            else None,
         )
         async with asyncio.TaskGroup() as tg:
             if self.mps is not None:

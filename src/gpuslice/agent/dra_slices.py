@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from gpuslice.aio.races import first_of
 from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
+from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
 from gpuslice.core.dra.publish import (
     REPLICAS,
     DraDevice,
@@ -62,9 +63,13 @@ class SlicePublisher:
         resync_s: float = 10.0,
         backoff: Backoff | None = None,
         shares: SharesMode = REPLICAS,
+        dynamic: Callable[[], Collection[str]] = frozenset,
+        ours: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """`resync_s` caps the delay between retries after a failed publish (the API server
-        away); at rest nothing is re-read."""
+        away); at rest nothing is re-read. `dynamic` names the GPUs marked for dynamic MIG
+        (`core.dra.partitions.is_dynamic`), `ours` the MIG devices gpuslice created on them
+        (`agent.dynamic_mig`): such a GPU publishes its counter set and partitions."""
         self._objects = objects
         self.driver = driver
         self.node = node
@@ -77,7 +82,9 @@ class SlicePublisher:
         self._node_uid: str | None = None
         self._stored: tuple[tuple[str, str], ...] | None = None
         """(name, resourceVersion) of the slices as we last left them."""
-        self._wanted: list[Json] | None = None
+        self._wanted: tuple[list[Json], list[Json]] | None = None
+        self._dynamic = dynamic
+        self._ours = ours
         self._backoff = backoff or Backoff(initial_s=0.2, maximum_s=30.0)
         self._mirror: dict[str, Json] | None = None
         """This node's slices as the watch last showed them (None: not listed yet)."""
@@ -98,14 +105,31 @@ class SlicePublisher:
         self.publishes = 0
         """Writes made (create, replace, delete): what the benchmark and tests count."""
         self.last_error = ""
+        self.partitionable = True
+        """Whether dynamic MIG GPUs publish partitions: turned off for good when the API
+        server drops `consumesCounters` (DRAPartitionableDevices off)."""
         self.informational = True
         """Whether ignored XIDs are published as taints of effect `None`: turned off for
         good when the API server refuses that effect (before Kubernetes 1.35)."""
 
     def wanted_devices(self, snap: Snapshot) -> list[Json]:
-        devices = dra_devices(snap.inventory)
-        offers = share_offers(snap.plan, self.shares, devices)
-        unhealthy = {u: snap.last_xid.get(u) for u in snap.unhealthy}
+        return self.wanted(snap)[0]
+
+    def wanted(self, snap: Snapshot) -> tuple[list[Json], list[Json]]:
+        """The devices and the counter sets this node publishes."""
+        static = dra_devices(snap.inventory)
+        marked = self._dynamic() if self.partitionable else ()
+        dyn = dynamic_gpus(snap.inventory, marked, self._ours())
+        devices = node_devices(static, dyn) if dyn else static
+        # dynamic GPUs' devices are not offered as shares: a partition has no UUID yet
+        offers = share_offers(snap.plan, self.shares, [d for d in devices if d.gpu.uuid not in dyn])
+        xids = snap.last_xid
+        # the agent records an XID against the physical GPU; a MIG device's taint names it
+        # too (not `gpu-lost`, which only a GPU without an XID gets)
+        parent: dict[str, str] = {
+            m.uuid: g.uuid for g in snap.inventory.gpus for m in g.mig_devices
+        }
+        unhealthy = {u: xids.get(u, xids.get(parent.get(u, ""))) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
             if uuid not in unhealthy:
                 del self._tainted_since[uuid]
@@ -120,15 +144,19 @@ class SlicePublisher:
             since = _since(self._tainted_since, device) or _since(self._noticed_since, device)
             device_taints = taints(device, health, self.driver, since)
             device_taints += cordon_taints(device, health, _since(self._cordoned_since, device))
-            out.append(device_json(device, device_taints, offers.get(device.uuid)))
-        return out
+            owner = dyn.get(device.gpu.uuid)
+            if owner is not None:
+                out.append(with_consumption(device_json(device, device_taints), owner))
+            else:
+                out.append(device_json(device, device_taints, offers.get(device.uuid)))
+        return out, [d.counter_set for d in dyn.values()]
 
     async def publish_once(self) -> SliceChanges:
         """Make the API hold what should be published; the changes made (empty: none)."""
         snap = self._snapshot()
         if snap is None:
             return SliceChanges((), (), ())
-        wanted = self.wanted_devices(snap)
+        wanted = self.wanted(snap)
         if self._node_uid is None:
             try:
                 self._node_uid = await self._objects.node_uid()
@@ -146,7 +174,12 @@ class SlicePublisher:
             if wanted == self._wanted and stored == self._stored:
                 return SliceChanges((), (), ())
             changes = plan_slices(
-                existing, wanted, driver=self.driver, node=self.node, node_uid=self._node_uid
+                existing,
+                wanted[0],
+                driver=self.driver,
+                node=self.node,
+                node_uid=self._node_uid,
+                counter_sets=wanted[1],
             )
             try:
                 written = await self._apply(changes)
@@ -166,7 +199,7 @@ class SlicePublisher:
                     message="this API server refuses the taint effect None (Kubernetes "
                     "1.35+): ignored XIDs are no longer published as taints",
                 )
-                wanted = self.wanted_devices(snap)
+                wanted = self.wanted(snap)
                 continue
             # a change rewrites every slice that stays (plan_slices), so the replies are the
             # pool as it now is: no second list
@@ -206,7 +239,27 @@ class SlicePublisher:
 
     def _check_dropped(self, written: list[Json]) -> None:
         """An API server without DRAConsumableCapacity drops `allowMultipleAllocations`:
-        the shared GPUs are then offered whole, which the operator must hear about."""
+        the shared GPUs are then offered whole, which the operator must hear about. One
+        without DRAPartitionableDevices drops `consumesCounters`: overlapping MIG
+        partitions could then be allocated together, so dynamic MIG is withdrawn (its GPUs
+        publish the instances they hold, as static ones) and the pool republished."""
+        for obj in written:
+            for device in (obj.get("spec") or {}).get("devices") or []:
+                if (
+                    self.partitionable
+                    and _is_partition(device)
+                    and "consumesCounters" not in device
+                ):
+                    self.partitionable = False
+                    self._moved.set()
+                    log.error(
+                        "dra-counters-dropped",
+                        device=device.get("name"),
+                        message="the API server dropped consumesCounters "
+                        "(DRAPartitionableDevices is off): dynamic MIG is withdrawn, its GPUs "
+                        "publish the MIG devices they hold",
+                    )
+                    break
         for obj in written:
             for device in (obj.get("spec") or {}).get("devices") or []:
                 capacity = device.get("capacity") or {}
@@ -307,6 +360,12 @@ async def _next_change(
     """Until the plan moves on, the watch shows a change, `stop`, or (after a failure)
     the retry delay: with nothing happening, nothing wakes."""
     await first_of(state.wait_newer(version), moved.wait(), stop.wait(), within_s=retry_s)
+
+
+def _is_partition(device: Json) -> bool:
+    """A dynamic MIG partition as published: a MIG device without a `uuid` attribute."""
+    attributes = device.get("attributes") or {}
+    return (attributes.get("type") or {}).get("string") == "mig" and "uuid" not in attributes
 
 
 def _refuses_effect_none(exc: Exception) -> bool:

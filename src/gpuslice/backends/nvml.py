@@ -40,13 +40,15 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from gpuslice.backends import nvml_mig
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
+from gpuslice.core.gpumodels import MigGeometry
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
 from gpuslice.core.migcaps import access_files, char_major, device_file_minor
 from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
-from gpuslice.ports import BackendError, GpuProcess, GpuStatus
+from gpuslice.ports import BackendError, GpuProcess, GpuStatus, MigGone, MigNotOurs
 
 log = get_logger(__name__)
 
@@ -239,6 +241,12 @@ class NvmlBackend:
         self._handles: list[Any] = []
         self._uuids: list[str] = []
         self._unified: set[str] = set()
+        self._geometry: dict[int, MigGeometry | None] = {}
+        """GPU index -> its MIG profiles and placements, read once in MIG mode (fixed by
+        the hardware and the driver)."""
+        self._mig_lock = threading.Lock()
+        """One MIG creation or destruction at a time: NVML serialises them per GPU anyway,
+        and reading back the device a creation made must not see another's."""
         """GPUs whose memory query answered NOT_SUPPORTED (unified memory), told once."""
         try:
             self._enumerate()
@@ -387,6 +395,8 @@ class NvmlBackend:
         mig_devices = (
             self._mig_devices(index, handle, uuid, memory_mib, gpu_minor) if current else ()
         )
+        if current and index not in self._geometry:
+            self._geometry[index] = self._read_geometry(handle, memory_mib)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -404,7 +414,69 @@ class NvmlBackend:
             mig_devices=mig_devices,
             pci_device_id=int(pci.pciDeviceId),
             pci_class=pci_class_from_sysfs(self._sys_root, bus_id),
+            mig_geometry=self._geometry.get(index),
         )
+
+    def _read_geometry(self, handle: Any, memory_mib: int) -> MigGeometry | None:
+        try:
+            return nvml_mig.read_geometry(self._nv, handle, memory_mib)
+        except self._nv.NVMLError as exc:
+            log.warning("nvml-mig-geometry-failed", error=str(exc))
+            return None
+
+    # -- ports.MigPartitioner ----------------------------------------------------------
+
+    def create_mig(self, gpu_uuid: str, profile: str, start: int) -> MigDevice:
+        index, handle = self._handle_of(gpu_uuid)
+        gpu = self._gpu(index, handle)
+        if not gpu.mig_enabled:
+            raise BackendError(
+                f"GPU {index} ({gpu_uuid}) is not in MIG mode: no MIG device can be created on "
+                "it (gpuslice never changes MIG mode)"
+            )
+        found = gpu.mig_geometry.profile(profile) if gpu.mig_geometry is not None else None
+        if found is None:
+            raise BackendError(f"GPU {index} ({gpu_uuid}) has no MIG profile {profile!r}")
+        with self._mig_lock:
+            gi_id, ci_id = nvml_mig.create(self._nv, handle, found, start)
+            for mig in self.live_mig_devices(gpu_uuid):
+                if (mig.gi_id, mig.ci_id) == (gi_id, ci_id):
+                    return mig
+        raise BackendError(
+            f"GPU {index}: GI {gi_id} CI {ci_id} was created but NVML lists no MIG device for it"
+        )
+
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
+        _index, handle = self._handle_of(gpu_uuid)
+        with self._mig_lock:
+            live = [
+                m for m in self.live_mig_devices(gpu_uuid) if (m.gi_id, m.ci_id) == (gi_id, ci_id)
+            ]
+            if not live:
+                raise MigGone(f"GPU {gpu_uuid} has no GI {gi_id} CI {ci_id} any more")
+            if live[0].uuid != mig_uuid:
+                raise MigNotOurs(
+                    f"GPU {gpu_uuid}: GI {gi_id} CI {ci_id} is {live[0].uuid}, not "
+                    f"{mig_uuid}: left alone"
+                )
+            nvml_mig.destroy(self._nv, handle, gi_id, ci_id)
+
+    def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:
+        index, handle = self._handle_of(gpu_uuid)
+        try:
+            memory_mib = int(self._nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB
+            minor = self._optional(self._nv.nvmlDeviceGetMinorNumber, handle)
+            return self._mig_devices(
+                index, handle, GpuUuid(gpu_uuid), memory_mib, index if minor is None else int(minor)
+            )
+        except self._nv.NVMLError as exc:
+            raise BackendError(f"reading GPU {gpu_uuid}'s MIG devices: {exc}") from None
+
+    def _handle_of(self, gpu_uuid: str) -> tuple[int, Any]:
+        for index, uuid in enumerate(self._uuids):
+            if uuid == gpu_uuid:
+                return index, self._handles[index]
+        raise BackendError(f"no GPU {gpu_uuid} on this node")
 
     def _multiprocessors(self, handle: Any, capability: tuple[int, int]) -> int:
         attrs = self._optional(self._nv.nvmlDeviceGetAttributes, handle)

@@ -32,6 +32,7 @@ from gpuslice.core.advise import (
     named_configs,
     parse_duration,
 )
+from gpuslice.core.advise.claims import mig_claim_templates
 from gpuslice.textfile import read_text
 
 MAX_SAMPLES_BYTES = 256 * 1024 * 1024
@@ -151,6 +152,21 @@ def config_map_text(advice: Advice, name: str = "gpuslice-advise") -> str:
     return "\n".join(head) + "\n" + yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False)
 
 
+def claims_text(advice: Advice) -> str:
+    """The ResourceClaimTemplates of `core.advise.claims`, one YAML document each, with the
+    pods each profile suits as comments (pod names come from series labels: written as
+    JSON strings, as `config_map_text` writes model names)."""
+    templates = mig_claim_templates(advice)
+    if not templates:
+        return "# Written by `gpuslice advise`: no pod fits a MIG profile of a known model.\n"
+    docs = []
+    for t in templates:
+        head = [f"# {t.profile} on {json.dumps(t.model)}, for {len(t.pods)} pod(s):"]
+        head += [f"#   {json.dumps(p)}" for p in t.pods]
+        docs.append("\n".join(head) + "\n" + yaml.safe_dump(t.doc, sort_keys=False))
+    return "---\n".join(docs)
+
+
 class _BlockDumper(yaml.SafeDumper):
     """Each config as a `|` block, as people write ConfigMaps, not a quoted string."""
 
@@ -203,6 +219,13 @@ _BlockDumper.add_representer(str, _block)
     help="Write a ConfigMap of named configs (one per GPU model) that `describe` accepts.",
 )
 @click.option(
+    "--write-claims",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write ResourceClaimTemplates, one per MIG profile the pods fit, for GPUs in "
+    "dynamic MIG (docs/dra.md).",
+)
+@click.option(
     "--plot",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
@@ -227,6 +250,7 @@ def advise_command(
     headroom: float,
     current_replicas: int | None,
     write_config: Path | None,
+    write_claims: Path | None,
     plot: Path | None,
     timeout: float,
     output: str,
@@ -256,6 +280,9 @@ def advise_command(
     if write_config is not None:
         write_config.write_text(config_map_text(advice))
         click.echo(f"wrote {write_config}", err=True)
+    if write_claims is not None:
+        write_claims.write_text(claims_text(advice))
+        click.echo(f"wrote {write_claims}", err=True)
     if plot is not None:
         from gpuslice.cli.advise_plot import draw
 

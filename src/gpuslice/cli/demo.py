@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -139,10 +140,15 @@ def _dra_claims_table(step: DraStep) -> Table:
     return table
 
 
-def render_dra(result: DraDemoResult, console: Console) -> None:
+def render_dra(
+    result: DraDemoResult,
+    console: Console,
+    summary: Callable[[DraDemoResult], str] | None = None,
+    what: str = "gpuslice demo --dra: the agent as a DRA driver (ResourceSlices, Prepare, CDI)",
+) -> None:
     console.print(
         Panel.fit(
-            "gpuslice demo --dra: the agent as a DRA driver (ResourceSlices, Prepare, CDI)\n"
+            f"{what}\n"
             f"node: [bold]{result.node}[/bold] (simulated GPUs) as {result.node_name}, driver "
             f"{result.driver}; kubelet emulated over unix sockets, scheduler played by the "
             "allocator, MPS by a fake control program",
@@ -172,7 +178,20 @@ def render_dra(result: DraDemoResult, console: Console) -> None:
         if i > 1 and not step.what_if:
             specs = ", ".join(short_ids(s) for s in step.cdi_specs) or "(none)"
             console.print(f"CDI specs on the node: {specs}")
-    console.print(dra_summary(result))
+    console.print((summary or dra_summary)(result))
+
+
+def dynamic_mig_summary(result: DraDemoResult) -> str:
+    devices = result.steps[0].devices
+    mig = sum(1 for d in devices if d.type == "mig")
+    return (
+        f"\n[bold]Summary[/bold]: the GPU published {mig} MIG partitions and itself, over "
+        "one counter set; claims asked for profiles, the scheduler chose the placements, "
+        "Prepare created each MIG device and Unprepare destroyed it; a claim that did not "
+        "fit was told which counter was used up.\n"
+        f"Next: gpuslice describe --node '{result.node}' --config-file <config with "
+        "flags.dynamicMig> --claims <claims.yaml>; docs/dra.md (dynamic MIG)."
+    )
 
 
 def dra_summary(result: DraDemoResult) -> str:
@@ -205,10 +224,11 @@ def dra_summary(result: DraDemoResult) -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Show the agent's logs.")
 @click.option(
     "--scenario",
-    type=click.Choice(["seed000", "guard"]),
+    type=click.Choice(["seed000", "guard", "dynamic-mig"]),
     default="seed000",
     show_default=True,
-    help="guard: seed 001, one time-sliced pod leaking memory, the memory guard off and on.",
+    help="guard: seed 001, one time-sliced pod leaking memory, the memory guard off and on. "
+    "dynamic-mig: DRA mode on an H100 in dynamic MIG, claims by profile (--node applies).",
 )
 @click.option(
     "--dra",
@@ -240,6 +260,11 @@ def demo(
             )
         _run_dra(node or DRA_NODE, verbose, output)
         return
+    if scenario == "dynamic-mig":
+        if config_file is not None:
+            raise click.UsageError("--scenario dynamic-mig runs its own config: --config-file")
+        _run_dynamic_mig(node, verbose, output)
+        return
     node = node or DEFAULT_NODE
     if scenario == "guard":
         from gpuslice.cli.demo_guard import render_guard
@@ -263,6 +288,30 @@ def demo(
         sys.exit(EXIT_BAD_INPUT)
     if output == "table":
         render(result, console())
+    else:
+        emit(plain(result), output)
+
+
+def _run_dynamic_mig(node: str | None, verbose: bool, output: str) -> None:
+    from gpuslice.demo.dynmig_scene import DYNAMIC_NODE, run_dynamic_mig_demo
+
+    setup_logging("text", verbose=False)
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+    node = node or DYNAMIC_NODE
+    plan_for(node, None)  # a bad node spec fails here, at once, by name
+    try:
+        result = asyncio.run(run_dynamic_mig_demo(node))
+    except (TimeoutError, DemoError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if output == "table":
+        render_dra(
+            result,
+            console(),
+            dynamic_mig_summary,
+            "gpuslice demo --scenario dynamic-mig: MIG devices made per claim (DRA)",
+        )
     else:
         emit(plain(result), output)
 

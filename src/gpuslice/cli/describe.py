@@ -188,7 +188,9 @@ def _describe_claims(
         if classes_file is not None
         else list(DEFAULT_DEVICE_CLASSES)
     )
-    report = what_if(view.inventory, view.plan, claims, classes, shares=shares)
+    report = what_if(
+        view.inventory, view.plan, claims, classes, shares=shares, dynamic=view.plan.dynamic_mig
+    )
     if output == "table":
         title = f"node {view.backend_name} · DRA driver {report.driver}"
         if view.config_name:
@@ -251,6 +253,10 @@ def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
             continue
         for n, d in enumerate(c.devices):
             what = d.device + (f"\n[dim]MIG {d.profile}[/dim]" if d.profile else "")
+            if d.placement is not None:
+                what += f"\n[dim]memory slices {d.placement}[/dim]"
+            if d.created_at_prepare:
+                what += "\n[dim](created at Prepare: dynamic MIG)[/dim]"
             env = "\n".join(f"{k}={short_ids(v)}" for k, v in d.env)
             for m in d.mounts:
                 env += f"\n[dim]mount {m.container_path} ← {short_ids(m.host_path)}[/dim]"

@@ -9,7 +9,10 @@ to ask the hardware again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NewType
+from typing import TYPE_CHECKING, Literal, NewType
+
+if TYPE_CHECKING:  # gpumodels imports this module
+    from gpuslice.core.gpumodels import MigGeometry
 
 GpuUuid = NewType("GpuUuid", str)
 """`GPU-xxxxxxxx-...` as NVML reports it."""
@@ -100,6 +103,11 @@ class Gpu:
     """24-bit PCI class code from sysfs: `0x030000` VGA controller (GeForce cards with a
     display), `0x030200` 3D controller (data-centre cards). None when it could not be read.
     GFD's `nvidia.com/gpu.mode` comes from it."""
+    mig_geometry: MigGeometry | None = None
+    """The MIG profiles and placements the GPU offers (NVML's profile and placement
+    queries; the simulator's tables): what dynamic MIG publishes as partitions
+    (`core.dra.partitions`). None on a GPU without MIG, or where the backend could not
+    read them."""
 
     @property
     def index_id(self) -> str:

@@ -21,9 +21,12 @@ Sources (gpuslice's REFERENCE.md, which cites each):
   for its memory (NVIDIA/k8s-device-plugin#1482, NVIDIA's DGX Spark known issues): CPU and
   GPU share one LPDDR5X memory, so NVML's memory query answers NOT_SUPPORTED; 6144 CUDA
   cores (48 SMs), compute capability 12.1.
-- Estimates, marked in the tables: H200 `1g.35gb`, `3g.71gb` and `4g.71gb` memory and SMs
-  (no real `-lgip` output seen; derived from the 2g/7g values and the H100 SM counts), and
-  all A30 memory values (go-nvml's mock; not confirmed on hardware).
+- H200: every profile's memory, SMs, engines, instance count and placements as NVML's
+  profile and placement queries answer them on an H200 (MIG mode off; read through ctypes
+  with `nvmlDeviceGetGpuInstanceProfileInfoV` and `...PossiblePlacements_v2`): `1g.35gb`
+  33280 MiB and 26 SMs, `3g.71gb` and `4g.71gb` 71424 MiB (60 and 64 SMs), which were
+  estimates before.
+- Estimates: all A30 memory values (go-nvml's mock; not confirmed on hardware).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class MigProfile:
     jpeg: int
     ofa: int
     encoders: int = 0
+    profile_id: int | None = None
+    """NVML's GPU instance profile ID (`nvidia-smi mig -lgip`), what creating an instance
+    takes; None in the simulator's tables, whose names use the shape table instead
+    (`core.dra.publish.gi_profile_id`)."""
 
     @property
     def media_extensions(self) -> bool:
@@ -180,8 +187,7 @@ A100_80GB_MIG = _ampere_8slice(80, (9728, 19968, 40192, 80896))
 H100_80GB_MIG = _hopper_8slice(("10gb", "20gb", "40gb", "80gb"), (9984, 20096, 40448, 81152))
 H200_MIG = _hopper_8slice(
     ("18gb", "35gb", "71gb", "141gb"),
-    # 1g.35gb and 3g/4g.71gb memory are estimates (see the module docstring).
-    (16384, 33280, 68096, 143360),
+    (16384, 33280, 71424, 143360),
 )
 A30_MIG = MigGeometry(
     memory_slices=4,

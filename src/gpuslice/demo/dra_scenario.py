@@ -249,7 +249,9 @@ async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 20
 
 
 @contextlib.asynccontextmanager
-async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
+async def _running_dra_node(
+    node: str, workdir: Path, node_config: str = NODE_CONFIG
+) -> AsyncIterator[_Node]:
     store = DraStore(NODE_NAME, DRIVER)
     for device_class in DEFAULT_DEVICE_CLASSES:
         store.add_device_class(device_class)
@@ -260,7 +262,7 @@ async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
         resync_s=1.0,
     )
     config = workdir / "config.yaml"
-    config.write_text(NODE_CONFIG, encoding="utf-8")
+    config.write_text(node_config, encoding="utf-8")
     kubelet = DraKubeletEmulator(dra.registry_dir, tick_s=0.5)
     await kubelet.start()
     backend = await asyncio.to_thread(open_backend, node)
@@ -277,7 +279,12 @@ async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
     first = await first_plan(settings, backend)
     state = plan_state(first)
     front = dra_front_end(
-        state, settings, dra, store, server_settings=DraServerSettings(check_tick_s=1.0)
+        state,
+        settings,
+        dra,
+        store,
+        server_settings=DraServerSettings(check_tick_s=1.0),
+        backend=backend,
     )
     agent = Agent(settings, backend, state, first, front)
     stop = asyncio.Event()

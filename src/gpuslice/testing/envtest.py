@@ -260,7 +260,7 @@ def start(
             )  # fmt: skip
             plane.scheduler = True
         if controller_manager:
-            plane.processes.append(_start_controller_manager(plane, key, cert))
+            plane.processes.append(_start_controller_manager(plane, key))
             plane.controller_manager = True
     except BaseException:
         plane.stop()
@@ -268,13 +268,13 @@ def start(
     return plane
 
 
-def _start_controller_manager(
-    plane: ControlPlane, key: Path, cert: Path
-) -> subprocess.Popen[bytes]:
+def _start_controller_manager(plane: ControlPlane, key: Path) -> subprocess.Popen[bytes]:
     """kube-controller-manager with every controller but `nodelifecycle` (which would taint
     and evict from a Node whose kubelet sends no heartbeat), signing service-account tokens
     with the key the API server verifies, the admin kubeconfig for all three of its
-    clients. EnvtestUnavailable when the assets hold none."""
+    clients. The root CA it publishes (`kube-root-ca.crt`, every pod's service-account
+    `ca.crt`) is the API server's own self-signed serving chain, so a pod's in-cluster client
+    verifies the server as on a cluster. EnvtestUnavailable when the assets hold none."""
     binary = plane.bin_dir / "kube-controller-manager"
     if not binary.is_file():
         raise EnvtestUnavailable(
@@ -286,7 +286,8 @@ def _start_controller_manager(
          "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
          "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
          "--leader-elect=false", "--controllers", "*,-nodelifecycle",
-         "--service-account-private-key-file", str(key), "--root-ca-file", str(cert),
+         "--service-account-private-key-file", str(key),
+         "--root-ca-file", str(plane.workdir / "certs" / "apiserver.crt"),
          "--use-service-account-credentials=false", "--feature-gates", GATES],
         plane.workdir / "kube-controller-manager.log",
     )  # fmt: skip

@@ -7,7 +7,9 @@ itself, so device-plugin registration, Allocate, GetPreferredAllocation, PodReso
 Prepare and Unprepare, and the CDI edits containerd applies are the ones a cluster runs.
 
 What a machine without a cluster needs (the envtest README's list): root; containerd with its
-own root, state and socket under a temporary directory, the `native` snapshotter, and
+own root, state and socket under a temporary directory, the `overlayfs` snapshotter where
+this machine can mount an overlay there (else `native`, which copies every layer and every
+container's root filesystem: 15-30 s per container of the agent's image), and
 `restrict_oom_score_adj` (these machines refuse a negative score); the kubelet with the
 cgroupfs driver, no swap or eviction checks, anonymous read on loopback, and pod logs
 in /var/log/pods. There is no CNI, so pods run with `hostNetwork`, and the Node stays
@@ -149,6 +151,24 @@ def build_busybox_image(workdir: Path) -> Path:
     return archive
 
 
+def _snapshotter(workdir: Path) -> str:
+    """`overlayfs` if an overlay mounts in `workdir` (not on every CI machine: an overlay
+    root, or a container without the mount right, refuses it), else `native`."""
+    probe = workdir / "overlay-probe"
+    lower, upper, work, merged = (probe / name for name in ("l", "u", "w", "m"))
+    for d in (lower, upper, work, merged):
+        d.mkdir(parents=True)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    done = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(merged)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    if done.returncode == 0:
+        subprocess.run(["umount", str(merged)], capture_output=True, timeout=30, check=False)
+    shutil.rmtree(probe, ignore_errors=True)
+    return "overlayfs" if done.returncode == 0 else "native"
+
+
 def _containerd_config(workdir: Path, cdi_dirs: Sequence[Path]) -> str:
     dirs = ", ".join(f"'{d}'" for d in cdi_dirs)
     return f"""version = 3
@@ -160,7 +180,7 @@ state = '{workdir / "containerd-state"}'
   address = '{workdir / "containerd.sock.ttrpc"}'
 [plugins]
   [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'native'
+    snapshotter = '{_snapshotter(workdir)}'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{IMAGE}'
   [plugins.'io.containerd.cri.v1.runtime']
@@ -187,6 +207,9 @@ def _kubelet_config(workdir: Path, port: int) -> Json:
         "healthzPort": 0,
         "evictionHard": {},
         "nodeStatusUpdateFrequency": "2s",
+        # how soon a changed ConfigMap reaches a running pod's volume (default 1 min): the
+        # chart's configs are mounted from one and the agent reloads them live
+        "syncFrequency": "5s",
         # the control plane's DRA gates, so the kubelet passes claims' new fields through
         "featureGates": {gate.split("=")[0]: True for gate in envtest.GATES.split(",")},
     }

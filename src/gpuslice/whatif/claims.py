@@ -21,13 +21,13 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config.parsing import load_documents
-from gpuslice.core.devices import Inventory
+from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.cdispec import MPS_PIPE_IN_CONTAINER, CdiDevice, claim_spec
 from gpuslice.core.dra.claimplan import claims_plan
 from gpuslice.core.dra.claims import (
@@ -37,6 +37,13 @@ from gpuslice.core.dra.claims import (
     claim_work,
 )
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.partitions import (
+    WOULD_BE_UUID,
+    dynamic_gpus,
+    node_devices,
+    with_consumption,
+    would_be,
+)
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
@@ -263,7 +270,9 @@ def slice_devices(slices: Sequence[Json]) -> tuple[SliceDevice, ...]:
                     product=_attr(device, "productName") or "",
                     profile=_attr(device, "profile"),
                     memory_mib=quantity_mib(memory["value"]) if "value" in memory else 0,
-                    uuid=_attr(device, "uuid") or "",
+                    # a dynamic MIG partition has no UUID until Prepare creates it
+                    uuid=_attr(device, "uuid")
+                    or (WOULD_BE_UUID if "consumesCounters" in device else ""),
                     shares=int(str(shares["value"])) if shares else None,
                     share_memory_mib=(
                         _default_mib(policy["default"]) if shares and "default" in policy else None
@@ -280,13 +289,28 @@ def _default_mib(value: object) -> int:
 
 
 def node_slices(
-    inventory: Inventory, plan: Plan, *, driver: str, node: str, shares: SharesMode = REPLICAS
+    inventory: Inventory,
+    plan: Plan,
+    *,
+    driver: str,
+    node: str,
+    shares: SharesMode = REPLICAS,
+    dynamic: Collection[str] = (),
 ) -> list[Json]:
     """The ResourceSlice objects the agent would publish for this inventory and plan (all
-    devices healthy) with `--consumable-shares shares`, with the publisher's own functions."""
-    ours = dra_devices(inventory)
-    offers = share_offers(plan, shares, ours)
-    devices = [device_json(d, [], offers.get(d.uuid)) for d in ours]
+    devices healthy) with `--consumable-shares shares`, with the publisher's own functions;
+    the GPUs `dynamic` marks as dynamic MIG ones (`core.dra.partitions`)."""
+    dyn = dynamic_gpus(inventory, dynamic)
+    ours = node_devices(dra_devices(inventory), dyn)
+    offers = share_offers(plan, shares, [d for d in ours if d.gpu.uuid not in dyn])
+    devices = [
+        with_consumption(device_json(d, []), dyn[d.gpu.uuid])
+        if d.gpu.uuid in dyn
+        else device_json(d, [], offers.get(d.uuid))
+        for d in ours
+    ]
+    sets = [d.counter_set for d in dyn.values()]
+    specs = slice_specs(devices, driver=driver, node=node, generation=1, counter_sets=sets)
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -294,7 +318,7 @@ def node_slices(
             "metadata": {"name": f"{node}-{driver.replace('.', '-')}-{i}"},
             "spec": spec,
         }
-        for i, spec in enumerate(slice_specs(devices, driver=driver, node=node, generation=1))
+        for i, spec in enumerate(specs)
     ]
 
 
@@ -347,6 +371,10 @@ class DeviceOutcome:
     entitlement_mib: int = 0
     """Memory one pod holding the claim may use before the guard acts."""
     sm_fraction: float | None = None
+    placement: str | None = None
+    """A MIG device's placement, `start:size` in memory slices."""
+    created_at_prepare: bool = False
+    """A dynamic MIG partition: Prepare creates the MIG device (`uuid` is a stand-in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +509,12 @@ def _outcomes(
                 type=device.kind,
                 product=device.gpu.product_name,
                 profile=device.mig.profile if device.mig is not None else None,
+                placement=(
+                    f"{device.mig.placement_start}:{device.mig.placement_size}"
+                    if device.mig is not None
+                    else None
+                ),
+                created_at_prepare=device.uuid.startswith(WOULD_BE_UUID),
                 memory_mib=device.capacity.get("memory", 0) // MIB,
                 uuid=device.uuid,
                 sharing=kind,
@@ -520,17 +554,25 @@ def what_if(
     pool: str = POOL,
     mps_root: str = MPS_ROOT,
     shares: SharesMode = REPLICAS,
+    dynamic: Collection[str] = (),
 ) -> WhatIf:
     """Allocate then "prepare" each claim in order on the node `inventory` + `plan` describe,
-    its devices offered as `--consumable-shares shares` would.
+    its devices offered as `--consumable-shares shares` would, the GPUs `dynamic` marks
+    publishing dynamic MIG partitions: a claim allocated one gets the MIG device Prepare
+    would create (`partitions.would_be`), and the scheduler's refusal names the counters
+    that are used up.
 
     Raises ClaimsFileError only for a claim the allocator cannot even read; a claim that
     does not fit or that the driver would refuse is an outcome with its error.
     """
-    slices = node_slices(inventory, plan, driver=driver, node=pool, shares=shares)
-    devices = {d.name: d for d in dra_devices(inventory)}
-    by_uuid = share_offers(plan, shares, devices.values())
+    slices = node_slices(inventory, plan, driver=driver, node=pool, shares=shares, dynamic=dynamic)
+    dyn = dynamic_gpus(inventory, dynamic)
+    devices = {d.name: d for d in node_devices(dra_devices(inventory), dyn)}
+    parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
+    by_uuid = share_offers(plan, shares, [d for d in devices.values() if d.gpu.uuid not in dyn])
     offers = {n: by_uuid[d.uuid] for n, d in devices.items() if d.uuid in by_uuid}
+    made: dict[str, list[MigDevice]] = {}
+    """GPU UUID -> the MIG devices the claims so far would have created on it."""
     in_use: list[Json] = []
     outcomes: list[ClaimOutcome] = []
     for claim in claims:
@@ -552,11 +594,19 @@ def what_if(
         allocated["metadata"] = dict(allocated.get("metadata") or {}, namespace=ns, uid=uid)
         allocated["status"] = {"allocation": allocation}
         ref = ClaimRef(ns, uid, name)
+        claim_devices = dict(devices)
+        for result in allocation["devices"]["results"]:
+            part = parts.get(str(result.get("device")))
+            if part is not None:
+                held = made.setdefault(part.gpu.uuid, [])
+                mig = would_be(part, held)
+                held.append(mig)
+                claim_devices[part.name] = replace(devices[part.name], uuid=mig.uuid, mig=mig)
         try:
             work = claim_work(
-                allocated, ref, driver=driver, pool=pool, devices=devices, offers=offers
+                allocated, ref, driver=driver, pool=pool, devices=claim_devices, offers=offers
             )
-            found, guard = _outcomes(work, uid, inventory, pool, mps_root)
+            found, guard = _outcomes(work, uid, _with(inventory, made), pool, mps_root)
         except ClaimError as exc:
             outcomes.append(ClaimOutcome(ns, name, False, str(exc), "prepare"))
             continue
@@ -564,6 +614,17 @@ def what_if(
             ClaimOutcome(ns, name, True, devices=found, guard_mode=guard, warnings=work.notices)
         )
     return WhatIf(driver, pool, slice_devices(slices), tuple(outcomes))
+
+
+def _with(inventory: Inventory, made: Mapping[str, Sequence[MigDevice]]) -> Inventory:
+    """`inventory` with the MIG devices Prepare would have created (attribution and the
+    guard see them as they would see the real ones)."""
+    if not made:
+        return inventory
+    gpus = tuple(
+        replace(g, mig_devices=(*g.mig_devices, *made.get(g.uuid, ()))) for g in inventory.gpus
+    )
+    return replace(inventory, gpus=gpus)
 
 
 def mps_pipe_dir(outcome: DeviceOutcome) -> str | None:
@@ -613,6 +674,8 @@ def _claim_dict(c: ClaimOutcome) -> dict[str, object]:
                 "type": d.type,
                 "product": d.product,
                 "profile": d.profile,
+                "placement": d.placement,
+                "created_at_prepare": d.created_at_prepare,
                 "memory_mib": d.memory_mib,
                 "uuid": d.uuid,
                 "sharing": d.sharing,

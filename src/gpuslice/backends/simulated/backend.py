@@ -22,6 +22,7 @@ from gpuslice.backends.simulated.control import done, reject, take_commands
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
 from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
+from gpuslice.backends.simulated.partition import created, without
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
 from gpuslice.core.units import MIB
@@ -66,6 +67,10 @@ class SimulatedBackend:
         self._memory: dict[str, GpuMemoryModel] = {}
         """GPU UUID -> the memory of its growing processes (`start_growing`)."""
         self._oom: list[tuple[str, OomDeath]] = []
+        self._serial = 0
+        """MIG devices created so far: each new one gets a UUID never used before."""
+        self.mig_calls: list[tuple[str, str, str]] = []
+        """(create | destroy, GPU UUID, MIG UUID) in order, for tests: what was done."""
         control = control_dir if control_dir is not None else node.control_dir
         self._events_dir: Path | None = None
         if control is not None:
@@ -311,6 +316,45 @@ class SimulatedBackend:
             }
             self._load[gpu.uuid] = replace(load, **changes)
 
+    # -- ports.MigPartitioner ------------------------------------------------------------
+
+    def create_mig(self, gpu_uuid: str, profile: str, start: int) -> MigDevice:
+        self._poll_control()
+        return self._create_mig(gpu_uuid, profile, start)
+
+    def destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
+        self._poll_control()
+        self._destroy_mig(gpu_uuid, mig_uuid, gi_id, ci_id)
+
+    def _create_mig(self, gpu_uuid: str, profile: str, start: int) -> MigDevice:
+        with self._lock:
+            gpu = self._gpu(gpu_uuid)
+            self._serial += 1
+            mig = created(gpu, profile, start, self._serial)
+            self._replace_migs(gpu, (*gpu.mig_devices, mig))
+            self.mig_calls.append(("create", gpu.uuid, mig.uuid))
+        self._events.put(HealthEvent("inventory-changed", gpu.uuid))
+        return mig
+
+    def _destroy_mig(self, gpu_uuid: str, mig_uuid: str, gi_id: int, ci_id: int) -> None:
+        with self._lock:
+            gpu = self._gpu(gpu_uuid)
+            self._replace_migs(gpu, without(gpu, mig_uuid, gi_id, ci_id))
+            self._processes = [p for p in self._processes if p.mig_uuid != mig_uuid]
+            self.mig_calls.append(("destroy", gpu.uuid, mig_uuid))
+        self._events.put(HealthEvent("inventory-changed", gpu.uuid))
+
+    def live_mig_devices(self, gpu_uuid: str) -> tuple[MigDevice, ...]:
+        self._poll_control()
+        with self._lock:
+            return self._gpu(gpu_uuid).mig_devices
+
+    def _replace_migs(self, gpu: Gpu, migs: tuple[MigDevice, ...]) -> None:
+        """Under the lock: `gpu` with `migs` as its MIG devices, in index order."""
+        new = dataclasses.replace(gpu, mig_devices=tuple(sorted(migs, key=lambda m: m.index)))
+        gpus = tuple(new if g.uuid == gpu.uuid else g for g in self._inventory.gpus)
+        self._inventory = dataclasses.replace(self._inventory, gpus=gpus)
+
     # -- helpers -------------------------------------------------------------------------
 
     def set_mig(self, gpu_uuid: str, enabled: bool, layout: str | None) -> None:
@@ -404,6 +448,14 @@ class SimulatedBackend:
             )
         elif kind == "mig":
             self.set_mig(gpu.uuid, _bool(command, "enabled"), _opt_str(command, "layout"))
+        elif kind == "create_mig":  # an operator's `nvidia-smi mig -cgi P -C` at a placement
+            profile = _opt_str(command, "profile")
+            if profile is None:
+                raise BackendError("profile: expected a MIG profile name")
+            self._create_mig(gpu.uuid, profile, _int(command, "start"))
+        elif kind == "destroy_mig":
+            mig = self.resolve_mig(gpu, _ref(command, "mig"))
+            self._destroy_mig(gpu.uuid, mig.uuid, mig.gi_id, mig.ci_id)
         elif kind == "grow_process":
             target = command.get("targetMiB")
             self.start_growing(
@@ -432,7 +484,7 @@ class SimulatedBackend:
         else:
             raise BackendError(
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
-                "grow_process, remove_process, set_status, mig"
+                "grow_process, remove_process, set_status, mig, create_mig, destroy_mig"
             )
 
 

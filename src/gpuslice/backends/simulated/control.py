@@ -26,6 +26,11 @@ Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under t
         MIG mode and layout changed on a live node (the inventory changes; the agent's
         periodic re-read picks it up). `layout` uses the node spec's syntax; null or ""
         with `enabled: true` is MIG mode with no instances.
+    {"kind": "create_mig", "gpu": 0, "profile": "3g.40gb", "start": 4}
+    {"kind": "destroy_mig", "gpu": 0, "mig": "MIG-..."}
+        One MIG device made or destroyed by hand (`nvidia-smi mig -cgi ... -C`, `-dci`/`-dgi`),
+        by the driver's rules (`simulated.partition`): someone else's instances, for
+        dynamic MIG's tests and demo.
 
 `ControlDir` writes them; the backend reads them with `take_commands`.
 """

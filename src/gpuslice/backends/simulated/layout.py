@@ -196,6 +196,11 @@ def _after(profile: MigProfile, previous: int, start: int) -> bool:
     return start < previous if profile.memory_slices > 1 else start > previous
 
 
+def gi_id_for(profile: MigProfile, geometry: MigGeometry, used: set[int]) -> int:
+    """The GPU instance ID the modelled driver gives a new instance of `profile`."""
+    return _gi_id(profile, geometry, used)
+
+
 def _gi_id(profile: MigProfile, geometry: MigGeometry, used: set[int]) -> int:
     full = geometry.compute_slices
     if profile.compute_slices == full:

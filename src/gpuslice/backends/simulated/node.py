@@ -133,6 +133,7 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
         mig_devices=mig_devices,
         pci_device_id=model.pci_device_id,
         pci_class=model.pci_class,
+        mig_geometry=model.mig,
     )
 
 

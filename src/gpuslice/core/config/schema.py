@@ -134,8 +134,38 @@ class GfdFlags(_Model):
     )
 
 
+class DynamicMigFlags(_Model):
+    """gpuslice's extension (docs/dra.md, dynamic MIG): which GPUs publish MIG partitions for
+    the scheduler to choose from, instead of the instances they hold. DRA mode only."""
+
+    devices: Devices = Field(default="all", alias="devices")
+    """`all`, a count (the first N GPUs by index), or GPU indices / UUIDs; a GPU not
+    selected stays static."""
+
+    @model_validator(mode="after")
+    def _gpus_only(self) -> DynamicMigFlags:
+        if isinstance(self.devices, tuple):
+            mig = [d for d in self.devices if ":" in d or d.startswith("MIG-")]
+            if mig:
+                raise config_error(
+                    f"devices: {', '.join(mig)} name MIG devices; dynamic MIG selects whole "
+                    "GPUs (an index or a GPU UUID), whose MIG devices it then makes"
+                )
+        return self
+
+    def markers(self) -> tuple[str, ...]:
+        """What `core.dra.partitions.is_dynamic` reads: `all`, or GPU indices and UUIDs."""
+        if self.devices == "all":
+            return ("all",)
+        if isinstance(self.devices, int):
+            return tuple(str(i) for i in range(self.devices))
+        return tuple(self.devices)
+
+
 class Flags(_Model):
     mig_strategy: MigStrategy = Field(default="none", alias="migStrategy")
+    dynamic_mig: DynamicMigFlags | None = Field(default=None, alias="dynamicMig")
+    """gpuslice's extension: GPUs in dynamic MIG (DRA mode); None: every GPU is static."""
     fail_on_init_error: StrictBool = Field(default=True, alias="failOnInitError")
     mps_root: StrictStr = Field(default="", alias="mpsRoot")
     """Empty means the Helm chart's `/run/nvidia/mps` (see `effective_mps_root`)."""

@@ -12,7 +12,7 @@ GPU's is in the agent's unhealthy set.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.devices import Inventory
@@ -39,20 +39,24 @@ def device_health(
     xids: Mapping[str, int | None],
     *,
     pool: str,
+    devices: Sequence[DraDevice] | None = None,
 ) -> tuple[DeviceHealthReport, ...]:
-    """Every device `dra_devices(inventory)` publishes, in that order, with its health.
+    """Every device `dra_devices(inventory)` publishes (or `devices`, where dynamic MIG
+    partitions replace a GPU's, `core.dra.partitions.node_devices`), in that order, with
+    its health. A partition whose MIG device gpuslice created answers for that device.
 
     `unhealthy` holds physical UUIDs (GPU or MIG device); `xids` is the last health event
     per UUID: an XID code, or None for a GPU that fell off the bus. A device unhealthy for
     a reason without an event there (e.g. its MPS daemon is down) says so plainly.
     """
-    return tuple(_report(d, unhealthy, xids, pool) for d in dra_devices(inventory))
+    listed = dra_devices(inventory) if devices is None else devices
+    return tuple(_report(d, unhealthy, xids, pool) for d in listed)
 
 
 def _report(
     device: DraDevice, unhealthy: Collection[str], xids: Mapping[str, int | None], pool: str
 ) -> DeviceHealthReport:
-    if device.uuid in unhealthy:
+    if device.uuid and device.uuid in unhealthy:
         uuid = device.uuid
     elif device.gpu.uuid in unhealthy:
         uuid = device.gpu.uuid

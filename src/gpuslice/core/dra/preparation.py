@@ -84,6 +84,12 @@ def _device(dw: DeviceWork, mounts: MpsMounts | None = None, **env: str) -> CdiD
     device = dw.device
     caps: tuple[int, ...] = ()
     major = None
+    if device.kind == "mig" and device.mig is None:
+        # a dynamic MIG partition (`core.dra.partitions`) before its instance exists
+        raise ClaimError(
+            f"MIG device {device.name} has not been created on GPU {device.gpu.uuid}; "
+            "there is nothing a container could open yet"
+        )
     if device.mig is not None:
         if device.mig.cap_minors is None:
             gi, ci = access_files(device.gpu.minor, device.mig.gi_id, device.mig.ci_id)

@@ -36,7 +36,8 @@ from gpuslice.core.units import MIB, canonical_quantity
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
-"""The API's limit once any device of a slice has taints (Kubernetes 1.35+)."""
+"""The API's limit once any device of a slice has taints or consumes counters (1.35+)."""
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_ATTRIBUTES = 32
 """Attributes plus capacities per device."""
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -61,7 +62,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # `nvidia-smi mig -lgip` profile IDs by GPU-instance shape (REFERENCE.md §2.2): the same on
 # A100, H100 and H200. Keyed by (memory slices, placement size, media-extensions variant).
-_GI_PROFILE_IDS = {
+GI_PROFILE_IDS = {
     (1, 1, "+me"): 20,
     (1, 1, ""): 19,
     (1, 2, ""): 15,
@@ -188,7 +189,7 @@ def cuda_version(encoded: int) -> str:
 
 def gi_profile_id(mig: MigDevice) -> int | None:
     variant = "+me" if mig.profile.endswith("+me") else ""
-    return _GI_PROFILE_IDS.get((mig.slices_gi, mig.placement_size, variant))
+    return GI_PROFILE_IDS.get((mig.slices_gi, mig.placement_size, variant))
 
 
 def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
@@ -217,6 +218,10 @@ def _common(gpu: Gpu, inventory: Inventory) -> dict[str, tuple[AttrKind, str | i
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs[NUMA_NODE] = ("int", gpu.numa_node)
     return attrs
+
+
+common_attributes = _common
+"""The attributes every device of `gpu` carries (partitions too, `core.dra.partitions`)."""
 
 
 def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
@@ -389,28 +394,46 @@ def device_json(
     return out
 
 
-def slice_specs(devices: Iterable[Json], *, driver: str, node: str, generation: int) -> list[Json]:
+def slice_specs(
+    devices: Iterable[Json],
+    *,
+    driver: str,
+    node: str,
+    generation: int,
+    counter_sets: Sequence[Json] = (),
+) -> list[Json]:
     """The `spec`s of this node's slices: one pool named after the node, at most 128
-    devices per slice (64 once any device in it has taints), in device order."""
+    devices per slice (64 once any device in it has taints or consumes counters), in device
+    order, then the counter sets of dynamic MIG GPUs (`core.dra.partitions`) in slices of
+    their own (the API takes a slice's devices or its counter sets, never both)."""
     pending = list(devices)
-    chunks: list[list[Json]] = []
+    chunks: list[tuple[list[Json], list[Json]]] = []
     while pending:
         limit = MAX_DEVICES_PER_SLICE
-        if any("taints" in d for d in pending[:MAX_DEVICES_PER_SLICE]):
+        head = pending[:MAX_DEVICES_PER_SLICE]
+        if any("taints" in d or "consumesCounters" in d for d in head):
             limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS
-        chunks.append(pending[:limit])
+        chunks.append((pending[:limit], []))
         pending = pending[limit:]
+    sets = list(counter_sets)
+    while sets:
+        chunks.append(([], sets[:MAX_COUNTER_SETS_PER_SLICE]))
+        sets = sets[MAX_COUNTER_SETS_PER_SLICE:]
     if not chunks:
-        chunks = [[]]  # an empty pool still says "this node has no devices of ours"
-    return [
-        {
+        chunks = [([], [])]  # an empty pool still says "this node has no devices of ours"
+    out: list[Json] = []
+    for chunk, counters in chunks:
+        spec: Json = {
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
-            "devices": chunk,
         }
-        for chunk in chunks
-    ]
+        if counters:
+            spec["sharedCounters"] = counters
+        else:
+            spec["devices"] = chunk
+        out.append(spec)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +457,7 @@ def plan_slices(
     driver: str,
     node: str,
     node_uid: str,
+    counter_sets: Sequence[Json] = (),
 ) -> SliceChanges:
     """Compare what the API holds with what should be published. Unchanged devices cost
     nothing; any change publishes every slice at a generation above all existing ones (the
@@ -441,10 +465,14 @@ def plan_slices(
     an older generation)."""
     current = sorted((StoredSlice.read(o) for o in existing), key=lambda s: s.name)
     generation = max((s.generation for s in current), default=0)
-    wanted_same = slice_specs(devices, driver=driver, node=node, generation=generation)
+    wanted_same = slice_specs(
+        devices, driver=driver, node=node, generation=generation, counter_sets=counter_sets
+    )
     if [s.spec for s in current] == wanted_same:
         return SliceChanges((), (), ())
-    wanted = slice_specs(devices, driver=driver, node=node, generation=generation + 1)
+    wanted = slice_specs(
+        devices, driver=driver, node=node, generation=generation + 1, counter_sets=counter_sets
+    )
     update = [dict(s.obj, spec=spec) for s, spec in zip(current, wanted, strict=False)]
     create = [
         _new_slice(spec, i, driver=driver, node=node, node_uid=node_uid)

@@ -246,6 +246,9 @@ class Plan:
     mig_layout_problem: str | None = None
     """Why `single` cannot serve this node's MIG layout (nothing is advertised for it then,
     and the labels say `-MIG-INVALID`), or None."""
+    dynamic_mig: tuple[str, ...] = ()
+    """The GPUs `flags.dynamicMig` marks (`all`, indices, UUIDs): in DRA mode they publish
+    MIG partitions (`core.dra.partitions.is_dynamic`); the device plugin ignores it."""
 
     def counts(self) -> dict[str, int]:
         return {r.name: len(r.devices) for r in self.resources}

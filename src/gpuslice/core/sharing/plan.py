@@ -164,11 +164,22 @@ def _units(
                 f"GPU {g.index} has a pending MIG mode change (now "
                 f"{'enabled' if g.mig_enabled else 'disabled'}): it applies after a GPU reset"
             )
+        dynamic = config.flags.dynamic_mig
+        marked = dynamic is not None and bool(
+            {"all", g.uuid, str(g.index)} & set(dynamic.markers())
+        )
+        named = dynamic is not None and bool({g.uuid, str(g.index)} & set(dynamic.markers()))
+        if marked and not g.mig_enabled and (g.mig_capable or named):
+            why = "is not in MIG mode" if g.mig_capable else "does not support MIG"
+            warnings.append(
+                f"GPU {g.index} is marked for dynamic MIG (flags.dynamicMig) but {why}: it is "
+                "published as a whole GPU (gpuslice never changes MIG mode)"
+            )
         if not use_mig[g.index]:
             name = _name_for(g.product_name, gpu_patterns, "GPU name", "gpus")
             units.append(_Unit(PhysicalDevice.of_gpu(g), g, name, -1))
             continue
-        if not g.mig_devices:
+        if not g.mig_devices and not marked:  # a dynamic GPU's are made per claim (DRA)
             warnings.append(
                 f"GPU {g.index} has MIG enabled but no MIG devices: it advertises nothing"
             )
@@ -379,4 +390,5 @@ def build_plan(inventory: Inventory, config: Config, host: HostFacts | None = No
         warnings=tuple(warnings),
         mig_strategy_warnings=tuple(strategy_warnings),
         mig_layout_problem=layout_problem,
+        dynamic_mig=() if config.flags.dynamic_mig is None else config.flags.dynamic_mig.markers(),
     )
