@@ -50,7 +50,7 @@ NODES = {"static": "sim:8xh100-80gb/mig=1g.10gb*7", "dynamic": "sim:8xh100-80gb/
 
 
 def inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:

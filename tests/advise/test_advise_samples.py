@@ -164,7 +164,7 @@ def test_the_written_claims_ask_for_the_advised_profile_and_fit_a_dynamic_gpu(
     assert doc["metadata"]["name"] == "mig-h100-80gb-1g20gb"
     assert '"ml/' in claims.read_text()  # the pods it suits, as comments
 
-    inventory = open_backend("sim:1xh100-80gb/mig=", environ={}).inventory()
+    inventory = open_backend("sim:1xh100-80gb/mig=").inventory()
     dyn = dynamic_gpus(inventory, {"all"})
     devices = [
         with_consumption(device_json(d, []), dyn[d.gpu.uuid])

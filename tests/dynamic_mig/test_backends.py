@@ -12,14 +12,14 @@ from typing import Any, ClassVar
 import pytest
 
 from gpuslice.backends import nvml_mig, open_backend
-from gpuslice.backends.simulated import ENV_CONTROL_DIR, SimulatedBackend
+from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.core.gpumodels import H100_80GB_MIG, H200_MIG
 from gpuslice.ports import BackendError, MigGone, MigNotOurs
 
 
 def sim(spec: str) -> SimulatedBackend:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     assert isinstance(backend, SimulatedBackend)
     return backend
 
@@ -94,7 +94,7 @@ def test_an_instance_with_another_uuid_is_not_destroyed() -> None:
 
 
 def test_an_operator_creates_and_destroys_through_the_control_directory(tmp_path: Path) -> None:
-    backend = open_backend("sim:1xh100-80gb/mig=", environ={ENV_CONTROL_DIR: str(tmp_path)})
+    backend = open_backend("sim:1xh100-80gb/mig=", control_dir=tmp_path)
     control = ControlDir(tmp_path)
     control.send({"kind": "create_mig", "gpu": 0, "profile": "2g.20gb", "start": 2})
     [mig] = backend.inventory().gpus[0].mig_devices

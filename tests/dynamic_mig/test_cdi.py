@@ -38,7 +38,7 @@ def devices(backend: SimulatedBackend, ours: frozenset[str]) -> dict[str, DraDev
 
 
 async def test_the_created_instance_gets_a_static_mig_devices_cdi_spec(tmp_path: Path) -> None:
-    backend = open_backend("sim:2xh100-80gb/mig=", environ={})
+    backend = open_backend("sim:2xh100-80gb/mig=")
     assert isinstance(backend, SimulatedBackend)
     before = devices(backend, frozenset())
     ref = ClaimRef("ns", UID, "c")
@@ -75,7 +75,7 @@ async def test_nvidias_mps_config_applies_to_a_created_mig_device(tmp_path: Path
     own daemon serving it, as a static MIG device does."""
     from gpuslice.core.dra.preparation import StartDaemon
 
-    backend = open_backend("sim:2xh100-80gb/mig=", environ={})
+    backend = open_backend("sim:2xh100-80gb/mig=")
     assert isinstance(backend, SimulatedBackend)
     dyn = DynamicMig(backend, CheckpointFile(tmp_path / JOURNAL_NAME), "b")
     await dyn.load(set())

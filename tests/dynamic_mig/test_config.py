@@ -13,12 +13,12 @@ from gpuslice.core.sharing.plan import build_plan
 
 
 def markers(text: str) -> tuple[str, ...]:
-    inventory = open_backend("sim:3xh100-80gb/mig=", environ={}).inventory()
+    inventory = open_backend("sim:3xh100-80gb/mig=").inventory()
     return build_plan(inventory, parse_config(text)).dynamic_mig
 
 
 def test_dynamic_mig_marks_gpus_and_the_rest_stay_static() -> None:
-    inventory = open_backend("sim:3xh100-80gb/mig=", environ={}).inventory()
+    inventory = open_backend("sim:3xh100-80gb/mig=").inventory()
     second = inventory.gpus[1].uuid
     config = f"version: v1\nflags:\n  dynamicMig:\n    devices: [0, {second}]\n"
     plan = build_plan(inventory, parse_config(config))
@@ -46,7 +46,7 @@ def test_a_bad_marker_is_refused_naming_the_field(flags: str, why: str) -> None:
 
 
 def test_a_marked_gpu_not_in_mig_mode_is_said_to_stay_whole() -> None:
-    inventory = open_backend("sim:1xh100-80gb,1xh100-80gb/mig=,1xl40s", environ={}).inventory()
+    inventory = open_backend("sim:1xh100-80gb,1xh100-80gb/mig=,1xl40s").inventory()
     plan = build_plan(inventory, parse_config("version: v1\nflags:\n  dynamicMig: {}\n"))
     said = [w for w in plan.warnings if "dynamicMig" in w]
     # the H100 not in MIG mode is told; the one in MIG mode and the L40S (no MIG, under

@@ -40,7 +40,7 @@ CONFIG = "version: v1\nflags:\n  dynamicMig: {}\n"
 
 class Node:
     def __init__(self, tmp: Path) -> None:
-        backend = open_backend("sim:1xh100-80gb/mig=", environ={})
+        backend = open_backend("sim:1xh100-80gb/mig=")
         assert isinstance(backend, SimulatedBackend)
         self.backend = backend
         self.tmp = tmp

@@ -62,7 +62,7 @@ class CrashingCreate:
 
 @pytest.fixture
 def backend() -> SimulatedBackend:
-    b = open_backend("sim:1xh100-80gb/mig=", environ={})
+    b = open_backend("sim:1xh100-80gb/mig=")
     assert isinstance(b, SimulatedBackend)
     return b
 
@@ -243,7 +243,7 @@ async def test_a_record_from_before_a_reboot_destroys_nothing(
 async def test_a_refused_creation_leaves_no_record(
     backend: SimulatedBackend, tmp_path: Path
 ) -> None:
-    plain = open_backend("sim:1xh100-80gb/mig=", environ={})
+    plain = open_backend("sim:1xh100-80gb/mig=")
     assert isinstance(plain, SimulatedBackend)
     plain.set_mig(gpu_uuid(plain), False, None)  # MIG mode turned off meanwhile
     dyn = manager(plain, tmp_path)

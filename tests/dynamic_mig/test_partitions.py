@@ -35,7 +35,7 @@ MIG_MODELS = sorted(k for k, m in MODELS.items() if m.mig is not None)
 
 
 def inventory(spec: str) -> Inventory:
-    backend = open_backend(spec, environ={})
+    backend = open_backend(spec)
     try:
         return backend.inventory()
     finally:

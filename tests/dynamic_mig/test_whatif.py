@@ -33,7 +33,7 @@ def claim(name: str, profile: str | None = None, cls: str = "mig.nvidia.com") ->
 
 
 def report(spec: str, claims: list[dict[str, object]], dynamic: tuple[str, ...]) -> WhatIf:
-    inventory = open_backend(spec, environ={}).inventory()
+    inventory = open_backend(spec).inventory()
     plan = build_plan(inventory, parse_config("version: v1\n"))
     out = what_if(inventory, plan, claims, dynamic=dynamic)
     jsonschema.validate(what_if_to_dict(out), SCHEMA)

@@ -204,7 +204,7 @@ async def make_node(
             "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status)
         )
         assert patched.returncode == 0, patched.stderr
-        backend = open_backend(spec, environ={})
+        backend = open_backend(spec)
         assert isinstance(backend, SimulatedBackend)
         client = make_client(plane.kubeconfig, trust_env=False)
         clients.append(client)
