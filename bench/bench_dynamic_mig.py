@@ -32,17 +32,16 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
 from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
+from gpuslice.core.jsontypes import Json
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
 from gpuslice.testing import envtest
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "bench-dynmig"
 LABEL = "gpuslice.bench/node"

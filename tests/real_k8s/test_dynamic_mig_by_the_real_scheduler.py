@@ -15,7 +15,6 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -29,6 +28,7 @@ from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
@@ -37,7 +37,6 @@ from gpuslice.k8s.dra import DraApi
 from gpuslice.state import PlanState, Snapshot
 from gpuslice.testing import envtest
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "dynmig"
 NODE_LABEL = "gpuslice.test/node"

@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest, realnode
 from gpuslice.testing.eventually import eventually_sync
 from gpuslice.testing.image import Buildah, default_cache
@@ -73,7 +74,6 @@ CLAIM_SCRIPT = (
     "[ -c /dev/$d ] && echo char:$d; done; exec sleep 3600"
 )
 
-Json = dict[str, Any]
 
 try:
     from helm_sdkpy.actions import Configuration, Install, Uninstall, Upgrade
