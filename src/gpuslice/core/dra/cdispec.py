@@ -24,7 +24,13 @@ container sees are exactly the nodes it got. gpuslice's edits per device:
   unit a container references (the whole claim, or one of its requests), so the list never
   names a GPU the container did not get; of two requests or two claims, the last applied
   names its own (an environment variable cannot add up);
-- for an MPS claim, the daemon's pipe and shm directories; a share's hints.
+- for an MPS claim, the daemon's pipe and shm directories; a share's hints;
+- for a capped device (`core.dra.caps`), with `caps` given: `NVIDIA_GPU_MEMORY_REQUEST` /
+  `NVIDIA_GPU_MEMORY_LIMIT` (MiB) and a `createRuntime` hook running the NVIDIA Container
+  Toolkit's `apply-cuda-memory-limits` for that device's GPU (`--gpu-id`), as the toolkit's
+  own specs call it. Only when the claim's capped devices share one pair of limits (the
+  hook reads one pair per container); the agent never passes `caps` on a node that cannot
+  take the limits (cgroup v1: the hook would fail the container).
 
 Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
 device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
@@ -37,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.core.caps import MemoryLimits, hook_entry, hook_env
+from gpuslice.core.dra.caps import CdiCaps, hook_limits
 from gpuslice.core.migcaps import cap_node
 
 Json = dict[str, Any]
@@ -71,6 +79,8 @@ class CdiDevice:
     caps_major: int | None = None
     """The `nvidia-caps` major: the capability nodes are then given by number, for the
     runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
+    memory_limits: MemoryLimits | None = None
+    """The holder's memory caps on this device's GPU (`core.dra.caps`); None: no cap."""
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
@@ -100,13 +110,19 @@ def claim_spec(
     *,
     host_dev_root: str = "/",
     kind: str = CDI_KIND,
+    caps: CdiCaps | None = None,
 ) -> Json:
     """The spec file's content for one claim (the adapter writes it as YAML).
 
     `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
-    (`host.devroot` decides it as NVIDIA does)."""
+    (`host.devroot` decides it as NVIDIA does); `caps` how to call the toolkit's memory
+    limits hook, None for no hook (caps off, or a node that cannot take them)."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
+    pair = None
+    if caps is not None:
+        pair = hook_limits({d.device: d.memory_limits for d in devices if d.memory_limits})
+    capped_env = hook_env(pair) if pair is not None else {}
     by_request: dict[str, list[str]] = {}
     for d in devices:
         by_request.setdefault(d.request, [])
@@ -142,6 +158,9 @@ def claim_spec(
             "deviceNodes": nodes,
             "mounts": mounts,
         }
+        if caps is not None and pair is not None and d.memory_limits is not None:
+            edits["env"] += [f"{k}={v}" for k, v in capped_env.items()]
+            edits["hooks"] = [hook_entry(caps.hook_path, [d.uuid], caps.driver_root)]
         entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
     common = [
         device_node(n, host_dev_root) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
