@@ -24,11 +24,13 @@ the MPS server enforces, and get no cap from gpuslice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuslice.core.attribution import Entitlement
+from gpuslice.core.attribution import Assignment, Entitlement, entitlement_of
+from gpuslice.core.guard.model import ContainerKey, Tenant
+from gpuslice.core.sharing.model import AdvertisedDevice, Plan
 
 MIB = 1024 * 1024
 
@@ -244,3 +246,73 @@ def check_outcome(wanted: MemoryLimits, read: MemoryLimits | None) -> CheckOutco
     if read is not None and read.same_limits(wanted):
         return "ok"
     return "set" if read is None or read.cleared else "repaired"
+
+
+# -- the agent's side: which containers want which limits, where their cgroup is --------
+
+
+def wanted_limits(
+    assignments: Iterable[Assignment],
+    plan: Plan,
+    capabilities: Mapping[str, GpuCapability],
+    policy: CapPolicy,
+) -> dict[tuple[ContainerKey, str], MemoryLimits]:
+    """(container, GPU UUID) -> the limits it should have, for every container the kubelet
+    lists (PodResources) as holding devices of the plan on a capable GPU.
+
+    A container's devices on one GPU add up (two replicas: twice the share), as the guard
+    counts them (`core.attribution`); one that also holds an MPS, MIG or whole-GPU device
+    there gets no cap on that GPU (its other device's limit is not gpuslice's to set)."""
+    devices: dict[str, AdvertisedDevice] = {}
+    for resource in plan.resources:
+        for dev in resource.devices:
+            devices[f"{resource.name}\0{dev.id}"] = dev
+    held: dict[tuple[ContainerKey, str], list[AdvertisedDevice]] = {}
+    for a in assignments:
+        key = ContainerKey(a.namespace, a.pod, a.container)
+        for device_id in a.device_ids:
+            found = devices.get(f"{a.resource}\0{device_id}")
+            if found is not None:
+                held.setdefault((key, found.physical.gpu_uuid), []).append(found)
+    out: dict[tuple[ContainerKey, str], MemoryLimits] = {}
+    for (key, gpu), devs in sorted(held.items()):
+        capability = capabilities.get(gpu)
+        if capability is None or not capability.capable:
+            continue
+        if any(d.physical.kind != "gpu" for d in devs):
+            continue
+        entitlements = [entitlement_of(d, None) for d in dict.fromkeys(devs)]
+        if any(e.kind != "time-slicing" for e in entitlements):
+            continue
+        total = devs[0].physical.memory_mib * MIB
+        memory = sum(e.memory_bytes for e in entitlements)
+        limits = limits_for(Entitlement("time-slicing", memory, None), total, policy)
+        if limits is not None:
+            out[(key, gpu)] = limits
+    return out
+
+
+def cgroup_candidates(pod_uid: str, container_id: str) -> list[str]:
+    """Where the kubelet puts a container's cgroup v2, relative to the cgroup root, for
+    each QoS class and cgroup driver (the forms `core.cgroups` reads back): the systemd
+    driver's `kubepods[-qos]-pod<uid_>.slice/<runtime>-<id>.scope` and the cgroupfs
+    driver's `kubepods[/qos]/pod<uid>/<id>`. The adapter takes the first that exists."""
+    under = pod_uid.replace("-", "_")
+    out: list[str] = []
+    for top in ("kubepods.slice", "kubelet.slice/kubelet-kubepods.slice"):
+        prefix = "kubelet-kubepods" if top.startswith("kubelet.slice") else "kubepods"
+        for qos in ("", "burstable", "besteffort"):
+            qos_dir = f"/{prefix}-{qos}.slice" if qos else ""
+            pod_dir = f"{prefix}{'-' + qos if qos else ''}-pod{under}.slice"
+            for scope in ("cri-containerd", "crio", "docker"):
+                out.append(f"{top}{qos_dir}/{pod_dir}/{scope}-{container_id}.scope")
+    for qos in ("", "burstable/", "besteffort/"):
+        out.append(f"kubepods/{qos}pod{pod_uid}/{container_id}")
+    return out
+
+
+def guarded(tenants: Iterable[Tenant], capped: Set[tuple[ContainerKey, str]]) -> list[Tenant]:
+    """The tenants the guard still watches: all but those the driver caps on that GPU. On a
+    GPU whose every tenant is capped nobody is signalled for memory; an overrun there fails
+    the overrunner's own allocation."""
+    return [t for t in tenants if (t.key, t.gpu_uuid) not in capped]

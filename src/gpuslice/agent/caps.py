@@ -1,0 +1,217 @@
+"""The agent's side of memory caps: find what the node allows, and hold every shared
+container's cgroup to its limits where no CDI hook did it before the container ran.
+
+Each round (the guard's poll, off the event loop: NVML and the cgroup filesystem block):
+the containers that should be capped (`core.caps.wanted_limits`, from the kubelet's
+PodResources and the plan) are looked up in the cgroup filesystem by pod UID and container
+ID (the pod watch gives both as soon as the container has started); each one's limits are
+read back with `nvmlDeviceGetMemoryLimits_v1` and set (or repaired) when missing or
+different, then read again. The *window*, from the container's cgroup being created (its
+directory's timestamp) to its limits being confirmed, is measured: it is the time a
+workload ran uncapped, which a CDI hook makes zero.
+
+A refusal (a driver without the call, MIG, an NVML error) takes the GPU out of caps for
+the agent's life, logged once with its reason: the guard takes over there, as on a GPU
+that never could. A container that is gone (no cgroup, NVML's NOT_FOUND) is forgotten
+quietly: removing a cgroup clears its limits. Nothing here can refuse a pod: the worst a
+failure does is leave a GPU to the guard.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.core.caps import (
+    CapsMode,
+    GpuCapability,
+    MemoryLimits,
+    NodeCapability,
+    Refusal,
+    cgroup_candidates,
+    check_outcome,
+    gpu_capability,
+)
+from gpuslice.core.devices import Inventory
+from gpuslice.core.guard.model import ContainerKey
+from gpuslice.logs import get_logger
+from gpuslice.ports import MemoryLimiter, MemoryLimitsError
+
+log = get_logger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def node_capability(cgroup_root: Path = CGROUP_ROOT, *, euid: int | None = None) -> NodeCapability:
+    """cgroup v2 is the unified hierarchy, whose root has `cgroup.controllers` (v1 has a
+    directory per controller and no such file); root is the effective UID 0."""
+    v2 = (cgroup_root / "cgroup.controllers").is_file()
+    return NodeCapability(cgroup_v2=v2, root=(os.geteuid() if euid is None else euid) == 0)
+
+
+def gpu_capabilities(
+    inventory: Inventory,
+    limiter: MemoryLimiter | None,
+    node: NodeCapability,
+    mode: CapsMode,
+) -> dict[str, GpuCapability]:
+    """Each GPU's capability, once at start; each refusal logged once (`caps-unavailable`)."""
+    has_call = False
+    if limiter is not None and mode != "off":
+        try:
+            has_call = limiter.memory_limits_supported()
+        except Exception as exc:  # a probe must never stop the agent
+            log.warning("caps-probe-failed", error=str(exc))
+    out: dict[str, GpuCapability] = {}
+    for gpu in inventory.gpus:
+        cap = gpu_capability(
+            gpu.uuid,
+            mode=mode,
+            mig_enabled=gpu.mig_enabled,
+            memory_reported=gpu.memory_reported,
+            driver_has_call=has_call,
+            node=node,
+        )
+        out[gpu.uuid] = cap
+        if cap.refusal not in (None, "caps-off"):
+            log.info("caps-unavailable", gpu=gpu.uuid, refusal=cap.refusal, reason=cap.reason)
+    return out
+
+
+def resolve_cgroup(cgroup_root: Path, pod_uid: str, container_id: str) -> str | None:
+    """The container's cgroup as NVML's `nameSpace` (the full sysfs path), or None."""
+    for rel in cgroup_candidates(pod_uid, container_id):
+        path = cgroup_root / rel
+        if path.is_dir():
+            return str(path)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CapsRound:
+    """What one round did, for logs and tests."""
+
+    set: int = 0
+    repaired: int = 0
+    ok: int = 0
+    gone: int = 0
+    refused: tuple[tuple[str, Refusal], ...] = ()
+
+
+class CapsApplier:
+    """Applies, checks and repairs per-container limits; remembers what it confirmed."""
+
+    def __init__(
+        self,
+        limiter: MemoryLimiter,
+        capabilities: Mapping[str, GpuCapability],
+        *,
+        cgroup_root: Path = CGROUP_ROOT,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._limiter = limiter
+        self._capabilities = dict(capabilities)
+        self._root = cgroup_root
+        self._clock = wall_clock
+        self._confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
+        self._paths: dict[tuple[ContainerKey, str], str] = {}
+        self.windows_s: list[float] = []
+        """Per container and GPU, cgroup creation -> limits confirmed, in seconds."""
+
+    @property
+    def capabilities(self) -> dict[str, GpuCapability]:
+        return dict(self._capabilities)
+
+    def capped(self) -> frozenset[tuple[ContainerKey, str]]:
+        """(container, GPU) pairs whose limits were confirmed on the last round."""
+        return frozenset(self._confirmed)
+
+    def readings(self) -> dict[tuple[ContainerKey, str], MemoryLimits]:
+        """The limits last read back, with the memory each cgroup used (`used_bytes`)."""
+        return dict(self._confirmed)
+
+    def sync(
+        self,
+        wanted: Mapping[tuple[ContainerKey, str], MemoryLimits],
+        cgroups: Mapping[ContainerKey, str],
+    ) -> CapsRound:
+        """One round (blocking). `cgroups`: container -> its cgroup's full path, for the
+        containers the pod watch has seen started (`resolve_cgroup`)."""
+        counts = {"set": 0, "repaired": 0, "ok": 0, "gone": 0}
+        refused: list[tuple[str, Refusal]] = []
+        confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
+        for (key, gpu), limits in sorted(wanted.items()):
+            cap = self._capabilities.get(gpu)
+            path = cgroups.get(key)
+            if cap is None or not cap.capable or path is None:
+                continue
+            try:
+                read = self._limiter.get_memory_limits(gpu, path)
+                outcome = check_outcome(limits, read)
+                if outcome != "ok":
+                    self._limiter.set_memory_limits(gpu, path, limits)
+                    read = self._limiter.get_memory_limits(gpu, path)
+                    if not read.same_limits(limits):
+                        raise MemoryLimitsError(
+                            "nvml-error", f"GPU {gpu}, cgroup {path}: read back {read}"
+                        )
+                    log.info(
+                        "caps-applied",
+                        container=str(key),
+                        gpu=gpu,
+                        cgroup=path,
+                        limits=str(limits),
+                        outcome=outcome,
+                    )
+                counts[outcome] += 1
+            except MemoryLimitsError as exc:
+                if exc.refusal == "gone":
+                    counts["gone"] += 1
+                    log.debug("caps-container-gone", container=str(key), gpu=gpu, error=str(exc))
+                    continue
+                refusal: Refusal = "nvml-error"
+                if exc.refusal == "driver-without-call":
+                    refusal = "driver-without-call"
+                elif exc.refusal == "mig":
+                    refusal = "mig"
+                self._capabilities[gpu] = GpuCapability(gpu, refusal)
+                refused.append((gpu, refusal))
+                log.warning(
+                    "caps-refused",
+                    gpu=gpu,
+                    refusal=refusal,
+                    error=str(exc),
+                    then="the memory guard watches this GPU instead",
+                )
+                continue
+            pair = (key, gpu)
+            if pair not in self._confirmed and self._paths.get(pair) != path:
+                self._measure(path)
+            confirmed[pair] = read
+            self._paths[pair] = path
+        self._confirmed = confirmed
+        self._paths = {p: self._paths[p] for p in confirmed}
+        return CapsRound(refused=tuple(refused), **counts)
+
+    def _measure(self, path: str) -> None:
+        try:
+            born = os.stat(path).st_mtime
+        except OSError:
+            return
+        self.windows_s.append(max(0.0, self._clock() - born))
+
+
+def live_cgroups(
+    cgroup_root: Path, containers: Iterable[tuple[ContainerKey, str, str]]
+) -> dict[ContainerKey, str]:
+    """container -> its cgroup path, for (container, pod UID, container ID) triples from the
+    pod watch; containers whose cgroup is not (or no longer) there are left out."""
+    out: dict[ContainerKey, str] = {}
+    for key, uid, cid in containers:
+        path = resolve_cgroup(cgroup_root, uid, cid)
+        if path is not None:
+            out[key] = path
+    return out
