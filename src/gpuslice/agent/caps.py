@@ -215,3 +215,25 @@ def live_cgroups(
         if path is not None:
             out[key] = path
     return out
+
+
+def process_cgroups(
+    cgroup_root: Path, proc_root: Path, pids_by_container: Mapping[ContainerKey, Iterable[int]]
+) -> dict[ContainerKey, str]:
+    """container -> its cgroup path, from its GPU processes' `/proc/<pid>/cgroup` (the
+    cgroup v2 line, `0::/path`): the fallback when the pod watch is not there (no API
+    access), at the cost of seeing a container only once it has a GPU context."""
+    out: dict[ContainerKey, str] = {}
+    for key, pids in pids_by_container.items():
+        for pid in pids:
+            try:
+                text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8")
+            except OSError:
+                continue
+            rel = next((ln[3:].strip() for ln in text.splitlines() if ln.startswith("0::")), None)
+            if rel:
+                path = cgroup_root / rel.lstrip("/")
+                if path.is_dir():
+                    out[key] = str(path)
+                    break
+    return out

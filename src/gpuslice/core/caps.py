@@ -316,3 +316,31 @@ def guarded(tenants: Iterable[Tenant], capped: Set[tuple[ContainerKey, str]]) ->
     GPU whose every tenant is capped nobody is signalled for memory; an overrun there fails
     the overrunner's own allocation."""
     return [t for t in tenants if (t.key, t.gpu_uuid) not in capped]
+
+
+@dataclass(frozen=True, slots=True)
+class CapsView:
+    """What the metrics, `describe` and `top` show of caps: the protection of each GPU (with
+    the reason it is not capped) and each capped container's limits as last read back."""
+
+    protection: Mapping[str, tuple[Protection, str]]
+    """GPU UUID -> (protection, why not capped: "" when capped)."""
+    limits: Mapping[tuple[ContainerKey, str], MemoryLimits]
+    windows_s: tuple[float, ...] = ()
+    """Cgroup creation -> limits confirmed, per container and GPU the agent applied."""
+
+
+def caps_view(
+    capabilities: Mapping[str, GpuCapability],
+    guard_mode: str,
+    limits: Mapping[tuple[ContainerKey, str], MemoryLimits],
+    windows_s: Iterable[float] = (),
+) -> CapsView:
+    return CapsView(
+        protection={
+            uuid: (protection(cap, guard_mode), cap.reason)
+            for uuid, cap in sorted(capabilities.items())
+        },
+        limits=dict(limits),
+        windows_s=tuple(windows_s),
+    )
