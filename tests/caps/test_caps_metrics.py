@@ -54,16 +54,13 @@ def test_protection_limits_usage_and_window() -> None:
         'protection="guarded",reason="MIG mode: NVML does not set memory limits on MIG devices"'
         in text
     )
-    line = 'gpuslice_pod_memory_soft_limit_bytes{UUID="GPU-a",container="main",gpu="0",namespace="ml",pod="train"}'
-    assert f"{line} 4.294967296e+09" in text
+    train = '{UUID="GPU-a",container="main",gpu="0",namespace="ml",pod="train"}'
+    assert f"gpuslice_pod_memory_soft_limit_bytes{train} 4.294967296e+09" in text
     assert (
         'gpuslice_pod_memory_hard_limit_bytes{UUID="GPU-a",container="main",gpu="0",namespace="ml",pod="b"}'
         not in text
     )
-    assert (
-        'gpuslice_pod_memory_capped_used_bytes{UUID="GPU-a",container="main",gpu="0",namespace="ml",pod="train"} 1.048576e+08'
-        in text
-    )
+    assert f"gpuslice_pod_memory_capped_used_bytes{train} 1.048576e+08" in text
     assert 'gpuslice_memory_caps_window_seconds{quantile="1"} 3.0' in text
 
 
