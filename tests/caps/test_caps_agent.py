@@ -4,6 +4,7 @@ once, and the guard taking over; a container that is gone forgotten."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from pathlib import Path
@@ -221,3 +222,57 @@ def test_policy_sets_the_hard_limit(policy: str) -> None:
     [(_pair, lim)] = wanted_limits(assignments(b, (1, [0])), plan, caps, policy).items()  # type: ignore[arg-type]
     total = inv.gpus[0].memory_mib * MIB
     assert lim.hard_bytes == (total // 4 if policy == "strict" else total)
+
+
+class _Kubelet:
+    """PodResources' answer, as the kubelet emulator's books would give it."""
+
+    def __init__(self, held: list[ContainerDevices]) -> None:
+        self.held = held
+
+    async def list_assignments(self) -> tuple[ContainerDevices, ...]:
+        return tuple(self.held)
+
+
+async def test_the_service_round_caps_what_the_pod_watch_shows(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import CapsService, pod_containers
+    from gpuslice.k8s.pods import PodEntry
+
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    path = make_cgroup(tmp_path, 1)
+    entries = [PodEntry(uid(1), "ml", "pod-1", ((cid(1), "main"),))]  # type: ignore[arg-type]
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: plan,
+        assignments=_Kubelet(assignments(b, (1, [0]))),
+        pods=lambda: pod_containers(entries),
+        cgroup_root=tmp_path,
+    )
+    r = await service.round()
+    assert r is not None
+    assert r.set == 1
+    share = inv.gpus[0].memory_mib * MIB // 4
+    assert b.get_memory_limits(inv.gpus[0].uuid, path).same_limits(MemoryLimits(share, share))
+
+
+async def test_a_node_without_capable_gpus_never_asks(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import CapsService
+
+    b = node(driver="580.95.05")
+    caps = gpu_capabilities(b.inventory(), b, ABLE, "auto")
+    kubelet = _Kubelet([])
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: build_plan(b.inventory(), parse_config(CONFIG)),
+        assignments=kubelet,
+    )
+    assert await service.round() is None
+    stop = asyncio.Event()
+    await service.run(stop)  # returns at once: nothing to do on this node
+    assert service.rounds == 0
+    assert b.memory_limit_calls == 0

@@ -19,13 +19,17 @@ failure does is leave a GPU to the guard.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from gpuslice.core.caps import (
+    CapPolicy,
     CapsMode,
     GpuCapability,
     MemoryLimits,
@@ -34,11 +38,13 @@ from gpuslice.core.caps import (
     cgroup_candidates,
     check_outcome,
     gpu_capability,
+    wanted_limits,
 )
 from gpuslice.core.devices import Inventory
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
-from gpuslice.ports import MemoryLimiter, MemoryLimitsError
+from gpuslice.ports import MemoryLimiter, MemoryLimitsError, PodAssignments
 
 log = get_logger(__name__)
 
@@ -237,3 +243,95 @@ def process_cgroups(
                     out[key] = str(path)
                     break
     return out
+
+
+PodsSource = Callable[[], Iterable[tuple[ContainerKey, str, str]] | None]
+"""(container, pod UID, container ID) of the started containers the pod watch knows; None
+without a pod watch (no API access)."""
+
+
+class CapsService:
+    """The agent's caps loop: every `interval_s`, the round `CapsApplier.sync` describes,
+    for the containers PodResources lists on capable GPUs. A node where no GPU is capable
+    (every node before r615) does nothing at all after the first look."""
+
+    def __init__(
+        self,
+        applier: CapsApplier,
+        *,
+        policy: CapPolicy,
+        current_plan: Callable[[], Plan | None],
+        assignments: PodAssignments | None,
+        pods: PodsSource | None = None,
+        pids: Callable[[], Mapping[ContainerKey, Iterable[int]]] | None = None,
+        cgroup_root: Path = CGROUP_ROOT,
+        proc_root: Path = Path("/proc"),
+        interval_s: float = 1.0,
+    ) -> None:
+        self.applier = applier
+        self.policy = policy
+        self._plan = current_plan
+        self._assignments = assignments
+        self._pods = pods
+        self._pids = pids
+        self._root = cgroup_root
+        self._proc = proc_root
+        self.interval_s = interval_s
+        self.rounds = 0
+
+    def any_capable(self) -> bool:
+        return any(c.capable for c in self.applier.capabilities.values())
+
+    async def round(self) -> CapsRound | None:
+        plan = self._plan()
+        if plan is None or self._assignments is None or not self.any_capable():
+            return None
+        held = await self._assignments.list_assignments()
+        wanted = wanted_limits(held, plan, self.applier.capabilities, self.policy)
+        if not wanted:
+            return None
+        keys = {k for k, _ in wanted}
+        listed = self._pods() if self._pods is not None else None
+        triples = [t for t in (listed or ()) if t[0] in keys]
+        cgroups = await asyncio.to_thread(live_cgroups, self._root, triples)
+        missing = keys - set(cgroups)
+        if missing and self._pids is not None:
+            pids = {k: list(v) for k, v in self._pids().items() if k in missing}
+            cgroups.update(await asyncio.to_thread(process_cgroups, self._root, self._proc, pids))
+        self.rounds += 1
+        return await asyncio.to_thread(self.applier.sync, wanted, cgroups)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if not self.any_capable():
+            return
+        log.info("caps-started", policy=self.policy, interval_s=self.interval_s)
+        while not stop.is_set():
+            try:
+                await self.round()
+            except Exception:
+                log.exception("caps-round-failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+
+class _PodLike(Protocol):
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def containers(self) -> tuple[tuple[str, str], ...]: ...
+
+
+def pod_containers(pods: Iterable[_PodLike] | None) -> list[tuple[ContainerKey, str, str]] | None:
+    """(container, pod UID, container ID) for each started container of the pod watch's
+    entries (`k8s.pods.PodEntry`); None before the watch's first list."""
+    if pods is None:
+        return None
+    return [
+        (ContainerKey(p.namespace, p.name, name), p.uid, cid)
+        for p in pods
+        for cid, name in p.containers
+    ]
