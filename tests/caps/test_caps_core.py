@@ -132,3 +132,28 @@ def test_check_outcome() -> None:
     assert check_outcome(want, MemoryLimits(GIB, LIMIT_MAX)) == "repaired"
     assert CLEARED.cleared
     assert str(CLEARED) == "soft 0MiB hard max"
+
+
+def test_describe_says_each_gpus_protection() -> None:
+    from gpuslice.backends.simulated.node import build_inventory
+    from gpuslice.backends.simulated.nodespec import parse_spec
+    from gpuslice.core.caps import caps_view
+    from gpuslice.core.config import parse_config
+    from gpuslice.core.describe import describe, report_to_dict
+    from gpuslice.core.sharing.plan import build_plan
+
+    inv = build_inventory(parse_spec("1xl40s,1xa100-40gb/mig=3g.20gb*2"))
+    l40s, a100 = (g.uuid for g in inv.gpus)
+    caps = {
+        l40s: gpu_capability(l40s, mode="auto", mig_enabled=False, memory_reported=True,
+                             driver_has_call=True, node=ABLE),
+        a100: gpu_capability(a100, mode="auto", mig_enabled=True, memory_reported=True,
+                             driver_has_call=True, node=ABLE),
+    }  # fmt: skip
+    view = caps_view(caps, "observe", {})
+    report = describe(build_plan(inv, parse_config("")), inv, view.protection)
+    devices = report_to_dict(report)["devices"]
+    assert [(d["memory_protection"], d["memory_protection_reason"]) for d in devices] == [  # type: ignore[attr-defined,index]
+        ("capped", None),
+        ("guarded", "MIG mode: NVML does not set memory limits on MIG devices"),
+    ]
