@@ -114,3 +114,12 @@ def test_an_uncapped_device_beside_a_capped_one_gets_no_hook() -> None:
     first, second = (d["containerEdits"] for d in spec["devices"])
     assert "hooks" in first
     assert "hooks" not in second
+
+
+def test_with_limits_puts_each_devices_caps_on_it() -> None:
+    from gpuslice.core.dra.cdispec import with_limits
+
+    lim = MemoryLimits(4096 * MIB, 4096 * MIB)
+    devs = with_limits([capped("gpu-0", "GPU-a", None), capped("gpu-1", "GPU-b", None, 1)],
+                       {"gpu-1": lim})  # fmt: skip
+    assert [d.memory_limits for d in devs] == [None, lim]

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.core.caps import MemoryLimits, hook_entry, hook_env
@@ -81,6 +81,14 @@ class CdiDevice:
     runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
     memory_limits: MemoryLimits | None = None
     """The holder's memory caps on this device's GPU (`core.dra.caps`); None: no cap."""
+
+
+def with_limits(
+    devices: Sequence[CdiDevice], limits: Mapping[str, MemoryLimits]
+) -> tuple[CdiDevice, ...]:
+    """The claim's devices with their holders' caps (`core.dra.caps.claim_limits`, by DRA
+    device name); a device without one keeps none."""
+    return tuple(replace(d, memory_limits=limits.get(d.device)) for d in devices)
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
