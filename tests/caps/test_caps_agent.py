@@ -276,3 +276,17 @@ async def test_a_node_without_capable_gpus_never_asks(tmp_path: Path) -> None:
     await service.run(stop)  # returns at once: nothing to do on this node
     assert service.rounds == 0
     assert b.memory_limit_calls == 0
+
+
+def test_the_hook_is_written_only_where_it_can_work(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import cdi_hook
+
+    hook = tmp_path / "nvidia-cdi-hook"
+    assert cdi_hook(str(hook), "", ABLE, True) is None  # no program there
+    hook.write_text("#!/bin/sh\n")
+    got = cdi_hook(str(hook), "/run/nvidia/driver", ABLE, True)
+    assert got is not None
+    assert (got.hook_path, got.driver_root) == (str(hook), "/run/nvidia/driver")
+    assert cdi_hook(str(hook), "", NodeCapability(cgroup_v2=False, root=True), True) is None
+    assert cdi_hook(str(hook), "", ABLE, False) is None  # old driver, MIG: nothing to cap
+    assert cdi_hook("", "", ABLE, True) is None  # turned off

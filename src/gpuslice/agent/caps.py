@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuslice.core.caps import (
+    REFUSAL_TEXT,
     CapPolicy,
     CapsMode,
     GpuCapability,
@@ -41,6 +42,7 @@ from gpuslice.core.caps import (
     wanted_limits,
 )
 from gpuslice.core.devices import Inventory
+from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
@@ -335,3 +337,28 @@ def pod_containers(pods: Iterable[_PodLike] | None) -> list[tuple[ContainerKey, 
         for p in pods
         for cid, name in p.containers
     ]
+
+
+def cdi_hook(
+    hook_path: str, driver_root: str, node: NodeCapability, any_capable: bool
+) -> CdiCaps | None:
+    """How the DRA claim specs call the toolkit's hook, None for no hook. A hook that fails
+    refuses the pod (the runtime fails the container), so it is written only where it can
+    work: a node able to take limits (cgroup v2, root) with a capable GPU, and the hook's
+    file there at `hook_path` as the agent sees it (in the chart, a path the DaemonSet
+    mounts). Anywhere else the agent applies the limits itself after the container starts;
+    the reason is logged once."""
+    if not hook_path:
+        return None
+    refusal = node.refusal()
+    why = ""
+    if refusal is not None:
+        why = REFUSAL_TEXT[refusal]
+    elif not any_capable:
+        why = "no GPU of this node can be capped"
+    elif not Path(hook_path).is_file():
+        why = f"no hook program at {hook_path} (mount it, or set --memory-caps-hook-path)"
+    if why:
+        log.info("caps-hook-off", path=hook_path, reason=why, then="the agent applies the limits")
+        return None
+    return CdiCaps(hook_path, driver_root)
