@@ -290,3 +290,19 @@ def test_the_hook_is_written_only_where_it_can_work(tmp_path: Path) -> None:
     assert cdi_hook(str(hook), "", NodeCapability(cgroup_v2=False, root=True), True) is None
     assert cdi_hook(str(hook), "", ABLE, False) is None  # old driver, MIG: nothing to cap
     assert cdi_hook("", "", ABLE, True) is None  # turned off
+
+
+def test_limits_a_hook_already_set_are_checked_and_count_no_window(tmp_path: Path) -> None:
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, caps, "strict")
+    path = make_cgroup(tmp_path, 1)
+    [(_, limits)] = wanted.items()
+    b.set_memory_limits(inv.gpus[0].uuid, path, limits)  # as the hook would, at createRuntime
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    r = applier.sync(wanted, {key(1): path})
+    assert (r.ok, r.set, r.repaired) == (1, 0, 0)
+    assert applier.windows_s == []
+    assert applier.capped() == {(key(1), inv.gpus[0].uuid)}

@@ -196,7 +196,9 @@ class CapsApplier:
                 )
                 continue
             pair = (key, gpu)
-            if pair not in self._confirmed and self._paths.get(pair) != path:
+            if outcome != "ok" and pair not in self._confirmed:
+                # The agent's own first apply: the time the workload could run uncapped. A
+                # container whose limits were already there (the CDI hook) had no window.
                 self._measure(path)
             confirmed[pair] = read
             self._paths[pair] = path
