@@ -123,3 +123,13 @@ def test_with_limits_puts_each_devices_caps_on_it() -> None:
     devs = with_limits([capped("gpu-0", "GPU-a", None), capped("gpu-1", "GPU-b", None, 1)],
                        {"gpu-1": lim})  # fmt: skip
     assert [d.memory_limits for d in devs] == [None, lim]
+
+
+def test_limits_the_hook_would_refuse_give_no_hook_and_no_error() -> None:
+    """A request above the limit fails the toolkit's hook, which fails the container: the
+    spec then carries neither the hook nor the variables, and Prepare does not fail."""
+    bad = MemoryLimits(8192 * MIB, 4096 * MIB)
+    spec = claim_spec("uid-1", [capped("gpu-0", "GPU-a", bad)], caps=CAPS)
+    [dev] = spec["devices"]
+    assert "hooks" not in dev["containerEdits"]
+    assert not any(e.startswith("NVIDIA_GPU_MEMORY_") for e in dev["containerEdits"]["env"])

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuslice.core.caps import MemoryLimits, hook_entry, hook_env
+from gpuslice.core.caps import CapsRequestError, MemoryLimits, hook_entry, hook_env
 from gpuslice.core.dra.caps import CdiCaps, hook_limits
 from gpuslice.core.migcaps import cap_node
 
@@ -130,7 +130,12 @@ def claim_spec(
     pair = None
     if caps is not None:
         pair = hook_limits({d.device: d.memory_limits for d in devices if d.memory_limits})
-    capped_env = hook_env(pair) if pair is not None else {}
+    try:
+        capped_env = hook_env(pair) if pair is not None else {}
+    except CapsRequestError:
+        # Limits the hook would refuse (a request above the limit) would fail the
+        # container: no hook then, and the pod runs (the agent's check applies or refuses).
+        pair, capped_env = None, {}
     by_request: dict[str, list[str]] = {}
     for d in devices:
         by_request.setdefault(d.request, [])
