@@ -306,3 +306,18 @@ def test_limits_a_hook_already_set_are_checked_and_count_no_window(tmp_path: Pat
     assert (r.ok, r.set, r.repaired) == (1, 0, 0)
     assert applier.windows_s == []
     assert applier.capped() == {(key(1), inv.gpus[0].uuid)}
+
+
+def test_a_request_above_the_limit_is_never_sent_and_told_once(tmp_path: Path) -> None:
+    b = node()
+    gpu = b.inventory().gpus[0].uuid
+    caps = gpu_capabilities(b.inventory(), b, ABLE, "auto")
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    path = make_cgroup(tmp_path, 1)
+    calls = b.memory_limit_calls
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(2):
+            applier.sync({(key(1), gpu): MemoryLimits(2 * MIB, MIB)}, {key(1): path})
+    assert b.memory_limit_calls == calls
+    assert [e["event"] for e in logs] == ["caps-request-above-limit"]
+    assert applier.capped() == frozenset()

@@ -126,6 +126,7 @@ class CapsApplier:
         self._clock = wall_clock
         self._confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
         self._paths: dict[tuple[ContainerKey, str], str] = {}
+        self._told: set[tuple[ContainerKey, str]] = set()
         self.windows_s: list[float] = []
         """Per container and GPU, cgroup creation -> limits confirmed, in seconds."""
 
@@ -155,6 +156,18 @@ class CapsApplier:
             cap = self._capabilities.get(gpu)
             path = cgroups.get(key)
             if cap is None or not cap.capable or path is None:
+                continue
+            if limits.soft_bytes > limits.hard_bytes:
+                # The toolkit's hook refuses this; NVML's answer is not documented: never asked.
+                if (key, gpu) not in self._told:
+                    self._told.add((key, gpu))
+                    log.warning(
+                        "caps-request-above-limit",
+                        container=str(key),
+                        gpu=gpu,
+                        limits=str(limits),
+                        then="not capped; the guard watches it",
+                    )
                 continue
             try:
                 read = self._limiter.get_memory_limits(gpu, path)
