@@ -64,10 +64,10 @@ from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.kubelet.manager import DevicePluginManager
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import LIST_AND_WATCH, DevicePluginClient, unix_target
-from gpuslice.kubelet.state import PlanState
 from gpuslice.logs import get_logger
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.state import PlanState
 
 RESOURCE = "nvidia.com/gpu"
 SMALL = ("sim:2xa100-40gb", 4)

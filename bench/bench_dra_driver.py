@@ -48,14 +48,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from dra_api_double import ApiDouble
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
@@ -64,6 +61,7 @@ from gpuslice.cli.logsetup import formatter
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, dra_handlers, unix_target
@@ -73,12 +71,11 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, boot_id
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.ports import SliceEvent, SliceListing
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.state import Snapshot
 
-Json = dict[str, Any]
 SERVICE = "gpuslice.bench.Baseline"
 BASELINE = f"/{SERVICE}/Empty"
 GET_CLAIM = f"/{SERVICE}/GetClaim"
@@ -134,8 +131,8 @@ class Routed:
         self._api = api
         self._store = store
 
-    async def list_claims(self) -> list[Json]:
-        return [*await self._api.list_claims(), *await self._store.list_claims()]
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
+        return [*await self._api.list_claims(uids), *await self._store.list_claims(uids)]
 
     async def get_claim(self, namespace: str, name: str) -> Json:
         if namespace == MEM:

@@ -36,8 +36,8 @@ from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResul
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, dra_handlers, unix_target
 from gpuslice.dra.servicer import DraServicer
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.logs import get_logger
+from gpuslice.protos.dra.v1 import api_pb2 as v1
 
 BASELINE = "/gpuslice.bench.Baseline/Empty"
 SOCKET = "dra.sock"

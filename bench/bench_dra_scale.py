@@ -49,6 +49,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest
 
 DRIVER = "gpu.nvidia.com"
@@ -74,7 +75,6 @@ GPU_CLASS = {
     },
 }
 TICK = os.sysconf("SC_CLK_TCK")
-Json = dict[str, Any]
 
 
 # -- the worker: agents for a range of nodes ------------------------------------------------
@@ -97,7 +97,7 @@ async def worker(kubeconfig: str, nodes: list[str], mode: str, resync_s: float) 
     from gpuslice.host.checkpoint_file import CheckpointFile
     from gpuslice.k8s import make_client
     from gpuslice.k8s.dra import DraApi
-    from gpuslice.kubelet.state import PlanState
+    from gpuslice.state import PlanState
 
     backend = open_backend(SIM, environ={})
     try:

@@ -34,13 +34,9 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dra_api_double import ApiDouble
 from lightkube.resources.core_v1 import Node
@@ -53,7 +49,7 @@ from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import Snapshot
+from gpuslice.state import Snapshot
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"
@@ -80,23 +76,21 @@ def snapshots() -> tuple[Snapshot, Snapshot]:
     finally:
         backend.close()
     healthy = Snapshot(1, build_plan(inventory, parse_config("version: v1\n")), inventory)
+    sick_uuid = inventory.gpus[SICK_GPU].uuid
     sick = dataclasses.replace(
-        healthy, version=2, unhealthy=frozenset({inventory.gpus[SICK_GPU].uuid})
+        healthy, version=2, unhealthy=frozenset({sick_uuid}), last_xid={sick_uuid: XID}
     )
     return healthy, sick
 
 
 async def measure(api: ApiDouble, rounds: int) -> None:
     healthy, sick = snapshots()
-    xids: dict[str, int | None] = {sick.inventory.gpus[SICK_GPU].uuid: XID}
     client = make_client(api.kubeconfig(), trust_env=False)
     objects = DraApi(client, NODE, DRIVER)
     current = {"snap": healthy}
 
     def publisher() -> SlicePublisher:
-        return SlicePublisher(
-            objects, driver=DRIVER, node=NODE, snapshot=lambda: current["snap"], xids=lambda: xids
-        )
+        return SlicePublisher(objects, driver=DRIVER, node=NODE, snapshot=lambda: current["snap"])
 
     state: dict[str, Any] = {}
 

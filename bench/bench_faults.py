@@ -52,20 +52,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-
-from gpuslice.backends.simulated.control import ControlDir
-from gpuslice.emulator.kubelet import KubeletEmulator
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
-from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
-from gpuslice.testing.daemon import DaemonProcess
-from gpuslice.testing.envtest import free_port
-from gpuslice.testing.hostile_configs import HOSTILE
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults_checkpoint import scenario_checkpoint
 from faults_claims import scenario_claims
 from faults_lifecycle import scenario_lifecycle
 from faults_probes import scenario_probes
+
+from gpuslice.backends.simulated.control import ControlDir
+from gpuslice.emulator.kubelet import KubeletEmulator
+from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
+from gpuslice.testing.hostile_configs import HOSTILE
 
 NODE = "sim:8xh100-80gb"
 RES = "nvidia.com/gpu"

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gpuslice.emulator.kubelet import KubeletEmulator
@@ -69,6 +70,7 @@ BASE = "baseline: idle asyncio process"
 GRPC_BASE = "baseline: + idle grpc.aio server"
 GRPC_BASELINE = """
 import asyncio, sys, grpc
+
 async def main():
     server = grpc.aio.server()
     server.add_insecure_port("unix://" + sys.argv[1])
@@ -76,6 +78,10 @@ async def main():
     await asyncio.Event().wait()
 asyncio.run(main())
 """
+
+
+def ready(kubelet: KubeletEmulator) -> bool:
+    return kubelet.allocatable(RESOURCE) == DEVICES
 
 
 def cpu_ticks(pid: int) -> int:
@@ -182,7 +188,7 @@ async def run(
             for daemon in daemons.values():
                 await daemon.start()
             for kubelet in kubelets.values():
-                await kubelet.wait_for(lambda k=kubelet: k.allocatable(RESOURCE) == DEVICES, 60)
+                await kubelet.wait_for(partial(ready, kubelet), 60)
             await asyncio.sleep(settle_s)
             pids = {name: b.pid for name, b in baselines.items()}
             pids |= {name: d.proc.pid for name, d in daemons.items() if d.proc is not None}

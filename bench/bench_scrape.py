@@ -31,13 +31,14 @@ from gpuslice.core.sharing.model import (
     Plan,
     ResourceName,
     ResourcePlan,
+    SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.ports import ContainerDevices, GpuProcess, GpuStatus
 
 GPUS, REPLICAS, PROCS_PER_POD = 8, 8, 4
 RESOURCE = ResourceName("nvidia.com/gpu.shared")
-MIB = 1024 * 1024
 QUICK_ROUNDS = 20
 """`--quick`: enough scrapes for a median that shows the script works, not a measurement."""
 
@@ -59,7 +60,9 @@ def build() -> tuple[Plan, Inventory, tuple[ContainerDevices, ...]]:
         devices += [
             AdvertisedDevice(DeviceId(f"{g.uuid}::{r}"), phys, r, REPLICAS) for r in range(REPLICAS)
         ]
-    plan = Plan((ResourcePlan(RESOURCE, RESOURCE, "time-slicing", True, tuple(devices)),))
+    plan = Plan(
+        (ResourcePlan(RESOURCE, RESOURCE, SharingStrategy.TIME_SLICING, True, tuple(devices)),)
+    )
     books = tuple(
         ContainerDevices("bench", f"pod-{i}", "main", RESOURCE, (d.id,))
         for i, d in enumerate(devices)

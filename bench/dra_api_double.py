@@ -35,10 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import apiserver
 from gpuslice.testing.apiserver import running_apiserver
-
-Json = dict[str, Any]
 
 
 def _serve() -> None:

@@ -43,16 +43,16 @@ import grpc
 
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, unix_target
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.mps.control import process_alive
+from gpuslice.protos.dra.v1 import api_pb2 as v1
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
 from gpuslice.testing.daemon import DaemonProcess
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE_NAME = "bench-claims"
 NODE_SPEC = "sim:2xh100-80gb"

@@ -64,16 +64,16 @@ from pathlib import Path
 import yaml
 from faults_claims import DRIVER, MPS, DraNode, dra_agent, dra_node, timed_cycle
 
+from gpuslice.aio.programs import ProgramError as MpsError
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.prepared import Checkpoint, decode, encode
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError, DraRegistration
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.mps.control import PID_FILE, ControlProgram, process_alive
 from gpuslice.mps.manager import HEALTH_COMMAND
-from gpuslice.mps.process import MpsError
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.envtest import free_port
 
@@ -283,7 +283,7 @@ class Registrations:
     """Registrations the DRA kubelet emulator accepts, counted by watching its current
     registration change (a new object per accepted registration; the emulator keeps no
     count of its own), every 10 ms, and only for a registration socket not counted before
-    (`kubelet.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
+    (`aio.sockets.socket_identity`: device, inode, ctime). So a socket the emulator
     happens to register twice (it scanned an agent's stale socket while the new agent put
     its own in place: a race of the emulator's, seen once in six reboots) counts once, while
     agents re-creating their sockets against each other count every time."""

@@ -38,8 +38,9 @@ async def test_dra_demo_publishes_shares_one_mps_claim_picks_mig_by_cel_and_clea
     assert [m.host_path for m in first.mounts if m.container_path == "/tmp/nvidia-mps"] == [
         daemon.pipe_dir
     ]
-    # the daemon itself answers with the claim's GpuConfig (50 %, 20Gi on GPU 0)
-    assert (daemon.active_thread_percentage, daemon.pinned_limits) == ("50.0", ((0, "20480M"),))
+    # the daemon itself answers with the claim's GpuConfig (50 %, 20Gi on GPU 0), the limit
+    # in whole GiB as the real daemon prints it
+    assert (daemon.active_thread_percentage, daemon.pinned_limits) == ("50.0", ((0, "20G"),))
     assert shared.cdi_specs == (f"k8s.gpuslice.io-claim_{claim.uid}.yaml",)
 
     # 3. the MIG pod got the UUID of the MIG device the CEL selector picked
@@ -76,7 +77,7 @@ def test_gpuslice_demo_dra_prints_each_step_and_exits_0() -> None:
         "1. driver registered with the kubelet",
         "gpu-1-mig-1g10gb-19-6",
         "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
-        "default active thread percentage 50.0, pinned memory limit GPU 0: 20480M",
+        "default active thread percentage 50.0, pinned memory limit GPU 0: 20G",
         "kubelet reused it",
         "mig → gpu-1-mig-1g10gb-19-0",
         "not allocated",

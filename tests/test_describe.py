@@ -95,10 +95,10 @@ def resource(
 
 PLAN = Plan(
     resources=(
-        resource("nvidia.com/gpu", "time-slicing", phys_gpu(T4), 4),
-        resource("nvidia.com/gpu.mps", "mps", phys_gpu(L40S), 10, MpsShare(10, 4606)),
-        resource("nvidia.com/mig-1g.10gb", "none", phys_mig(MIG_A), 1),
-        resource("nvidia.com/mig-3g.40gb", "time-slicing", phys_mig(MIG_B), 2),
+        resource("nvidia.com/gpu", SharingStrategy.TIME_SLICING, phys_gpu(T4), 4),
+        resource("nvidia.com/gpu.mps", SharingStrategy.MPS, phys_gpu(L40S), 10, MpsShare(10, 4606)),
+        resource("nvidia.com/mig-1g.10gb", SharingStrategy.NONE, phys_mig(MIG_A), 1),
+        resource("nvidia.com/mig-3g.40gb", SharingStrategy.TIME_SLICING, phys_mig(MIG_B), 2),
     ),
     mig_strategy="mixed",
     warnings=("GPU 2: MIG mode pending reboot",),
@@ -161,7 +161,7 @@ def test_mig_shares_in_words() -> None:
 
 
 def test_exclusive_gpu_is_a_whole_gpu() -> None:
-    plan = Plan(resources=(resource("nvidia.com/gpu", "none", phys_gpu(T4), 1),))
+    plan = Plan(resources=(resource("nvidia.com/gpu", SharingStrategy.NONE, phys_gpu(T4), 1),))
     [share] = describe(plan, INV).devices[0].shares
     assert share.share == "whole GPU"
     assert describe(plan, INV).devices[1].shares == ()

@@ -4,12 +4,12 @@ naming patterns, ordering."""
 from __future__ import annotations
 
 import pytest
-from plan_nodes import l40s, node, seed, t4
 
 from gpuslice.core.config import parse_config
 from gpuslice.core.errors import PlanError
 from gpuslice.core.sharing.model import Plan, ResourcePlan
 from gpuslice.core.sharing.plan import build_plan
+from tests.plan_nodes import l40s, node, seed, t4
 
 
 def _ts(entries: str, block: str = "") -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from plan_nodes import ONE_G_10GB, a100_40, a100_80, l40s, node, seed, t4, v100
 
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
@@ -11,6 +10,7 @@ from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import PlanError
 from gpuslice.core.sharing.model import MpsShare, Plan
 from gpuslice.core.sharing.plan import build_plan
+from tests.plan_nodes import ONE_G_10GB, a100_40, a100_80, l40s, node, seed, t4, v100
 
 SINGLE = "version: v1\nflags:\n  migStrategy: single\n"
 MIXED = "version: v1\nflags:\n  migStrategy: mixed\n"

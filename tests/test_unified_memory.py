@@ -5,6 +5,8 @@ tests/e2e/test_unified_memory_daemon.py and tests/e2e_dra/test_dra_unified_memor
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from gpuslice.backends import open_backend
 from gpuslice.core.advise.advice import advise
 from gpuslice.core.advise.history import GpuInfo, History, PodTrace
@@ -17,9 +19,8 @@ from gpuslice.core.dra.publish import device_json, dra_devices, share_offers
 from gpuslice.core.guard import ContainerKey
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import daemon_spec
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
-
-MIB = 1024 * 1024
 
 
 def config(strategy: str, replicas: int = 4) -> str:
@@ -79,9 +80,9 @@ def test_dra_device_has_no_memory_capacity_and_is_shared_by_count() -> None:
 
 
 def test_a_share_on_unified_memory_gets_no_memory_limit_envs() -> None:
-    mps = share_envs(ShareUse(1, 4, 0, "mps"), 0)
+    mps = share_envs(ShareUse(1, 4, 0, SharingStrategy.MPS), 0)
     assert mps == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    ts = share_envs(ShareUse(2, 4, 0, "time-slicing"), 0)
+    ts = share_envs(ShareUse(2, 4, 0, SharingStrategy.TIME_SLICING), 0)
     assert ts["GPUSLICE_GPU_FRACTION"] == "0.5"
     assert "GPUSLICE_MEMORY_LIMIT_MIB" not in ts
 
@@ -92,7 +93,7 @@ def test_describe_says_why_memory_is_off() -> None:
     (note,) = [w for w in report.warnings if "unified memory" in w]
     assert "NVIDIA GB10" in note
     assert "no MPS pinned memory limit" in note
-    (gpu,) = report_to_dict(report)["devices"]  # type: ignore[attr-defined]
+    (gpu,) = cast(list[dict[str, Any]], report_to_dict(report)["devices"])
     (share,) = gpu["resources"]
     assert "no pinned memory limit" in share["share"]
     assert (share["memory_mib"], share["memory_enforced"]) == (0, False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.devices import Inventory
@@ -207,4 +207,25 @@ class MemoryLimiter(Protocol):
 
     def get_memory_limits(self, gpu_uuid: str, cgroup_path: str) -> MemoryLimits:
         """The cgroup's limits on the GPU and the memory it uses there (`used_bytes`)."""
+        ...
+
+
+ComputeMode = Literal["DEFAULT", "EXCLUSIVE_PROCESS"]
+
+
+class ComputeModeSetter(Protocol):
+    """Sets a GPU's compute mode around its MPS daemon (`nvsmi.NvidiaSmi`)."""
+
+    async def set_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        """Set the mode; `aio.programs.ProgramError` (`MpsError`) carrying the tool's own
+        message when that fails."""
+        ...
+
+
+class TimesliceSetter(Protocol):
+    """Sets a GPU's time-slice interval for a DRA claim (`nvsmi.NvidiaSmi`)."""
+
+    async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
+        """Set the interval (0-3); `ProgramError` (`MpsError`) carrying the tool's message
+        when that fails."""
         ...

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from advise_cases import END
 
 from gpuslice.testing.workloads import idle_node, six_pods_and_a_leaker, write_openmetrics
+from tests.advise.advise_cases import END
 
 
 @pytest.fixture(scope="session")

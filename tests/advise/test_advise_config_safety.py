@@ -9,15 +9,15 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
-from advise_cases import run
-from hostile import UNTIL, history, impostor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuslice.cli.advise import config_map_text
 from gpuslice.core.advise import RawSeries, advise, build_history
+from gpuslice.core.units import MIB
+from tests.advise.advise_cases import run
+from tests.advise.hostile import UNTIL, history, impostor
 
-MIB = 1024 * 1024
 ESCALATION = (
     "Evil GPU\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
     "metadata: {name: pwned}\nroleRef: {apiGroup: rbac.authorization.k8s.io, "

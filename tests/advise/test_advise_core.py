@@ -9,12 +9,13 @@ import pytest
 from gpuslice.backends.simulated.layout import place
 from gpuslice.backends.simulated.models import MODELS
 from gpuslice.core.advise import AdviseError, RawSeries, advise, build_history, parse_duration
-from gpuslice.core.advise.history import MIB, PodTrace
+from gpuslice.core.advise.history import PodTrace
 from gpuslice.core.advise.leaks import find_leak
 from gpuslice.core.advise.replay import replay
 from gpuslice.core.advise.sizing import MAX_REPLICAS
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard import ContainerKey
+from gpuslice.core.units import MIB
 
 H100 = MODELS["h100-80gb"]
 STEP = 15.0
@@ -156,6 +157,7 @@ def test_the_mig_layout_is_one_the_simulator_places() -> None:
     assert fits["ns/p5"] == "3g.40gb"
     placed = [inst.profile.name for layout in m.mig.layouts for inst in place(layout, H100)]
     for profile in set(fits.values()):
+        assert profile is not None
         assert placed.count(profile) >= list(fits.values()).count(profile)
 
 

@@ -9,10 +9,13 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
-from advise_cases import by_model, run
-from hostile import (
+
+from gpuslice.core.units import MIB
+from tests.advise.advise_cases import by_model, run
+from tests.advise.hostile import (
     STEP,
     UNTIL,
     answer,
@@ -24,7 +27,6 @@ from hostile import (
 )
 
 WINDOW = ("--until", str(UNTIL), "--since", "1h")
-MIB = 1024 * 1024
 
 
 def advise_json(url: str, *extra: str) -> tuple[int, dict[str, object], str]:
@@ -32,7 +34,7 @@ def advise_json(url: str, *extra: str) -> tuple[int, dict[str, object], str]:
     return code, (json.loads(out) if code == 0 else {}), err
 
 
-def h100(report: dict[str, object]) -> dict[str, object]:
+def h100(report: dict[str, object]) -> dict[str, Any]:
     return by_model(json.dumps(report))["NVIDIA H100 80GB HBM3"]
 
 

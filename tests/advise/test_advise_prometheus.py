@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from advise_cases import END, by_model, check_known_answers, run
 
 from gpuslice.core.advise import build_history
 from gpuslice.prometheus.client import MAX_POINTS, PrometheusReader, Window, chunks
 from gpuslice.testing import promserver
+from tests.advise.advise_cases import END, by_model, check_known_answers, run
 
 pytestmark = pytest.mark.skipif(promserver.missing() is not None, reason=str(promserver.missing()))
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from advise_cases import by_model, check_known_answers, run
 
 from gpuslice.cli import advise as advise_cli
+from tests.advise.advise_cases import by_model, check_known_answers, run
 
 
 def test_known_answers_from_a_samples_file(samples_file: Path) -> None:

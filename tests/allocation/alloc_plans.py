@@ -80,7 +80,7 @@ def shared(
     replicas: int,
     *,
     name: str = "nvidia.com/gpu",
-    strategy: SharingStrategy = "time-slicing",
+    strategy: SharingStrategy = SharingStrategy.TIME_SLICING,
     fail_over_one: bool = True,
 ) -> ResourcePlan:
     devices: list[AdvertisedDevice] = []
@@ -105,7 +105,7 @@ def exclusive(physical: Sequence[PhysicalDevice], *, name: str = "nvidia.com/gpu
     return ResourcePlan(
         name=ResourceName(name),
         label_name=ResourceName(name),
-        strategy="none",
+        strategy=SharingStrategy.NONE,
         fail_requests_greater_than_one=False,
         devices=tuple(AdvertisedDevice(DeviceId(p.uuid), p, None, 1) for p in physical),
     )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 from gpuslice.core.allocation import preferred_allocation
 from gpuslice.core.devices import Gpu, Inventory, Link, P2PLevel
 from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AllocationPolicy, ResourcePlan, split_replica_id
+from tests.allocation.alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 
 def inventory(gpus: list[Gpu], links: tuple[Link, ...] = ()) -> Inventory:

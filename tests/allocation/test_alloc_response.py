@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
-from alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 from gpuslice.core.allocation import ContainerAllocation, DeviceSpec, Mount, build_allocation
 from gpuslice.core.errors import AllocationError
-from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan
+from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan, SharingStrategy
+from tests.allocation.alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 G0, G1 = gpu(0), gpu(1)
 TS = shared([whole(G0), whole(G1)], 4, fail_over_one=False)
@@ -201,7 +201,7 @@ def test_all_cdi_strategies_skip_env_and_device_specs() -> None:
 
 
 def test_mps_env_and_mounts_with_default_root() -> None:
-    res = shared([whole(gpu(0, memory_mib=46068, sms=142))], 10, strategy="mps")
+    res = shared([whole(gpu(0, memory_mib=46068, sms=142))], 10, strategy=SharingStrategy.MPS)
     a = alloc(res, ["GPU-0000::3"])
     assert dict(a.envs) == {
         "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe",
@@ -220,7 +220,7 @@ def test_mps_custom_root_renamed_resource_and_two_gpus() -> None:
         [whole(gpu(0)), whole(gpu(1, memory_mib=24576))],
         3,
         name="nvidia.com/gpu.shared",
-        strategy="mps",
+        strategy=SharingStrategy.MPS,
         fail_over_one=False,
     )
     a = alloc(

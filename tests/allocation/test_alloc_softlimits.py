@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 from gpuslice.core.allocation import build_allocation
 from gpuslice.core.allocation.softlimits import SOFT_LIMIT_ENVS
-from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan
+from gpuslice.core.sharing.model import AllocateSettings, ResourcePlan, SharingStrategy
+from tests.allocation.alloc_plans import exclusive, gpu, mig, mig_gpu, shared, whole
 
 G0, G1 = gpu(0), gpu(1)  # 15360 MiB each
 ON = AllocateSettings(memory_soft_limits=True)
@@ -58,5 +58,5 @@ def test_off_means_exactly_nvidias_env() -> None:
 
 def test_no_hints_for_exclusive_or_mps() -> None:
     assert not set(SOFT_LIMIT_ENVS) & set(envs(exclusive([whole(G0)]), ["GPU-0000"]))
-    mps = shared([whole(G0)], 4, strategy="mps")
+    mps = shared([whole(G0)], 4, strategy=SharingStrategy.MPS)
     assert not set(SOFT_LIMIT_ENVS) & set(envs(mps, ["GPU-0000::0"]))

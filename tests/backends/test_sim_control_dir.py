@@ -16,8 +16,7 @@ import pytest
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import ENV_CONTROL_DIR, ControlDir, SimulatedBackend
 from gpuslice.core.health import HealthEvent
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import pytest
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.units import MIB
 from gpuslice.ports import BackendError, GpuProcess
-
-MIB = 1024 * 1024
 
 
 @pytest.fixture

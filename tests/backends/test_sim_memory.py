@@ -9,9 +9,8 @@ import pytest
 from gpuslice.backends.simulated import ControlDir, SimulatedBackend
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel
 from gpuslice.backends.simulated.nodespec import parse_spec
+from gpuslice.core.units import MIB
 from gpuslice.ports import BackendError
-
-MIB = 1024 * 1024
 
 
 def test_the_late_starter_dies_not_the_process_that_filled_the_card() -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from mig_guide import MAX_INSTANCES
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.backends.simulated.models import MODELS
 from gpuslice.core.devices import Inventory
 from gpuslice.ports import BackendError
+from tests.mig_guide import MAX_INSTANCES
 
 
 def inventory(spec: str) -> Inventory:

@@ -7,11 +7,12 @@ import random
 
 from gpuslice.backends.simulated.models import MODELS
 from gpuslice.core.advise import RawSeries, advise, build_history
-from gpuslice.core.advise.history import MIB, PodTrace
+from gpuslice.core.advise.history import PodTrace
 from gpuslice.core.advise.replay import replay
 from gpuslice.core.advise.report import advice_to_dict
 from gpuslice.core.guard import ContainerKey
 
+MIB = 1024 * 1024
 H100 = MODELS["h100-80gb"]
 STEP = 15.0
 

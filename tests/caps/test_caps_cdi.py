@@ -3,13 +3,15 @@ only for capped devices, only when one pair of limits serves the claim."""
 
 from __future__ import annotations
 
-from gpuslice.core.caps import MIB, GpuCapability, MemoryLimits
+from gpuslice.core.caps import MIB, GpuCapability, MemoryLimits, Refusal
 from gpuslice.core.devices import Gpu, GpuUuid
 from gpuslice.core.dra.caps import CdiCaps, claim_limits, hook_limits, use_limits
 from gpuslice.core.dra.cdispec import CdiDevice, claim_spec
 from gpuslice.core.dra.prepared import DeviceUse
-from gpuslice.core.sharing.model import PhysicalDevice
+from gpuslice.core.sharing.model import PhysicalDevice, SharingStrategy
 from gpuslice.testing.cdirun import Container
+
+TS = SharingStrategy.TIME_SLICING
 
 CAPS = CdiCaps("/usr/bin/nvidia-cdi-hook")
 CAPABLE = GpuCapability("GPU-a")
@@ -25,14 +27,14 @@ def physical(memory_mib: int = L40S, uuid: str = "GPU-a") -> PhysicalDevice:
 
 
 def test_a_share_is_capped_at_its_consumed_memory() -> None:
-    use = DeviceUse("gpu-0", "GPU-a", "time-slicing", 4, share_id="s1", entitlement_mib=8192)
+    use = DeviceUse("gpu-0", "GPU-a", TS, 4, share_id="s1", entitlement_mib=8192)
     got = use_limits(use, physical(), CAPABLE, "strict")
     assert got == MemoryLimits(8192 * MIB, 8192 * MIB)
     assert use_limits(use, physical(), CAPABLE, "borrow") == MemoryLimits(8192 * MIB, L40S * MIB)
 
 
 def test_a_claim_shared_by_pods_is_capped_at_its_part() -> None:
-    use = DeviceUse("gpu-0", "GPU-a", "time-slicing", 4)
+    use = DeviceUse("gpu-0", "GPU-a", TS, 4)
     assert use_limits(use, physical(), CAPABLE, "strict") == MemoryLimits(
         L40S * MIB // 4, L40S * MIB // 4
     )
@@ -40,23 +42,26 @@ def test_a_claim_shared_by_pods_is_capped_at_its_part() -> None:
 
 def test_no_cap_for_mps_exclusive_admin_or_incapable_gpus() -> None:
     p = physical()
-    mps = DeviceUse("gpu-0", "GPU-a", "mps", 2, entitlement_mib=4096, thread_percentage=50)
-    alone = DeviceUse("gpu-0", "GPU-a", "none", 1)
-    admin = DeviceUse("gpu-0", "GPU-a", "time-slicing", 4, admin=True)
-    shared = DeviceUse("gpu-0", "GPU-a", "time-slicing", 4)
+    mps = DeviceUse(
+        "gpu-0", "GPU-a", SharingStrategy.MPS, 2, entitlement_mib=4096, thread_percentage=50
+    )
+    alone = DeviceUse("gpu-0", "GPU-a", SharingStrategy.NONE, 1)
+    admin = DeviceUse("gpu-0", "GPU-a", TS, 4, admin=True)
+    shared = DeviceUse("gpu-0", "GPU-a", TS, 4)
     assert use_limits(mps, p, CAPABLE, "strict") is None
     assert use_limits(alone, p, CAPABLE, "strict") is None
     assert use_limits(admin, p, CAPABLE, "strict") is None
-    for refusal in ("mig", "driver-without-call", "cgroup-v1", "caps-off"):
-        refused = GpuCapability("GPU-a", refusal)  # type: ignore[arg-type]
+    refusals: tuple[Refusal, ...] = ("mig", "driver-without-call", "cgroup-v1", "caps-off")
+    for refusal in refusals:
+        refused = GpuCapability("GPU-a", refusal)
         assert use_limits(shared, p, refused, "strict") is None
     assert use_limits(shared, p, None, "strict") is None
 
 
 def test_claim_limits_skips_devices_not_in_the_inventory() -> None:
     uses = [
-        DeviceUse("gpu-0", "GPU-a", "time-slicing", 2),
-        DeviceUse("gpu-9", "GPU-gone", "time-slicing", 2),
+        DeviceUse("gpu-0", "GPU-a", TS, 2),
+        DeviceUse("gpu-9", "GPU-gone", TS, 2),
     ]
     got = claim_limits(uses, {"GPU-a": physical()}, {"GPU-a": CAPABLE}, "strict")
     assert set(got) == {"gpu-0"}

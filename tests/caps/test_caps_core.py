@@ -11,6 +11,7 @@ from gpuslice.core.caps import (
     LIMIT_MAX,
     MIB,
     CapsRequestError,
+    GpuCapability,
     MemoryLimits,
     NodeCapability,
     check_outcome,
@@ -144,7 +145,7 @@ def test_describe_says_each_gpus_protection() -> None:
 
     inv = build_inventory(parse_spec("1xl40s,1xa100-40gb/mig=3g.20gb*2"))
     l40s, a100 = (g.uuid for g in inv.gpus)
-    caps = {
+    caps: dict[str, GpuCapability] = {
         l40s: gpu_capability(l40s, mode="auto", mig_enabled=False, memory_reported=True,
                              driver_has_call=True, node=ABLE),
         a100: gpu_capability(a100, mode="auto", mig_enabled=True, memory_reported=True,
@@ -153,7 +154,7 @@ def test_describe_says_each_gpus_protection() -> None:
     view = caps_view(caps, "observe", {})
     report = describe(build_plan(inv, parse_config("")), inv, view.protection)
     devices = report_to_dict(report)["devices"]
-    assert [(d["memory_protection"], d["memory_protection_reason"]) for d in devices] == [  # type: ignore[attr-defined,index]
+    assert [(d["memory_protection"], d["memory_protection_reason"]) for d in devices] == [  # type: ignore[attr-defined]
         ("capped", None),
         ("guarded", "MIG mode: NVML does not set memory limits on MIG devices"),
     ]

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_chart import render
 
-ROOT = Path(__file__).resolve().parents[2]
-CODE = re.compile(r"`([^`]+)`")
+from tests.chart.api_access import CODE, NO_CALLER, TABLE
+from tests.chart.chart_support import render
 
 # The lightkube AsyncClient method that makes each verb's request (server-side apply is a
 # PATCH, a replace is an UPDATE; an eviction is a create on the pods/eviction subresource).
@@ -33,7 +30,6 @@ CLIENT_CALL: dict[str, tuple[str, ...]] = {
     "patch": ("._client.patch(", "._client.apply("),
     "delete": ("._client.delete(",),
 }
-NO_CALLER = "no caller yet"
 
 # The table's "granted when" cells, each with values that grant the row and values that
 # do not (everything else as in ALL_ON, so only that condition decides).
@@ -59,39 +55,6 @@ WHEN: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "`dra.enabled`": ([{}], [{"dra": {"enabled": False}}]),
 }
-
-
-def access_table() -> list[dict[str, Any]]:
-    """The rows of docs/install.md's "API access" table."""
-    lines = (ROOT / "docs/install.md").read_text().splitlines()
-    start = lines.index("### API access")
-    rows: list[list[str]] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("#"):
-            break
-        if line.startswith("|"):
-            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    assert rows[0] == ["resource", "scope", "verbs", "granted when", "used by"], rows[0]
-    out = []
-    for resource, scope, verbs, when, used_by in rows[2:]:
-        [name] = CODE.findall(resource)
-        group, _, plural = (
-            name.rpartition("/") if name.startswith("resource.k8s.io/") else ("", "", name)
-        )
-        out.append(
-            {
-                "group": group,
-                "resource": plural,
-                "namespaced": scope != "cluster",
-                "verbs": CODE.findall(verbs),
-                "when": when,
-                "used_by": used_by,
-            }
-        )
-    return out
-
-
-TABLE = access_table()
 
 
 def granted(**values: Any) -> set[tuple[str, str, bool, str]]:

@@ -20,7 +20,8 @@ import celpy
 import click
 import pytest
 import yaml
-from test_chart import SETS, check_chart, container_of, env_of, one, render
+
+from tests.chart.chart_support import SETS, check_chart, container_of, env_of, one, render
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = {"enabled": True}

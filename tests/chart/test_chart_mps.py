@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_chart import one, render
+
+from tests.chart.chart_support import one, render
 
 MPS_CONFIG = (
     "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"

@@ -7,7 +7,8 @@ from typing import Any
 
 import celpy
 import pytest
-from test_chart import one, render
+
+from tests.chart.chart_support import one, render
 
 
 def _agent_user() -> str:

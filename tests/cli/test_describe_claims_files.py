@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from gpuslice.cli.describe import MAX_CLAIMS_BYTES
 from gpuslice.cli.main import main
-from gpuslice.emulator.dra_whatif import load_claims
 from gpuslice.testing.hostile_configs import HOSTILE
+from gpuslice.whatif.claims import load_claims
 
 NODE = "sim:1xh100-80gb"
 DEEP = 100_000

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.agent.imex import ImexChannelMissing, present_channels, with_imex
+from gpuslice.agent.imex import ImexChannelMissing, present_channels
+from gpuslice.agent.plan import plan_node
+from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
-from gpuslice.core.sharing.plan import build_plan
 
 
 def _config(driver_root: Path, required: bool) -> str:
@@ -51,7 +52,7 @@ def test_present_channel_is_granted_in_the_plan(tmp_path: Path) -> None:
         inv = backend.inventory()
     finally:
         backend.close()
-    plan = with_imex(build_plan(inv, config), config)
+    plan = plan_node(inv, config, AgentSettings())
     assert plan.allocate.imex_channels == (0,)
 
 

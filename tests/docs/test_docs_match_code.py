@@ -11,7 +11,9 @@ from typing import Any
 import click
 import yaml
 
+from gpuslice.agent.knobs import knobs
 from gpuslice.cli.main import main
+from gpuslice.cli.plugin import GROUPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -45,8 +47,14 @@ def plugin_options() -> dict[str, click.Option]:
 
 
 def env_read_directly() -> set[str]:
-    """Variables read with os.environ.get("NAME") rather than through a click option."""
-    found: set[str] = set()
+    """Variables read without a click option: the settings' env-only knobs (the plugin
+    command reads them in one place), and any `os.environ.get("NAME")` left in the CLI."""
+    found = {
+        f.knob.env
+        for group in GROUPS
+        for f in knobs(group)
+        if not f.knob.flags and f.knob.env is not None
+    }
     for path in (ROOT / "src/gpuslice/cli").glob("*.py"):
         found |= set(re.findall(r'os\.environ\.get\("([A-Z_]+)"\)', path.read_text()))
     return found

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dra_doubles import DRIVER, RecordingPreparer
 
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
+from tests.dra.dra_doubles import DRIVER, RecordingPreparer
 
 
 @pytest.fixture

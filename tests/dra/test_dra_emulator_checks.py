@@ -11,14 +11,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from dra_doubles import claim
 
 from gpuslice.dra.registration import RegistrationServicer, RegistrationStatus
 from gpuslice.dra.rpc import SUPPORTED_VERSIONS, dra_handlers, registration_handler, unix_target
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
 from gpuslice.logs import get_logger
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from tests.dra.dra_doubles import claim
 
 BROKEN = "broken.example.com"
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from dra_doubles import DRIVER, RecordingPreparer
 
 from gpuslice.core.dra.health import DeviceHealthReport
 from gpuslice.dra.rpc import HEALTH_SERVICE, RegistrationClient, unix_target
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
+from tests.dra.dra_doubles import DRIVER, RecordingPreparer
 
 WIRE_PATH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 HEALTHY = (

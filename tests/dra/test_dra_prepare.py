@@ -6,15 +6,15 @@ from collections.abc import Sequence
 
 import grpc
 import pytest
-from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.dra.convert import claims_to_v1, claims_to_v1beta1
 from gpuslice.dra.rpc import DraClientV1, DraClientV1beta1, unix_target
 from gpuslice.dra.server import DraPluginServer
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from tests.dra.dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 
 async def test_v1_and_v1beta1_both_answer_on_one_socket(server: DraPluginServer) -> None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import socket as pysocket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
+from gpuslice.aio.sockets import socket_identity
 from gpuslice.dra.server import DraPluginServer, DraServerError, DraServerSettings
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator, DraKubeletError
-from gpuslice.kubelet.sockets import socket_identity
+from gpuslice.testing.eventually import eventually
+from tests.dra.dra_doubles import DRIVER, RecordingPreparer, claim, device_for
 
 
 def _bound_socket(path: Path) -> None:
@@ -24,15 +24,6 @@ def _bound_socket(path: Path) -> None:
 def _stale_socket(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _bound_socket(path)
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(0.05)
 
 
 async def test_registers_with_v1_and_the_real_endpoint(
@@ -83,7 +74,10 @@ async def test_registration_socket_is_recreated_after_deletion(
     await asyncio.wait_for(server.status.registered.wait(), 5)
     before = socket_identity(server.registration_socket)
     server.registration_socket.unlink()
-    await _until(lambda: socket_identity(server.registration_socket) not in (None, before))
+    await eventually(
+        lambda: socket_identity(server.registration_socket) not in (None, before),
+        "the registration socket re-created",
+    )
     await asyncio.wait_for(server.status.registered.wait(), 10)  # the kubelet asked again
     await kubelet.wait_registered(DRIVER)
     assert (await kubelet.prepare(DRIVER, [claim("a")]))["a"].error == ""

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import grpc
-from dra_doubles import claim
 
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import unix_target
 from gpuslice.dra.server import DraPluginServer
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
-from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.pluginregistration.v1 import api_pb2 as reg
+from tests.dra.dra_doubles import claim
 
 
 def _methods(module: object, service: str) -> set[str]:

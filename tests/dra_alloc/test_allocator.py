@@ -14,11 +14,11 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import Health, device_json, dra_devices, slice_specs, taints
-from gpuslice.emulator.dra_allocator import AllocationError, Quantity, Version, allocate
+from gpuslice.core.jsontypes import Json
+from gpuslice.core.units import Quantity
+from gpuslice.whatif.allocator import AllocationError, Version, allocate
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
-MIB = 1024 * 1024
 MIXED = "sim:1xa100-40gb,1xh100-80gb,1xh100-80gb"
 MIG_AND_WHOLE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2,1xa100-40gb"
 

@@ -11,11 +11,11 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import Health, device_json, dra_devices, plan_slices, taints
-from gpuslice.emulator.dra_allocator import AllocationError
+from gpuslice.core.jsontypes import Json
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.ports import DraConflict, DraObjectNotFound, DraObjects
+from gpuslice.whatif.allocator import AllocationError
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 
 
@@ -125,7 +125,7 @@ async def test_claims_have_uids_that_change_when_recreated(store: DraStore) -> N
         await store.get_claim("ml", "c")
     second = store.add_claim(gpu_claim("c"))
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
-    status = {"allocation": {"devices": {"results": []}}}
+    status: dict[str, Any] = {"allocation": {"devices": {"results": []}}}
     updated = store.set_claim_status("ml", "c", status)
     assert updated["metadata"]["uid"] == second["metadata"]["uid"]
     assert (await store.get_claim("ml", "c"))["status"] == status

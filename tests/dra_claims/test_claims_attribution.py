@@ -25,9 +25,9 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.ports import ContainerDevices, GpuProcess
 
-MIB = 1024 * 1024
 L40S = GpuUuid("GPU-44444444-0000-0000-0000-000000000000")
 A100 = GpuUuid("GPU-33333333-0000-0000-0000-000000000000")
 MIG_1G = MigUuid("MIG-aaaaaaaa-0000-0000-0000-000000000000")
@@ -113,9 +113,17 @@ def test_device_plugin_entitlements_are_unchanged() -> None:
 
 PLAN = Plan(
     resources=(
-        claim("ml/big", "time-slicing", dev("node-1/gpu-0/s1", WHOLE, 4, entitlement_mib=30000)),
-        claim("ml/small", "time-slicing", dev("node-1/gpu-0/s2", WHOLE, 4, entitlement_mib=8000)),
-        claim("lab/tiny", "none", dev("node-1/gpu-1-mig-9-0", MIG)),
+        claim(
+            "ml/big",
+            SharingStrategy.TIME_SLICING,
+            dev("node-1/gpu-0/s1", WHOLE, 4, entitlement_mib=30000),
+        ),
+        claim(
+            "ml/small",
+            SharingStrategy.TIME_SLICING,
+            dev("node-1/gpu-0/s2", WHOLE, 4, entitlement_mib=8000),
+        ),
+        claim("lab/tiny", SharingStrategy.NONE, dev("node-1/gpu-1-mig-9-0", MIG)),
     )
 )
 ASSIGNMENTS = (
@@ -186,9 +194,9 @@ def test_a_claims_plan_with_shares_or_shared_claims_is_guarded() -> None:
     """The guard's view reads nothing while no memory is shared; a claims plan shares it
     through a share, a claim meant for several pods, or a time-slicing/MPS strategy."""
     assert shares_memory(PLAN)
-    exclusive = Plan(resources=(claim("a/x", "none", dev("p/gpu-0", WHOLE)),))
+    exclusive = Plan(resources=(claim("a/x", SharingStrategy.NONE, dev("p/gpu-0", WHOLE)),))
     assert not shares_memory(exclusive)
-    shared_by = Plan(resources=(claim("a/x", "none", dev("p/gpu-0", WHOLE, 3)),))
+    shared_by = Plan(resources=(claim("a/x", SharingStrategy.NONE, dev("p/gpu-0", WHOLE, 3)),))
     assert shares_memory(shared_by)
-    mig_only = Plan(resources=(claim("a/x", "none", dev("p/mig", MIG, 2)),))
+    mig_only = Plan(resources=(claim("a/x", SharingStrategy.NONE, dev("p/mig", MIG, 2)),))
     assert not shares_memory(mig_only)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.kubelet.protos.podresources.v1 import api_pb2 as pb
 from gpuslice.podresources import (
     ClaimBooks,
     ClaimDevice,
@@ -21,6 +20,7 @@ from gpuslice.podresources import (
 )
 from gpuslice.podresources.convert import assignments_of
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.podresources.v1 import api_pb2 as pb
 
 DRIVER = "gpu.nvidia.com"
 NIC = "nic.example.com"

@@ -19,6 +19,7 @@ from gpuslice.core.dra.claims import (
 )
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import DraDevice, ShareOffer, dra_devices
+from gpuslice.core.sharing.model import SharingStrategy
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
@@ -91,7 +92,9 @@ def test_results_group_per_config_and_requests_keep_their_main_name() -> None:
 
 
 def test_a_share_is_sized_from_consumed_capacity_and_refuses_a_claim_config() -> None:
-    offer = {"gpu-0": ShareOffer(4, "mps", DEVICES["gpu-0"].capacity["memory"] // 2**20)}
+    offer = {
+        "gpu-0": ShareOffer(4, SharingStrategy.MPS, DEVICES["gpu-0"].capacity["memory"] // 2**20)
+    }
     share = result("gpu-0", shareID="s-1", consumedCapacity={"memory": "20Gi", "shares": "2"})
     (dw,) = work(claim([share]), offer).devices
     assert dw.share is not None
@@ -140,7 +143,7 @@ def test_a_claims_time_slicing_on_a_share_keeps_the_nodes_sharing_with_a_notice(
 
 
 def test_time_sliced_share_hints_are_exact_at_the_default_size() -> None:
-    offer = {"gpu-0": ShareOffer(4, "time-slicing", 81559)}
+    offer = {"gpu-0": ShareOffer(4, SharingStrategy.TIME_SLICING, 81559)}
     share = result("gpu-0", shareID="s-1", consumedCapacity={"memory": f"{81559 // 4}Mi"})
     (dw,) = work(claim([share]), offer).devices
     assert dw.share is not None
@@ -149,7 +152,7 @@ def test_time_sliced_share_hints_are_exact_at_the_default_size() -> None:
 
 
 def test_mps_group_daemon_has_nvidias_id_shape_and_checked_limit_keys() -> None:
-    mps = {
+    mps: dict[str, Any] = {
         "apiVersion": NVIDIA,
         "kind": "GpuConfig",
         "sharing": {

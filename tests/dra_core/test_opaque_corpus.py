@@ -8,35 +8,12 @@ the policy could not agree with it, nor NVIDIA's strict decoder."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuslice.core.dra.sharing import ClaimConfigError, resolve
-
-CORPUS = Path(__file__).parents[1] / "configs" / "claims" / "opaque-configs.yaml"
-DRIVER = "gpu.nvidia.com"
-
-
-def corpus() -> list[dict[str, Any]]:
-    return list(yaml.safe_load(CORPUS.read_text())["configs"])
-
-
-def prepare_verdict(raw: str) -> str:
-    """`accept` or `refuse`, as Prepare decides on a claim carrying this config (read from
-    the API server's JSON, as the driver reads it)."""
-    allocation = json.loads(json.dumps({"devices": {
-        "results": [{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}],
-        "config": [{"source": "FromClaim", "requests": [], "opaque": {
-            "driver": DRIVER, "parameters": "PARAMETERS"}}],
-    }}).replace('"PARAMETERS"', raw))  # fmt: skip
-    try:
-        resolve(allocation, DRIVER, {"gpu-0": "gpu"})
-    except ClaimConfigError:
-        return "refuse"
-    return "accept"
+from tests.dra_core.opaque_corpus import DRIVER, corpus, prepare_verdict
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,13 @@ from gpuslice.core.dra.publish import (
     dra_devices,
     share_offers,
 )
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_whatif import slice_devices
+from gpuslice.core.units import MIB
+from gpuslice.whatif.claims import slice_devices
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
-MIB = 2**20
 SHARED = """\
 version: v1
 sharing:
@@ -222,34 +222,40 @@ TOTAL = 81559
 
 
 def test_unlimited_a_claim_that_took_no_memory_gets_no_memory_limit_or_hint() -> None:
-    share = _work(ShareOffer(1, "time-slicing", TOTAL, "unlimited"), {"memory": "0", "cores": "0"})
+    share = _work(
+        ShareOffer(1, SharingStrategy.TIME_SLICING, TOTAL, "unlimited"),
+        {"memory": "0", "cores": "0"},
+    )
     assert (share.memory_mib, share.shares, share.replicas) == (0, 1, 1)
     assert share_envs(share, TOTAL) == {}
-    mps = _work(ShareOffer(1, "mps", TOTAL, "unlimited"), {"memory": "0"})
+    mps = _work(ShareOffer(1, SharingStrategy.MPS, TOTAL, "unlimited"), {"memory": "0"})
     assert share_envs(mps, TOTAL) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
 
 
 def test_memory_mode_a_claim_gets_the_memory_it_consumed() -> None:
-    share = _work(ShareOffer(1, "time-slicing", TOTAL, "memory"), {"memory": "20Gi"})
+    share = _work(ShareOffer(1, SharingStrategy.TIME_SLICING, TOTAL, "memory"), {"memory": "20Gi"})
     assert share.memory_mib == 20480
     assert share_envs(share, TOTAL)["GPUSLICE_MEMORY_LIMIT_MIB"] == "20480"
-    whole = _work(ShareOffer(1, "time-slicing", TOTAL, "memory"), {})
+    whole = _work(ShareOffer(1, SharingStrategy.TIME_SLICING, TOTAL, "memory"), {})
     assert whole.memory_mib == TOTAL  # nothing recorded: the policy's default, all of it
 
 
 def test_memory_mode_refuses_a_record_of_no_memory() -> None:
     with pytest.raises(ClaimError, match=r"consumedCapacity: must be at least 1Mi, got '0'"):
-        _work(ShareOffer(1, "time-slicing", TOTAL, "memory"), {"memory": "0"})
+        _work(ShareOffer(1, SharingStrategy.TIME_SLICING, TOTAL, "memory"), {"memory": "0"})
 
 
 def test_count_mode_thread_percentage_follows_the_shares() -> None:
-    share = _work(ShareOffer(4, "mps", TOTAL, "count"), {"memory": "0", "shares": "1"})
+    share = _work(
+        ShareOffer(4, SharingStrategy.MPS, TOTAL, "count"), {"memory": "0", "shares": "1"}
+    )
     assert share_envs(share, TOTAL) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
 
 
 def test_cores_under_mps_become_the_clients_active_thread_percentage() -> None:
     share = _work(
-        ShareOffer(4, "mps", TOTAL), {"memory": "10Gi", "shares": "1", CORES_CAPACITY: "20"}
+        ShareOffer(4, SharingStrategy.MPS, TOTAL),
+        {"memory": "10Gi", "shares": "1", CORES_CAPACITY: "20"},
     )
     assert share.cores == 20
     assert share_envs(share, TOTAL) == {
@@ -259,14 +265,14 @@ def test_cores_under_mps_become_the_clients_active_thread_percentage() -> None:
 
 
 def test_no_cores_keeps_the_share_fraction() -> None:
-    share = _work(ShareOffer(4, "mps", TOTAL), {"shares": "2", CORES_CAPACITY: "0"})
+    share = _work(ShareOffer(4, SharingStrategy.MPS, TOTAL), {"shares": "2", CORES_CAPACITY: "0"})
     assert share.thread_percentage == 50
 
 
 @pytest.mark.parametrize("cores", ["101", "-1", "ten"])
 def test_cores_outside_0_to_100_are_refused_naming_the_field(cores: str) -> None:
     with pytest.raises(ClaimError, match=r"results\[0\]\.consumedCapacity"):
-        _work(ShareOffer(4, "mps", TOTAL), {CORES_CAPACITY: cores})
+        _work(ShareOffer(4, SharingStrategy.MPS, TOTAL), {CORES_CAPACITY: cores})
 
 
 def test_the_demos_summary_reads_slices_published_in_count_mode() -> None:

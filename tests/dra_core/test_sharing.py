@@ -3,7 +3,7 @@ bad one refused with the entry and field named."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -30,7 +30,11 @@ def alloc(results: list[dict[str, str]], configs: list[dict[str, Any]]) -> dict[
     return {"devices": {"results": results, "config": configs}}
 
 
-KINDS = {"gpu-0": "gpu", "gpu-1": "gpu", "gpu-0-mig-1g10gb-19-0": "mig"}
+KINDS: dict[str, Literal["gpu", "mig"]] = {
+    "gpu-0": "gpu",
+    "gpu-1": "gpu",
+    "gpu-0-mig-1g10gb-19-0": "mig",
+}
 MPS_DEMO = {  # NVIDIA's gpu-test-mps demo, unchanged
     "apiVersion": API,
     "kind": "GpuConfig",

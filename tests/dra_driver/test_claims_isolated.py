@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_driver import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
@@ -34,9 +33,11 @@ from gpuslice.emulator.dra_store import DraStore
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
-from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.mps.control import process_alive
+from gpuslice.state import PlanState
+from gpuslice.testing.eventually import eventually
+from tests.dra_driver.rig import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
 MPS = {
     "apiVersion": "resource.nvidia.com/v1beta1",
@@ -98,22 +99,13 @@ class Node:
     async def daemon_pid(self, ref: ClaimRef) -> int:
         """The pid of the claim's daemon, once it started (held or not)."""
         pid_file = self.daemon_dir(ref) / "pipe" / "nvidia-cuda-mps-control.pid"
-        await until(pid_file.exists, f"the MPS daemon of {ref.name} started")
+        await eventually(pid_file.exists, f"the MPS daemon of {ref.name} started", timeout=WAIT_S)
         return int(pid_file.read_text())
 
     def checkpoint_claims(self) -> dict[str, Any]:
         doc = json.loads((self.rig.workdir / "checkpoint.json").read_text("utf-8"))
         claims: dict[str, Any] = doc["data"]["claims"]
         return claims
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -247,7 +239,11 @@ async def test_a_repeated_prepare_waits_for_the_one_in_flight(node: Node) -> Non
     one = asyncio.create_task(driver.prepare([ref]))
     await node.daemon_pid(ref)
     two = asyncio.create_task(driver.prepare([ref]))
-    await until(lambda: node.store.reads.count(("team-a", "twice")) == 2, "both read the claim")
+    await eventually(
+        lambda: node.store.reads.count(("team-a", "twice")) == 2,
+        "both read the claim",
+        timeout=WAIT_S,
+    )
     assert not two.done()
     released.unlink()
     first, again = await asyncio.wait_for(asyncio.gather(one, two), WAIT_S)
@@ -347,7 +343,9 @@ async def test_keyed_locks_serialize_per_key_and_forget_unused_keys() -> None:
     a = asyncio.create_task(holder("a", ["gpu-1", "gpu-0"]))
     b = asyncio.create_task(holder("b", ["gpu-0"]))  # shares gpu-0 with a: waits
     c = asyncio.create_task(holder("c", ["gpu-2"]))  # shares nothing: runs
-    await until(lambda: order == ["a+", "c+"] or order == ["c+", "a+"], "a and c hold")
+    await eventually(
+        lambda: order == ["a+", "c+"] or order == ["c+", "a+"], "a and c hold", timeout=WAIT_S
+    )
     assert locks.held("gpu-0")
     gate.set()
     await asyncio.gather(a, b, c)

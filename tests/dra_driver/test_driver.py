@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,38 +15,22 @@ import pytest
 import yaml
 
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
-from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.guard_view import claim_modes
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claimplan import claim_resource
 from gpuslice.core.dra.kubelet_api import ClaimRef
-from gpuslice.core.dra.prepared import _checksum
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
-from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+from gpuslice.state import PlanState
+from gpuslice.testing.eventually import eventually
+from gpuslice.whatif.allocator import AllocationError
+from tests.dra_driver.rig import DRIVER, FAKE_MPS, GPU_CLASS, NODE, Rig
 
-DRIVER = "gpu.nvidia.com"
-NODE = "n1"
-FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
-GPU_CLASS = {
-    "metadata": {"name": "gpu.nvidia.com"},
-    "spec": {
-        "selectors": [
-            {
-                "cel": {
-                    "expression": "device.driver == 'gpu.nvidia.com' && "
-                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
-                }
-            }
-        ]
-    },
-}
 SHARED_4 = """\
 version: v1
 sharing:
@@ -57,82 +39,6 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 """
-
-
-@dataclass
-class Rig:
-    store: DraStore
-    state: PlanState
-    workdir: Path
-    boot: list[str] = field(default_factory=lambda: ["boot-1"])
-    warnings: list[tuple[str, str]] = field(default_factory=list)
-    mps: MpsDaemonManager | None = None
-    timeslice: Any = None
-    old_name: str = "pre-rename-checkpoint.json"
-    """Where an earlier build kept the record (`checkpoint.json` in the agent)."""
-
-    def driver(self) -> DraDriver:
-        async def warn(reason: str, message: str) -> None:
-            self.warnings.append((reason, message))
-
-        return DraDriver(
-            DriverSettings(DRIVER, NODE, mps_root=str(self.workdir / "mps")),
-            objects=self.store,
-            checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
-            cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),
-            snapshot=lambda: self.state.current,
-            boot_id=self.boot[0],
-            mps=self.mps,
-            timeslice=self.timeslice,
-            warn=warn,
-            old_checkpoint=CheckpointFile(self.workdir / self.old_name),
-        )
-
-    async def publish(self) -> None:
-        await SlicePublisher(
-            self.store, driver=DRIVER, node=NODE, snapshot=lambda: self.state.current
-        ).publish_once()
-
-    def claim(self, name: str, *parameters: dict[str, Any]) -> ClaimRef:
-        """Create and allocate a one-GPU claim with these opaque config parameters."""
-        devices: dict[str, Any] = {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": p}} for p in parameters],
-        }
-        obj = {"metadata": {"name": name, "namespace": "team-a"}, "spec": {"devices": devices}}
-        created = self.store.add_claim(obj)
-        self.store.allocate_claim("team-a", name, pod_uid=f"uid-{name}")
-        return ClaimRef("team-a", created["metadata"]["uid"], name)
-
-    def edit_checkpoint(self, edit: Callable[[dict[str, Any]], None]) -> None:
-        """Change the stored record's data as another writer would, checksum kept valid."""
-        path = self.workdir / "checkpoint.json"
-        doc = json.loads(path.read_text("utf-8"))
-        edit(doc["data"])
-        doc["checksum"] = _checksum(doc["data"])
-        path.write_text(json.dumps(doc), "utf-8")
-
-    def cdi_files(self) -> set[str]:
-        root = self.workdir / "cdi"
-        return {p.name for p in root.iterdir()} if root.exists() else set()
-
-
-@pytest.fixture
-def make_rig(sock_dir: Path) -> Callable[..., Awaitable[Rig]]:
-    async def make(node: str = "sim:2xh100-80gb", config: str = "version: v1\n") -> Rig:
-        backend = open_backend(node, environ={})
-        try:
-            inventory = backend.inventory()
-        finally:
-            backend.close()
-        state = PlanState(build_plan(inventory, parse_config(config)), inventory)
-        store = DraStore(NODE, DRIVER)
-        store.add_device_class(GPU_CLASS)
-        rig = Rig(store, state, sock_dir)
-        await rig.publish()
-        return rig
-
-    return make
 
 
 async def test_restart_keeps_claims_and_a_reboot_drops_them_with_their_specs(
@@ -570,13 +476,6 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
         key = next(p for p in (rig.workdir / "mps").iterdir() if p.name.startswith(ref.uid))
         return int((key / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
 
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(100):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("condition never held")
-
     first, stop = manager(), asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     rig.mps = first
@@ -598,11 +497,15 @@ async def test_daemons_outlive_the_agent_and_a_stray_one_is_quit_at_start(
     try:
         restarted = rig.driver()
         await restarted.load()
-        await until(lambda: not process_alive(lost_pid))
-        await until(lambda: second.ready(next(iter(second.readiness()), "")))
+        await eventually(
+            lambda: not process_alive(lost_pid), "the lost claim's daemon gone", timeout=5
+        )
+        await eventually(lambda: second.ready(next(iter(second.readiness()), "")), timeout=5)
         assert pid_of(kept) == kept_pid  # taken over, not restarted
         assert await restarted.unprepare([kept]) == {kept.uid: ""}
-        await until(lambda: not process_alive(kept_pid))
+        await eventually(
+            lambda: not process_alive(kept_pid), "the kept claim's daemon gone", timeout=5
+        )
     finally:
         stop.set()
         await task
@@ -944,13 +847,6 @@ async def test_after_a_reboot_a_claims_mps_dir_with_an_old_pid_file_goes_at_unpr
             keep_running=True,
         )
 
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(100):
-            if condition():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("condition never held")
-
     first, stop = manager(), asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     rig.mps = first
@@ -965,7 +861,7 @@ async def test_after_a_reboot_a_claims_mps_dir_with_an_old_pid_file_goes_at_unpr
     daemon = int(pid_file.read_text())
     # the reboot: the daemon is gone, its pid file stays, and the pid is someone else's now
     os.kill(daemon, signal.SIGKILL)
-    await until(lambda: not process_alive(daemon))
+    await eventually(lambda: not process_alive(daemon), "the MPS daemon gone", timeout=5)
     pid_file.write_text(f"{os.getpid()}\n")
     os.utime(pid_file, (1_000_000_000, 1_000_000_000))  # long before this boot
     rig.boot[0] = "boot-2"

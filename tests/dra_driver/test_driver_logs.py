@@ -13,9 +13,9 @@ import re
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from test_driver import Rig, make_rig  # noqa: F401  (the fixture)
 
 from gpuslice.cli.logsetup import formatter
+from tests.dra_driver.rig import Rig
 
 HOSTILE = "\r\x1b[2J" + "\u2028\x85" + "A" * 5000
 """Clears the screen from the start of the line, two line breaks of other viewers, 5 KB."""
@@ -39,7 +39,7 @@ def agent_log(request: pytest.FixtureRequest) -> Iterator[tuple[str, io.StringIO
 
 
 async def test_a_claims_opaque_config_reaches_the_log_escaped_and_bounded(
-    make_rig: Callable[..., Awaitable[Rig]],  # noqa: F811
+    make_rig: Callable[..., Awaitable[Rig]],
     agent_log: tuple[str, io.StringIO],
 ) -> None:
     fmt, stream = agent_log

@@ -24,12 +24,12 @@ from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
-from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+from gpuslice.state import PlanState
+from gpuslice.whatif.allocator import AllocationError
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"

@@ -6,7 +6,7 @@ says what the agent sent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -18,8 +18,9 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState
+from gpuslice.state import PlanState
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from gpuslice.testing.eventually import eventually
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
@@ -71,19 +72,11 @@ async def running() -> AsyncIterator[Running]:
             await client.close()
 
 
-async def until(ok: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 10
-    while not ok():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def test_a_wipe_is_repaired_from_the_watch_without_a_list(running: Running) -> None:
     api, publisher = running.api, running.publisher
     [before] = api.resource_slices(NODE, DRIVER)
     assert api.delete_all_slices(NODE) == 1
-    await until(lambda: len(api.resource_slices(NODE, DRIVER)) == 1, "the slice back")
+    await eventually(lambda: len(api.resource_slices(NODE, DRIVER)) == 1, "the slice back")
     [after] = api.resource_slices(NODE, DRIVER)
     assert after["metadata"]["uid"] != before["metadata"]["uid"]
     assert after["spec"]["devices"] == before["spec"]["devices"]
@@ -95,17 +88,17 @@ async def test_a_cut_watch_resumes_and_410_lists_again(running: Running) -> None
     api, publisher = running.api, running.publisher
     watches = running.slice_requests(watch=True)
     api.break_watches()
-    await until(lambda: running.slice_requests(watch=True) > watches, "the watch resumed")
+    await eventually(lambda: running.slice_requests(watch=True) > watches, "the watch resumed")
     assert publisher.lists == 1, "a cut stream is resumed from its version, not re-listed"
     # history compacted while the watch is cut: the resume gets 410 and lists again
     api.add_node("other")  # moves the server's version past the watch's
     api.compact()
     api.break_watches()
-    await until(lambda: publisher.lists == 2, "listed again after 410")
+    await eventually(lambda: publisher.lists == 2, "listed again after 410")
     assert running.slice_requests(watch=False) == 2
     # and the watch still works: a wipe is repaired
     api.delete_all_slices(NODE)
-    await until(lambda: len(api.resource_slices(NODE, DRIVER)) == 1, "the slice back")
+    await eventually(lambda: len(api.resource_slices(NODE, DRIVER)) == 1, "the slice back")
 
 
 async def test_its_own_writes_are_not_rewritten(running: Running) -> None:

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient
@@ -44,6 +44,17 @@ async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[AsyncClien
 @pytest.fixture
 def dra(client: AsyncClient) -> DraApi:
     return DraApi(client, "n1", DRIVER)
+
+
+def device_class(body: dict[str, Any]) -> DeviceClass:
+    """A DeviceClass from its JSON (lightkube types `from_dict` loosely)."""
+    return cast(DeviceClass, DeviceClass.from_dict(body))
+
+
+def status_of(body: dict[str, Any]) -> Any:
+    """The claim's status subresource from its JSON (lightkube's `ResourceClaim.Status` is a
+    class attribute, which mypy cannot name as a type)."""
+    return ResourceClaim.Status.from_dict(body)
 
 
 def slice_obj(node: str, driver: str = DRIVER) -> dict[str, Any]:
@@ -127,7 +138,7 @@ async def test_a_claim_recreated_under_the_same_name_has_a_new_uid(
     api: FakeApiServer, dra: DraApi
 ) -> None:
     """The driver tells a replaced claim from the one it prepared by UID."""
-    body = {"metadata": {"name": "c1", "namespace": "ml"}, "spec": {"devices": {}}}
+    body: dict[str, Any] = {"metadata": {"name": "c1", "namespace": "ml"}, "spec": {"devices": {}}}
     first = api.add_claim(body)
     assert "uid" not in body["metadata"]  # the caller's object is not written into
     api.delete_claim("ml", "c1")
@@ -147,18 +158,19 @@ async def test_claim_status_changes_only_through_the_status_subresource(
                                            "pool": "n1", "device": "gpu-0"}]}}  # fmt: skip
     body = claim.to_dict()
     body["status"] = {"allocation": allocation}
-    ignored = await client.replace(ResourceClaim.from_dict(body), "c1", namespace="ml")
+    # the main resource (name and namespace from the body), not the status subresource
+    ignored = await client.replace(cast(ResourceClaim, ResourceClaim.from_dict(body)))
     assert ignored.status is None or ignored.status.allocation is None
     assert "status" not in api.claim("ml", "c1")
 
     body = (await client.get(ResourceClaim, "c1", namespace="ml")).to_dict()
     body["status"] = {"allocation": allocation}
-    written = await client.replace(ResourceClaim.Status.from_dict(body), "c1", namespace="ml")
+    written = await client.replace(status_of(body), "c1", namespace="ml")
     assert written.status.allocation.devices.results[0].device == "gpu-0"
     assert api.claim("ml", "c1")["status"]["allocation"] == allocation
 
     with pytest.raises(ApiError) as stale:  # the resourceVersion read before the write
-        await client.replace(ResourceClaim.Status.from_dict(body), "c1", namespace="ml")
+        await client.replace(status_of(body), "c1", namespace="ml")
     assert stale.value.status.code == 409
 
 
@@ -166,15 +178,18 @@ async def test_device_classes_list_get_create(api: FakeApiServer, client: AsyncC
     selector = "device.driver == 'gpu.nvidia.com'"
     api.add_device_class({"metadata": {"name": "gpu.nvidia.com"},
                           "spec": {"selectors": [{"cel": {"expression": selector}}]}})  # fmt: skip
-    await client.create(DeviceClass.from_dict({"metadata": {"name": "mig.nvidia.com"},
+    await client.create(device_class({"metadata": {"name": "mig.nvidia.com"},
                                                "spec": {"selectors": []}}))  # fmt: skip
-    names = [c.metadata.name async for c in client.list(DeviceClass)]
+    names = [c.metadata.name async for c in client.list(DeviceClass) if c.metadata]
     assert names == ["gpu.nvidia.com", "mig.nvidia.com"]
     got = await client.get(DeviceClass, "gpu.nvidia.com")
+    assert got.spec is not None
+    assert got.spec.selectors is not None
+    assert got.spec.selectors[0].cel is not None
     assert got.spec.selectors[0].cel.expression == selector
     assert [c["metadata"]["name"] for c in api.device_classes()] == names
     with pytest.raises(ApiError) as taken:
-        await client.create(DeviceClass.from_dict({"metadata": {"name": "mig.nvidia.com"},
+        await client.create(device_class({"metadata": {"name": "mig.nvidia.com"},
                                                    "spec": {}}))  # fmt: skip
     assert taken.value.status.code == 409
 

@@ -49,6 +49,7 @@ def test_a_child_process_does_not_keep_the_node_locked(tmp_path: Path) -> None:
         assert child.stdin is not None
         child.stdin.close()
         child.wait(30)
+        assert child.stdout is not None
         child.stdout.close()
 
 

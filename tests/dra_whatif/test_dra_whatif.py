@@ -25,10 +25,15 @@ from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_store import DraStore
-from gpuslice.emulator.dra_whatif import (
+from gpuslice.host.cdi_store import CdiSpecStore
+from gpuslice.host.checkpoint_file import CheckpointFile
+from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+from gpuslice.state import PlanState
+from gpuslice.whatif.allocator import AllocationError
+from gpuslice.whatif.claims import (
     DEFAULT_DEVICE_CLASSES,
     ClaimsFileError,
     WhatIf,
@@ -37,12 +42,7 @@ from gpuslice.emulator.dra_whatif import (
     node_slices,
     what_if,
 )
-from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CheckpointFile
-from gpuslice.kubelet.state import PlanState
-from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
 FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")

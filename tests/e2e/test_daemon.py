@@ -8,17 +8,17 @@ and SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
-from daemon_fixtures import running_daemon
 
 from gpuslice.emulator.admission import AdmissionError
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.eventually import eventually
+from tests.e2e.daemon_fixtures import running_daemon
 
 WAIT_S = 10.0
 
@@ -218,11 +218,13 @@ async def test_init_failure_exits_2_or_waits_when_fail_on_init_error_is_false(
 
     waiting = DaemonProcess([*base, "--no-fail-on-init-error"], log_path=sock_dir / "wait.log")
     await waiting.start()
-    deadline = asyncio.get_running_loop().time() + 30
-    while "event=init-failed" not in waiting.log():
-        assert waiting.running, waiting.log()
-        assert asyncio.get_running_loop().time() < deadline, waiting.log()
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: "event=init-failed" in waiting.log(),
+        "the init-failed event",
+        timeout=30,
+        explain=waiting.log,
+        give_up=lambda: not waiting.running,
+    )
     assert await waiting.terminate() == 0
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from daemon_fixtures import running_daemon
-from test_metrics import free_port
-
+from gpuslice.testing.envtest import free_port
 from gpuslice.testing.http_attack import attack, attacker_addresses, probe, probe_while
+from tests.e2e.daemon_fixtures import running_daemon
 
 CONFIG = "version: v1\n"
 HEAD_TIMEOUT_S = 1.0

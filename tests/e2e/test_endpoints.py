@@ -6,41 +6,24 @@ import asyncio
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-
-from daemon_fixtures import running_daemon
-from test_metrics import CONFIG, PID, WAIT_S, fake_proc, free_port, samples, wait_scrape
 
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.daemon import DaemonProcess
-
-
-async def status_code(url: str) -> int:
-    def fetch() -> int:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return 0
-
-    return await asyncio.to_thread(fetch)
-
-
-async def wait_code(url: str, code: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 30.0
-    last = -1
-    while asyncio.get_running_loop().time() < deadline:
-        last = await status_code(url)
-        if last == code:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{url} answered {last}, never {code}")
+from gpuslice.testing.envtest import free_port
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.metrics_support import (
+    CONFIG,
+    PID,
+    WAIT_S,
+    fake_proc,
+    samples,
+    status_code,
+    wait_code,
+    wait_scrape,
+)
 
 
 async def test_readyz_turns_ready_only_once_the_kubelet_took_the_registration(

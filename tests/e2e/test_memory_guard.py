@@ -7,34 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from pathlib import Path
-
-from daemon_fixtures import running_daemon
-from test_metrics import free_port, samples, wait_scrape
 
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
+from gpuslice.testing.envtest import free_port
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.guard_support import CONFIG, NODE, WAIT_S, sleeper
+from tests.e2e.metrics_support import samples, wait_scrape
 
-WAIT_S = 15.0
-NODE = "gpu-node-1"
-CONFIG = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
 # 46068 MiB, four replicas: 11517 MiB each; reserve 10 % = 4606 MiB.
 PODS = {"leaker": 1, "steady": 2, "late": 3}
-
-
-def sleeper() -> subprocess.Popen[bytes]:
-    """A real process standing in for a pod's CUDA process (the default SIGTERM action ends
-    it, so its return code says which signal the guard sent)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 
 
 async def test_the_overrunning_pod_is_stopped_and_the_others_untouched(sock_dir: Path) -> None:

@@ -5,74 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon_fixtures import running_daemon
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.envtest import free_port
-
-WAIT_S = 15.0
-POD_UID = "0f3c2a4e-8b1d-4c5e-9a7f-1234567890ab"
-CONTAINER_ID = "a" * 64
-PID = 4242
-
-CONFIG = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
-
-
-def fake_proc(root: Path) -> Path:
-    """A /proc with one containerd container process (systemd cgroup driver, cgroup v2)."""
-    uid_ = POD_UID.replace("-", "_")
-    cgroup = (
-        "0::/kubepods.slice/kubepods-burstable.slice/"
-        f"kubepods-burstable-pod{uid_}.slice/cri-containerd-{CONTAINER_ID}.scope\n"
-    )
-    (root / str(PID)).mkdir(parents=True)
-    (root / str(PID) / "cgroup").write_text(cgroup)
-    return root
-
-
-async def scrape(port: int) -> str:
-    def get() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    return await asyncio.to_thread(get)
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    return [
-        (s.labels, s.value)
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == name
-    ]
-
-
-async def wait_scrape(port: int, ok: object, what: str) -> str:
-    assert callable(ok)
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    text = ""
-    while asyncio.get_running_loop().time() < deadline:
-        try:
-            text = await scrape(port)
-        except OSError:
-            text = ""
-        if text and ok(text):
-            return text
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last scrape:\n{text[-3000:]}")
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.metrics_support import (
+    CONFIG,
+    PID,
+    WAIT_S,
+    fake_proc,
+    samples,
+    wait_scrape,
+)
 
 
 async def test_pod_usage_appears_and_disappears_with_the_pod(sock_dir: Path) -> None:
@@ -190,8 +138,10 @@ async def test_two_pods_time_slicing_one_gpu_are_told_apart(sock_dir: Path) -> N
                 node.control.add_process(pids["notebook"], 0, used_memory_mib=512)
 
                 def both(text: str) -> bool:
+                    # A snapshot taken between the admissions and the processes shows
+                    # both pods at 0 bytes; wait for one taken after the processes.
                     found = samples(text, "gpuslice_pod_memory_used_bytes")
-                    return {lbl["pod"] for lbl, _ in found} == set(uids)
+                    return {lbl["pod"] for lbl, v in found if v > 0} == set(uids)
 
                 text = await wait_scrape(port, both, "both pods' memory")
                 used = {lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_memory_used_bytes")}

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_fixtures import running_daemon
 
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from tests.e2e.daemon_fixtures import running_daemon
 
 WAIT_S = 20.0
 NODE = "gpu-node-1"

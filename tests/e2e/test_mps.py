@@ -7,7 +7,6 @@ commands on stdin); everything else is the production path.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -16,36 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_fixtures import running_daemon
 
 from gpuslice.emulator.admission import AdmissionError
 from gpuslice.mps.control import process_alive
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.mps_support import WAIT_S, ask_daemon, mps_config
 
-WAIT_S = 15.0
 L40S_MIB = 46068
-
-
-def mps_config(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  mps:\n    resources:\n"
-        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
-    )
-
-
-async def ask_daemon(pipe_dir: Path, command: str) -> str:
-    """What a pod's `echo cmd | nvidia-cuda-mps-control` would print."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gpuslice.emulator.fake_mps_control",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)},
-    )
-    out, err = await proc.communicate(f"{command}\n".encode())
-    assert proc.returncode == 0, err.decode()
-    return out.decode().strip()
 
 
 async def test_mps_daemon_limits_allocate_and_restart(sock_dir: Path) -> None:
@@ -62,7 +38,11 @@ async def test_mps_daemon_limits_allocate_and_restart(sock_dir: Path) -> None:
         # the limits NVIDIA's daemon sets, read back from the control daemon
         assert float(await ask_daemon(pipe, "get_default_active_thread_percentage")) == 10
         limit = await ask_daemon(pipe, "get_default_device_pinned_mem_limit 0")
-        assert "4606" in limit, limit  # 46068 MiB // 10, as NVIDIA/k8s-device-plugin#764 shows
+        # 46068 MiB // 10 = 4606M, as NVIDIA/k8s-device-plugin#764 shows; the daemon prints
+        # it in whole GiB, as the real one does (driver 580), and its log has the exact value
+        assert limit == "4G", limit
+        sent = (mps_root / "nvidia.com/gpu/log/control.log").read_text()
+        assert "set_default_device_pinned_mem_limit 0 4606M" in sent
 
         adm = await kubelet.admit("ml", "infer-0", [("main", {"nvidia.com/gpu": 1})])
         c = adm.containers[0]

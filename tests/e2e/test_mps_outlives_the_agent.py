@@ -16,13 +16,12 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from daemon_fixtures import FAKE_MPS
-from test_mps import WAIT_S, ask_daemon, mps_config
-
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.mps import ControlProgram
 from gpuslice.mps.control import process_alive
 from gpuslice.testing.daemon import DaemonProcess
+from tests.e2e.daemon_fixtures import FAKE_MPS
+from tests.e2e.mps_support import WAIT_S, ask_daemon, mps_config
 
 RESOURCE = "nvidia.com/gpu"
 HEALTH = "get_default_active_thread_percentage"

@@ -10,13 +10,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from daemon_fixtures import running_daemon
-from test_endpoints import wait_code
-from test_metrics import free_port
-
+from gpuslice.aio.sockets import socket_identity
 from gpuslice.host.nodelock import LOCK_NAME, NodeLock
-from gpuslice.kubelet.sockets import socket_identity
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.envtest import free_port
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.metrics_support import wait_code
 
 WAIT_S = 20.0
 RESOURCE = "nvidia.com/gpu"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon_fixtures import running_daemon
-from test_mps import ask_daemon, mps_config
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.mps_support import ask_daemon, mps_config
 
 WAIT_S = 15.0
 

@@ -3,11 +3,9 @@ emulator, the Kubernetes API double and the allocator playing the scheduler."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import stat
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +15,12 @@ import yaml
 
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.jsontypes import Json
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.eventually import eventually
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
 STARTUP_S = 30.0
@@ -118,14 +117,17 @@ class DraNode:
         return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
 
     async def wait(self, predicate: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline or not self.daemon.running:
-                log = "\n".join(
-                    ln for ln in self.daemon.log().splitlines() if "logger=httpx" not in ln
-                )
-                raise AssertionError(f"timed out waiting for {what}:\n{log[-6000:]}")
-            await asyncio.sleep(0.05)
+        def log_tail() -> str:
+            log = "\n".join(ln for ln in self.daemon.log().splitlines() if "logger=httpx" not in ln)
+            return log[-6000:]
+
+        await eventually(
+            predicate,
+            what,
+            timeout=timeout_s,
+            explain=log_tail,
+            give_up=lambda: not self.daemon.running,
+        )
 
     def allocate(
         self, claim: Json, pod_uid: str = "pod-uid-1", *, devices: dict[str, str] | None = None
@@ -148,7 +150,7 @@ class DraNode:
                 }
             }
         else:
-            from gpuslice.emulator.dra_allocator import allocate
+            from gpuslice.whatif.allocator import allocate
 
             others = [
                 c["status"]["allocation"]

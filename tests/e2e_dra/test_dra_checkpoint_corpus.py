@@ -5,18 +5,14 @@ claim, and the bad entry is kept aside, not deleted, with a Warning Event that n
 from __future__ import annotations
 
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import claim_obj, request, running_dra_node
-
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.hostile_checkpoints import HOSTILE
+from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
 
 
 def _what(path: Path) -> tuple[str, int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,15 @@ from typing import Any
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import DRIVER, DraNode, claim_obj, opaque, request, running_dra_node
-
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, unix_target
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
 from gpuslice.mps.control import process_alive
+from gpuslice.protos.dra.v1 import api_pb2 as v1
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import DRIVER, DraNode, claim_obj, opaque, request, running_dra_node
 
 MPS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
        "sharing": {"strategy": "MPS"}}  # fmt: skip

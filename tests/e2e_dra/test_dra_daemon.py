@@ -5,14 +5,12 @@ exclusive, time-sliced, MPS and MIG claims, unprepare, and restarts of both side
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import (
+from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import (
     DRIVER,
     NODE,
     DraNode,
@@ -21,8 +19,6 @@ from dra_node import (
     request,
     running_dra_node,
 )
-
-from gpuslice.testing.apiserver import FakeApiServer
 
 NVIDIA = "resource.nvidia.com/v1beta1"
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"

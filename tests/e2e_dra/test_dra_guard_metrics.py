@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from subprocess import Popen
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent / "e2e"))
-
-from dra_node import DRIVER, NODE, DraNode, claim_obj, opaque, request, running_dra_node
-from test_memory_guard import CONFIG, WAIT_S, sleeper
-from test_metrics import free_port, samples, wait_scrape
-
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.podresources.claims import ClaimBooks, ClaimDevice
 from gpuslice.testing.apiserver import FakeApiServer
+from gpuslice.testing.envtest import free_port
+from tests.e2e.guard_support import CONFIG, WAIT_S, sleeper
+from tests.e2e.metrics_support import samples, wait_scrape
+from tests.e2e_dra.dra_node import (
+    DRIVER,
+    NODE,
+    DraNode,
+    claim_obj,
+    opaque,
+    request,
+    running_dra_node,
+)
 
 # The device plugin's guard test's config and processes: here the L40S is offered as shares.
 # 46068 MiB in 4 shares: 11517 MiB each; the guard keeps 10 % (4606 MiB) in reserve.

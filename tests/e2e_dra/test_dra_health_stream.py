@@ -5,21 +5,18 @@ again, and SIGTERM with the stream open still ends the daemon with 0."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Mapping
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import DRIVER, NODE, running_dra_node
 
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.publish import dra_devices
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import DRIVER, NODE, running_dra_node
 
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 
 
-def _status(node_health: dict[tuple[str, str], tuple[str, str]], device: str) -> str:
+def _status(node_health: Mapping[tuple[str, str], tuple[str, str]], device: str) -> str:
     return node_health.get((NODE, device), ("", ""))[0]
 
 

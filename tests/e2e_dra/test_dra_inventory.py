@@ -3,14 +3,10 @@ whole-GPU device with its MIG devices in a new pool generation, without a restar
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import running_dra_node
-
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import running_dra_node
 
 
 async def test_a_mig_layout_change_is_republished_live(sock_dir: Path, api: FakeApiServer) -> None:

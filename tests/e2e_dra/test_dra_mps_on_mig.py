@@ -6,15 +6,11 @@ restarted) and stops at Unprepare."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import DRIVER, DraNode, claim_obj, opaque, request, running_dra_node
-
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import DRIVER, DraNode, claim_obj, opaque, request, running_dra_node
 
 NVIDIA = "resource.nvidia.com/v1beta1"
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"

@@ -6,17 +6,13 @@ takes over and serves the first one's claims from the record."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import DRIVER, claim_obj, request, running_dra_node
-
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.daemon import DaemonProcess
+from tests.e2e_dra.dra_node import DRIVER, claim_obj, request, running_dra_node
 
 
 def _file_state(path: Path) -> tuple[int, bytes]:

@@ -4,14 +4,10 @@ refuse in `replicas` mode) without memory hints."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import claim_obj, request, running_dra_node
-
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
 
 
 async def test_the_daemon_offers_and_prepares_in_nvidias_unlimited_mode(

@@ -5,15 +5,11 @@ share claim with its SM-time fraction and no memory limit."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dra_node import claim_obj, request, running_dra_node
-
 from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
 
 TS4 = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from daemon_fixtures import running_daemon
 
 from gpuslice.agent.configs import load_config
 from gpuslice.agent.settings import AgentSettings
@@ -18,6 +17,7 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.errors import ConfigError
 from gpuslice.host.configfiles import MAX_BYTES, read_configs
 from gpuslice.testing.hostile_configs import HOSTILE, alias_bomb
+from tests.e2e.daemon_fixtures import running_daemon
 
 WAIT_S = 20.0
 GOOD = (

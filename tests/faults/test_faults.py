@@ -12,12 +12,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from daemon_fixtures import FAKE_MPS, running_daemon
 
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.hostile_configs import HOSTILE
+from tests.e2e.daemon_fixtures import FAKE_MPS, running_daemon
 
 WAIT_S = 20.0
 FAST = ["--no-labels", "--config-poll-interval", "0.1"]

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from daemon_fixtures import running_daemon
-
 from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.hostile_configs import HOSTILE
+from tests.e2e.daemon_fixtures import running_daemon
 
 WAIT_S = 20.0
 NODE = "gpu-node-1"

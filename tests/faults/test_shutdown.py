@@ -10,13 +10,14 @@ import signal
 from pathlib import Path
 
 import grpc
-from daemon_fixtures import FAKE_MPS, running_daemon
 
 from gpuslice.agent.watchdog import HARD_EXIT_CODE
 from gpuslice.emulator.kubelet import KubeletEmulator
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.testing.daemon import DaemonProcess
+from gpuslice.testing.eventually import eventually
+from tests.e2e.daemon_fixtures import FAKE_MPS, running_daemon
 
 WAIT_S = 20.0
 INJECT = Path(__file__).resolve().parent / "inject"
@@ -24,16 +25,6 @@ TS = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
     "    - name: nvidia.com/gpu\n      replicas: {n}\n"
 )
-
-
-async def _until(predicate: object, within_s: float) -> None:
-    assert callable(predicate)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(0.05)
 
 
 async def test_sigterm_ends_the_daemon_while_a_reload_blocks_the_loop(sock_dir: Path) -> None:
@@ -72,9 +63,11 @@ async def test_sigterm_ends_the_daemon_while_a_reload_blocks_the_loop(sock_dir: 
     try:
         await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, WAIT_S)
         config.write_text(TS.format(n=2), encoding="utf-8")  # a reload, which blocks
-        await _until(marker.exists, WAIT_S)
+        await eventually(marker.exists, "the reload to start blocking", timeout=WAIT_S)
         # the watchdog names the blocked loop and shows where it is stuck
-        await _until(lambda: "event=loop-blocked" in daemon.log(), WAIT_S)
+        await eventually(
+            lambda: "event=loop-blocked" in daemon.log(), "the loop-blocked event", timeout=WAIT_S
+        )
         assert "_blocking_reload" in daemon.log()
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGTERM)

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from guard_procs import AGENT_POD, in_pod, sleeper
 from lightkube import AsyncClient
 
 from gpuslice.core.attribution import attribute
@@ -41,15 +40,16 @@ from gpuslice.core.sharing.model import (
     Plan,
     ResourceName,
     ResourcePlan,
+    SharingStrategy,
 )
 from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller
 from gpuslice.k8s import PodEvents, make_client
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.ports import ContainerDevices, GpuProcess
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from tests.guard.guard_procs import AGENT_POD, in_pod, sleeper
 
 GIB = 1024**3
-MIB = 1024**2
 TOTAL = 48 * GIB
 SHARE = 8 * GIB  # six shares of an L40S-sized GPU
 NODE = "gpu-node"
@@ -167,7 +167,7 @@ def claims_plan() -> Plan:
     for n, pod in enumerate(USED_GIB):
         name = ResourceName(f"claim:ml/{pod}")
         share = AdvertisedDevice(DeviceId(f"node/gpu-0/s{n}"), PHYS, None, 6, None, 8192)
-        resources.append(ResourcePlan(name, name, "time-slicing", False, (share,)))
+        resources.append(ResourcePlan(name, name, SharingStrategy.TIME_SLICING, False, (share,)))
     return Plan(resources=tuple(resources))
 
 

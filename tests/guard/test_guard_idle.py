@@ -11,8 +11,15 @@ from typing import Any
 from gpuslice.agent.guard_view import IDLE_VIEW, idle_probe
 from gpuslice.core.guard import GuardParams, Reserve
 from gpuslice.guard import GuardView, MemoryGuard
+from gpuslice.testing.eventually import eventually
 
 GIB = 2**30
+
+
+async def ticks(count: int, interval_s: float) -> None:
+    """`count` turns of the loop, each at least `interval_s` apart (rounds, not a duration)."""
+    for _ in range(count):
+        await asyncio.sleep(interval_s)
 
 
 class Backend:
@@ -30,18 +37,20 @@ class Backend:
 async def test_the_probe_returns_when_a_process_appears() -> None:
     backend = Backend()
     stop = asyncio.Event()
-    waiting = asyncio.create_task(idle_probe(backend)(stop, 0.02))  # type: ignore[arg-type]
-    await asyncio.sleep(0.2)
+    waiting: asyncio.Task[None] = asyncio.create_task(idle_probe(backend)(stop, 0.02))  # type: ignore[arg-type]
+    # Three rounds of asking (on its own thread while idle), none of which saw a process:
+    # the probe must still be waiting after each of them.
+    await eventually(lambda: backend.asked >= 3, "three rounds of asking while idle")
     assert not waiting.done()
-    assert backend.asked >= 3, "asked on its own thread while idle"
     backend.busy.set()
     await asyncio.wait_for(waiting, 2)
 
 
 async def test_the_probe_returns_at_stop() -> None:
     stop = asyncio.Event()
-    waiting = asyncio.create_task(idle_probe(Backend())(stop, 0.02))  # type: ignore[arg-type]
-    await asyncio.sleep(0.05)
+    backend = Backend()
+    waiting: asyncio.Task[None] = asyncio.create_task(idle_probe(backend)(stop, 0.02))  # type: ignore[arg-type]
+    await eventually(lambda: backend.asked >= 1, "the probe waiting (it asked once)")
     stop.set()
     await asyncio.wait_for(waiting, 2)
 
@@ -73,10 +82,14 @@ async def test_an_idle_guard_waits_on_the_probe_not_its_timer() -> None:
     )
     stop = asyncio.Event()
     running = asyncio.create_task(guard.run(stop))
-    await asyncio.sleep(0.2)  # twenty intervals: a timer would have polled twenty times
+    await eventually(lambda: idle_waits == 1, "the guard in its idle wait")
+    # Twenty of the guard's intervals counted by a ticker on the same loop and clock: each
+    # tick is at least one interval, so a timer would have polled at least twenty times by
+    # the last one, however slow the machine.
+    await ticks(20, 0.01)
     assert (reads, idle_waits) == (1, 1)
     busy.set()  # the probe saw a process: poll again at once
-    await asyncio.sleep(0.05)
+    await eventually(lambda: idle_waits == 2, "one poll, then the idle wait again")
     assert (reads, idle_waits) == (2, 2)
     stop.set()
     await asyncio.wait_for(running, 2)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from guard_procs import AGENT_POD, in_pod, sleeper
 from lightkube import AsyncClient
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -28,6 +27,7 @@ from gpuslice.k8s import PodEvents, PodEvictor, make_client
 from gpuslice.metrics.plugin import PluginMetrics
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from tests.guard.guard_procs import AGENT_POD, in_pod, sleeper
 
 GIB = 1024**3
 TOTAL = 48 * GIB

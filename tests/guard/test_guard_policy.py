@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from gpuslice.core.attribution import EntitlementKind
 from gpuslice.core.guard import (
     ContainerKey,
+    Evaluation,
     GpuMemory,
     GuardParams,
     GuardState,
@@ -48,7 +49,7 @@ def enforce(**kw: object) -> GuardParams:
 
 def run(
     tenants: list[Tenant], params: GuardParams, now: float = 0.0, state: GuardState | None = None
-):  # type: ignore[no-untyped-def]
+) -> Evaluation:
     used = sum(t.used_bytes for t in tenants if t.gpu_uuid == "GPU-0")
     gpus = [gpu(used)]
     if any(t.gpu_uuid == "GPU-1" for t in tenants):
@@ -256,7 +257,7 @@ usage = st.lists(
 )
 def test_invariants(rows, reserve, strict, free_other) -> None:  # type: ignore[no-untyped-def]
     tenants = [
-        Tenant(key(f"p{i}"), g, kind, SHARE, used, (1000 + i,))  # type: ignore[arg-type]
+        Tenant(key(f"p{i}"), g, kind, SHARE, used, (1000 + i,))
         for i, (used, kind, g) in enumerate(rows)
     ]
     gpus = []

@@ -107,7 +107,7 @@ sharing:
 
 @pytest.mark.parametrize("soft", [True, False])
 def test_the_agent_flag_reaches_allocate(soft: bool) -> None:
-    from gpuslice.agent.runner import Agent
+    from gpuslice.agent.plan import plan_node
     from gpuslice.agent.settings import AgentSettings, GuardSettings
     from gpuslice.backends import open_backend
     from gpuslice.core.allocation import build_allocation
@@ -116,8 +116,7 @@ def test_the_agent_flag_reaches_allocate(soft: bool) -> None:
     backend = open_backend("sim:1xl40s", environ={})
     try:
         settings = AgentSettings(node="sim:1xl40s", memory_guard=GuardSettings(soft_limits=soft))
-        agent = Agent(settings, backend)
-        plan = agent._plan(backend.inventory(), parse_config(TIME_SLICING))
+        plan = plan_node(backend.inventory(), parse_config(TIME_SLICING), settings)
         [resource] = plan.resources
         envs = dict(
             build_allocation(

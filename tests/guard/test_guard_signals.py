@@ -8,10 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guard_procs import AGENT_POD, CTR_A, CTR_A2, CTR_B, POD_A, POD_B, in_pod, put, sleeper
 
 from gpuslice.core.cgroups import ContainerId, PodUid
 from gpuslice.guard import ProcessSignaller, Target
+from tests.guard.guard_procs import (
+    AGENT_POD,
+    CTR_A,
+    CTR_A2,
+    CTR_B,
+    POD_A,
+    POD_B,
+    in_pod,
+    put,
+    sleeper,
+)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from gpuslice.core.sharing.model import (
 from gpuslice.emulator.kubelet import KubeletEmulator
 from gpuslice.kubelet.manager import DevicePluginManager, ManagerSettings
 from gpuslice.kubelet.registration import Backoff
-from gpuslice.kubelet.state import PlanState
 from gpuslice.logs import get_logger
+from gpuslice.state import PlanState
 
 FAST = ManagerSettings(
     watch_interval_s=0.05,
@@ -61,7 +61,7 @@ def whole(gpus: Sequence[Gpu], name: str = "nvidia.com/gpu") -> ResourcePlan:
     return ResourcePlan(
         name=ResourceName(name),
         label_name=ResourceName(name),
-        strategy="none",
+        strategy=SharingStrategy.NONE,
         fail_requests_greater_than_one=False,
         devices=tuple(AdvertisedDevice(DeviceId(g.uuid), physical(g), None, 1) for g in gpus),
     )
@@ -72,7 +72,7 @@ def shared(
     replicas: int,
     name: str = "nvidia.com/gpu",
     *,
-    strategy: SharingStrategy = "time-slicing",
+    strategy: SharingStrategy = SharingStrategy.TIME_SLICING,
     fail_over_one: bool = True,
 ) -> ResourcePlan:
     return ResourcePlan(

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 from gpuslice.core.allocation.response import Mount
 from gpuslice.core.sharing.model import AllocateSettings
 from gpuslice.emulator.kubelet import AdmissionError, KubeletEmulator
 from gpuslice.kubelet.convert import allocate_request, preferred_request
 from gpuslice.kubelet.manager import DevicePluginManager
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
-from gpuslice.kubelet.state import PlanState
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.state import PlanState
+from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 GPUS = [gpu(0), gpu(1)]
 INV = inventory(GPUS)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kubelet_plans import gpu, inventory, plan, running_node, shared
 
 from gpuslice.kubelet.convert import allocate_request, preferred_request
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared
 
 GPUS = [gpu(i) for i in range(2)]
 INV = inventory(GPUS)

@@ -8,9 +8,8 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from kubelet_plans import FAST, gpu, inventory, plan, running_node, whole
-
-from gpuslice.kubelet.dirwatch import DirWatch
+from gpuslice.aio.dirwatch import DirWatch
+from tests.kubelet.kubelet_plans import FAST, gpu, inventory, plan, running_node, whole
 
 GPUS = [gpu(0), gpu(1)]
 GPU = "nvidia.com/gpu"
@@ -51,9 +50,18 @@ async def test_a_replaced_directory_ends_the_watch_and_rearming_follows_it(
         assert watch.armed
         (directory / "kubelet.sock").touch()
         await asyncio.wait_for(watch.changed.wait(), 10)
-        (tmp_path / "old" / "x").touch()  # the old directory, elsewhere now: not watched
         watch.changed.clear()
-        await asyncio.sleep(0.2)
+        # A second watch on the old directory is the control: the event that would wake a
+        # watch left on it is queued at the touch, so by the time the control has read it
+        # (and one more turn of the loop), a wrong wake-up would have come too.
+        control = DirWatch.open(tmp_path / "old")
+        assert control is not None
+        try:
+            (tmp_path / "old" / "x").touch()  # the old directory, elsewhere now: not watched
+            await asyncio.wait_for(control.changed.wait(), 10)
+            await asyncio.sleep(0)
+        finally:
+            control.close()
         assert not watch.changed.is_set()
     finally:
         watch.close()

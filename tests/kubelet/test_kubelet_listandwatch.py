@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-from kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
 from gpuslice.kubelet.servicer import ListingCache
-from gpuslice.kubelet.state import PlanState
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.state import PlanState
+from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 GPUS = [gpu(0, numa=0), gpu(1, numa=1), gpu(2)]
 INV = inventory(GPUS)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import DevicePluginClient, unix_target
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from tests.kubelet.kubelet_plans import gpu, inventory, plan, running_node, shared, whole
 
 GPUS = [gpu(0, numa=0), gpu(1, numa=1)]
 GPU = "nvidia.com/gpu"

@@ -90,7 +90,7 @@ def resource(
     physicals: list[PhysicalDevice],
     *,
     replicas: int | list[int] = 1,
-    strategy: SharingStrategy = "none",
+    strategy: SharingStrategy = SharingStrategy.NONE,
     name: str | None = None,
 ) -> ResourcePlan:
     """A resource whose i-th physical device is shared `replicas[i]` ways."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from label_fixtures import (
+
+from gpuslice.core.labels import gfd_labels, gpu_family, sanitise
+from gpuslice.core.sharing.model import SharingStrategy
+from tests.labels.label_fixtures import (
     A100_80,
     L40S,
     T4,
@@ -15,15 +18,15 @@ from label_fixtures import (
     resource,
 )
 
-from gpuslice.core.labels import gfd_labels, gpu_family, sanitise
-
 GPU = "nvidia.com/gpu"
 
 
 def test_seed_002_t4_time_slicing_four_replicas() -> None:
     # Seed 002: 4 x Tesla T4, timeSlicing replicas 4, renameByDefault false.
     gpus = [gpu(i, T4) for i in range(4)]
-    res = resource(GPU, [physical_gpu(g) for g in gpus], replicas=4, strategy="time-slicing")
+    res = resource(
+        GPU, [physical_gpu(g) for g in gpus], replicas=4, strategy=SharingStrategy.TIME_SLICING
+    )
     labels = gfd_labels(inventory(*gpus), plan(res), timestamp=None, machine_type="x")
     assert labels["nvidia.com/gpu.count"] == "4"
     assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
@@ -42,7 +45,7 @@ def test_seed_002_rename_by_default_keeps_plain_product_under_original_name() ->
         GPU,
         [physical_gpu(g) for g in gpus],
         replicas=4,
-        strategy="time-slicing",
+        strategy=SharingStrategy.TIME_SLICING,
         name="nvidia.com/gpu.shared",
     )
     labels = gfd_labels(inventory(*gpus), plan(res), timestamp=None, machine_type="x")
@@ -54,7 +57,7 @@ def test_seed_002_rename_by_default_keeps_plain_product_under_original_name() ->
 
 def test_seed_001_l40s_mps_ten_replicas() -> None:
     g = gpu(0, L40S)
-    res = resource(GPU, [physical_gpu(g)], replicas=10, strategy="mps")
+    res = resource(GPU, [physical_gpu(g)], replicas=10, strategy=SharingStrategy.MPS)
     labels = gfd_labels(inventory(g), plan(res), timestamp=None, machine_type="x")
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-L40S-SHARED"
     assert labels["nvidia.com/gpu.replicas"] == "10"
@@ -65,7 +68,7 @@ def test_seed_001_l40s_mps_ten_replicas() -> None:
 
 def test_seed_001_l40s_time_slicing_six_is_not_mps_capable() -> None:
     g = gpu(0, L40S)
-    res = resource(GPU, [physical_gpu(g)], replicas=6, strategy="time-slicing")
+    res = resource(GPU, [physical_gpu(g)], replicas=6, strategy=SharingStrategy.TIME_SLICING)
     labels = gfd_labels(inventory(g), plan(res), timestamp=None, machine_type="x")
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-L40S-SHARED"
     assert labels["nvidia.com/gpu.replicas"] == "6"
@@ -93,7 +96,7 @@ def test_seed_001_a100_mig_single_seven_1g_10gb() -> None:
 
 def test_seed_001_a100_mps_ten_replicas() -> None:
     g = gpu(0, A100_80, mig_capable=True)
-    res = resource(GPU, [physical_gpu(g)], replicas=10, strategy="mps")
+    res = resource(GPU, [physical_gpu(g)], replicas=10, strategy=SharingStrategy.MPS)
     labels = gfd_labels(inventory(g), plan(res), timestamp=None, machine_type="x")
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-80GB-PCIe-SHARED"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
@@ -116,7 +119,7 @@ def test_mixed_strategy_labels_each_profile_by_its_resource_name() -> None:
         "nvidia.com/mig-1g.5gb",
         [physical_mig(g, m) for m in g.mig_devices],
         replicas=2,
-        strategy="time-slicing",
+        strategy=SharingStrategy.TIME_SLICING,
     )
     labels = gfd_labels(
         inventory(g), plan(mig_res, mig_strategy="mixed"), timestamp=None, machine_type="x"
@@ -221,7 +224,10 @@ def test_per_gpu_replicas_label_uses_the_maximum() -> None:
     # Per-GPU sharing (gpuslice extension): GPU 0 shared 2 ways, GPU 1 shared 8 ways.
     a, b = gpu(0, T4), gpu(1, T4)
     res = resource(
-        GPU, [physical_gpu(a), physical_gpu(b)], replicas=[2, 8], strategy="time-slicing"
+        GPU,
+        [physical_gpu(a), physical_gpu(b)],
+        replicas=[2, 8],
+        strategy=SharingStrategy.TIME_SLICING,
     )
     labels = gfd_labels(inventory(a, b), plan(res), timestamp=None, machine_type="")
     assert labels["nvidia.com/gpu.replicas"] == "8"
@@ -233,7 +239,11 @@ def test_per_gpu_dedicated_and_renamed_shared_share_one_label_name() -> None:
     a, b = gpu(0, T4), gpu(1, T4)
     whole = resource(GPU, [physical_gpu(a)])
     shared = resource(
-        GPU, [physical_gpu(b)], replicas=4, strategy="time-slicing", name="nvidia.com/gpu.shared"
+        GPU,
+        [physical_gpu(b)],
+        replicas=4,
+        strategy=SharingStrategy.TIME_SLICING,
+        name="nvidia.com/gpu.shared",
     )
     labels = gfd_labels(inventory(a, b), plan(whole, shared), timestamp=None, machine_type="")
     assert labels["nvidia.com/gpu.count"] == "2"

@@ -21,9 +21,8 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.ports import GpuProcess, GpuStatus
-
-MIB = 1024 * 1024
 
 T4 = GpuUuid("GPU-11111111-0000-0000-0000-000000000000")
 A100_MPS = GpuUuid("GPU-22222222-0000-0000-0000-000000000000")
@@ -114,19 +113,25 @@ def build_plan(inventory: Inventory = INVENTORY) -> Plan:
     mig_1g, mig_3g = mig_gpu.mig_devices
     return Plan(
         resources=(
-            _resource(SHARED, "time-slicing", _replicas(_gpu_phys(t4), 4)),
-            _resource(MPS, "mps", _replicas(_gpu_phys(mps_gpu), 2, MpsShare(50, 40960))),
+            _resource(SHARED, SharingStrategy.TIME_SLICING, _replicas(_gpu_phys(t4), 4)),
+            _resource(
+                MPS, SharingStrategy.MPS, _replicas(_gpu_phys(mps_gpu), 2, MpsShare(50, 40960))
+            ),
             _resource(
                 MIG_1G_RES,
-                "none",
+                SharingStrategy.NONE,
                 (AdvertisedDevice(DeviceId(MIG_1G), _mig_phys(mig_gpu, mig_1g), None, 1),),
             ),
             _resource(
                 MIG_3G_RES,
-                "none",
+                SharingStrategy.NONE,
                 (AdvertisedDevice(DeviceId(MIG_3G), _mig_phys(mig_gpu, mig_3g), None, 1),),
             ),
-            _resource(WHOLE, "none", (AdvertisedDevice(DeviceId(L40S), _gpu_phys(l40s), None, 1),)),
+            _resource(
+                WHOLE,
+                SharingStrategy.NONE,
+                (AdvertisedDevice(DeviceId(L40S), _gpu_phys(l40s), None, 1),),
+            ),
         ),
         mig_strategy="mixed",
     )

@@ -9,13 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from metrics_fixtures import (
+from gpuslice.core.attribution import Attribution, ContainerGpuUsage, attribute
+from gpuslice.core.cgroups import ContainerId, PodUid
+from gpuslice.core.units import MIB
+from gpuslice.metrics.procfs import cgroup_identities
+from gpuslice.ports import ContainerDevices, GpuProcess
+from tests.metrics.metrics_fixtures import (
     A100_MIG,
     A100_MPS,
     HOST_DAEMON,
     INVENTORY,
     L40S,
-    MIB,
     MIG_1G,
     MIG_1G_RES,
     MIG_3G,
@@ -36,11 +40,6 @@ from metrics_fixtures import (
     v2_systemd_docker,
     write_proc,
 )
-
-from gpuslice.core.attribution import Attribution, ContainerGpuUsage, attribute
-from gpuslice.core.cgroups import ContainerId, PodUid
-from gpuslice.metrics.procfs import cgroup_identities
-from gpuslice.ports import ContainerDevices, GpuProcess
 
 PLAN = build_plan()
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from metrics_fixtures import (
+
+from gpuslice.core.cgroups import (
+    CgroupIdentity,
+    ContainerId,
+    ContainerRuntime,
+    PodUid,
+    QosClass,
+    parse_cgroup,
+)
+from gpuslice.metrics.procfs import cgroup_identities
+from tests.metrics.metrics_fixtures import (
     HOST_DAEMON,
     container_id,
     kubelet_slice_prefix,
@@ -17,16 +27,6 @@ from metrics_fixtures import (
     v2_systemd_docker,
     write_proc,
 )
-
-from gpuslice.core.cgroups import (
-    CgroupIdentity,
-    ContainerId,
-    ContainerRuntime,
-    PodUid,
-    QosClass,
-    parse_cgroup,
-)
-from gpuslice.metrics.procfs import cgroup_identities
 
 UID = "0f9e8d7c-6b5a-4938-8271-605f4e3d2c1b"
 CID = "a" * 40 + "0123456789abcdef01234567"

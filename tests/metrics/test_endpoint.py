@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuslice.metrics import MetricsServer
 from gpuslice.metrics.server import ServerLimits
+from gpuslice.testing.eventually import eventually
 
 
 def registry() -> CollectorRegistry:
@@ -76,10 +77,7 @@ async def test_idle_connections_hold_no_thread_and_the_limit_refuses_the_next() 
     async with MetricsServer(registry(), host="127.0.0.1", limits=limits) as server:
         threads_before = threading.active_count()
         idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(300)]
-        for _ in range(100):
-            if server.open_connections == 300:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: server.open_connections == 300, "server.open_connections == 300")
         assert server.open_connections == 300
         assert threading.active_count() <= threads_before + 1, "no thread per connection"
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -89,10 +87,7 @@ async def test_idle_connections_hold_no_thread_and_the_limit_refuses_the_next() 
         for _, w in idle:
             w.close()
         # the slots come back: a scrape works again
-        for _ in range(100):
-            if server.open_connections == 0:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: server.open_connections == 0, "server.open_connections == 0")
         assert (await get(server.url))[0] == 200
 
 
@@ -160,15 +155,18 @@ async def test_a_client_that_never_reads_its_answer_is_dropped() -> None:
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
         reader, writer = await asyncio.open_connection(sock=sock)
-        writer.transport.pause_reading()  # take nothing of the answer
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # take nothing of the answer
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
-        for _ in range(300):
-            if server.open_connections == 0:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: server.open_connections == 0,
+            "server.open_connections == 0",
+            timeout=15,
+        )
         assert server.open_connections == 0, "the connection is dropped by the server"
-        writer.transport.resume_reading()
+        transport.resume_reading()
         received = b""
         with contextlib.suppress(ConnectionError):
             while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):
@@ -185,10 +183,7 @@ async def test_one_address_gets_its_share_and_others_still_get_in() -> None:
             await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
             for _ in range(4)
         ]
-        for _ in range(100):
-            if server.open_connections == 4:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: server.open_connections == 4, "server.open_connections == 4")
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", server.port, local_addr=("127.0.0.2", 0)
         )
@@ -215,10 +210,9 @@ async def test_metrics_has_its_own_bound_and_the_probes_answer_meanwhile() -> No
     limits = ServerLimits(max_scrapes=1)
     async with MetricsServer(reg, host="127.0.0.1", limits=limits) as server:
         first = asyncio.ensure_future(get(server.url))
-        for _ in range(200):
-            if server._scrapes == 1:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: server._scrapes == 1, "server._scrapes == 1", timeout=2, interval=0.01
+        )
         code, _, body = await get(server.url)
         assert (code, body) == (503, "too many scrapes at once\n")
         assert (await get(f"{server.base_url}/healthz"))[0] == 200

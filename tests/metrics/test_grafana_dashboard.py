@@ -6,7 +6,12 @@ import json
 import re
 from pathlib import Path
 
-from metrics_fixtures import (
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuslice.metrics import SnapshotRefresher, exporter_registry
+from gpuslice.ports import ContainerDevices
+from tests.metrics.metrics_fixtures import (
     A100_MIG,
     INVENTORY,
     L40S,
@@ -23,11 +28,6 @@ from metrics_fixtures import (
     v2_systemd_containerd,
     write_proc,
 )
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
-from gpuslice.metrics import SnapshotRefresher, exporter_registry
-from gpuslice.ports import ContainerDevices
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuslice-dashboard.json"
 METRIC = re.compile(r"\b(DCGM_FI_DEV_\w+|gpuslice_\w+)")

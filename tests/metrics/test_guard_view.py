@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metrics_fixtures import (
+from gpuslice.agent.guard_view import IDLE_VIEW, guard_view_reader
+from gpuslice.core.cgroups import PodUid
+from gpuslice.core.sharing.model import Plan
+from gpuslice.guard.enforcement import ReadView
+from gpuslice.metrics import SnapshotRefresher
+from gpuslice.ports import ContainerDevices, GpuProcess
+from tests.metrics.metrics_fixtures import (
     INVENTORY,
     SHARED,
     T4,
@@ -23,13 +29,6 @@ from metrics_fixtures import (
     v2_systemd_containerd,
     write_proc,
 )
-
-from gpuslice.agent.guard_view import IDLE_VIEW, guard_view_reader
-from gpuslice.core.cgroups import PodUid
-from gpuslice.core.sharing.model import Plan
-from gpuslice.guard.enforcement import ReadView
-from gpuslice.metrics import SnapshotRefresher
-from gpuslice.ports import ContainerDevices, GpuProcess
 
 PLAN = build_plan()
 TRAIN = ContainerDevices("ml", "train", "main", SHARED, (f"{T4}::0",))

@@ -17,20 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from metrics_fixtures import (
-    A100_MPS,
-    INVENTORY,
-    L40S,
-    MIB,
-    T4,
-    ScriptedBackend,
-    container_id,
-    default_statuses,
-    proc,
-    uid,
-    v2_systemd_containerd,
-    write_proc,
-)
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
@@ -47,11 +33,25 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.snapshot import MetricsSnapshot
 from gpuslice.metrics.status import build_status
 from gpuslice.metrics.top import render_status, render_top
 from gpuslice.podresources import PodResourcesClient, PodResourcesEmulator
+from tests.metrics.metrics_fixtures import (
+    A100_MPS,
+    INVENTORY,
+    L40S,
+    T4,
+    ScriptedBackend,
+    container_id,
+    default_statuses,
+    proc,
+    uid,
+    v2_systemd_containerd,
+    write_proc,
+)
 
 DRIVER = "gpu.nvidia.com"
 POOL = "gpu-node-1"
@@ -72,7 +72,7 @@ PLAN = Plan(
     resources=(
         claim(
             "ml/big",
-            "time-slicing",
+            SharingStrategy.TIME_SLICING,
             f"{POOL}/gpu-3/s-big",
             PhysicalDevice.of_gpu(l40s),
             replicas=4,
@@ -80,16 +80,22 @@ PLAN = Plan(
         ),
         claim(
             "ml/small",
-            "time-slicing",
+            SharingStrategy.TIME_SLICING,
             f"{POOL}/gpu-3/s-small",
             PhysicalDevice.of_gpu(l40s),
             replicas=4,
             entitlement_mib=8000,
         ),
-        claim("lab/whole", "none", f"{POOL}/gpu-0", PhysicalDevice.of_gpu(t4), replicas=1),
+        claim(
+            "lab/whole",
+            SharingStrategy.NONE,
+            f"{POOL}/gpu-0",
+            PhysicalDevice.of_gpu(t4),
+            replicas=1,
+        ),
         claim(
             "ml/mps",
-            "mps",
+            SharingStrategy.MPS,
             f"{POOL}/gpu-1",
             PhysicalDevice.of_gpu(a100),
             replicas=2,

@@ -13,12 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from metrics_fixtures import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuslice.core.cgroups import PodUid
+from gpuslice.core.units import MIB
+from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
+from gpuslice.podresources import PodResourcesClient, PodResourcesEmulator
+from gpuslice.ports import ContainerDevices
+from gpuslice.testing.eventually import eventually
+from tests.metrics.metrics_fixtures import (
     A100_MIG,
     A100_MPS,
     INVENTORY,
     L40S,
-    MIB,
     MIG_1G,
     MIG_1G_RES,
     MPS,
@@ -33,12 +40,6 @@ from metrics_fixtures import (
     v2_systemd_containerd,
     write_proc,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
-from gpuslice.core.cgroups import PodUid
-from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
-from gpuslice.podresources import PodResourcesClient, PodResourcesEmulator
-from gpuslice.ports import ContainerDevices
 
 PLAN = build_plan()
 TRAIN = ContainerDevices("ml", "train", "main", SHARED, (f"{T4}::0",))
@@ -289,14 +290,21 @@ async def test_refresh_loop_skips_while_another_poller_keeps_the_snapshot_fresh(
     """The memory guard refreshes the same snapshot every second; the exporter's loop must
     not read NVML and /proc again while that snapshot is younger than its interval."""
     now = [0.0]
-    node.refresher.monotonic = lambda: now[0]
+    looks = [0]  # the loop reads the clock once a round, to ask whether the snapshot is fresh
+
+    def clock() -> float:
+        looks[0] += 1
+        return now[0]
+
+    node.refresher.monotonic = clock
     node.refresher.interval_s = 0.01
     await node.refresher.refresh()  # the other poller, at t=0
     node.refresher.updated.clear()
     stop = asyncio.Event()
     task = asyncio.create_task(node.refresher.run(stop))
-    for _ in range(5):  # several of the loop's own intervals pass; the snapshot stays fresh
-        await asyncio.sleep(0.02)
+    start = looks[0]
+    # five of the loop's own rounds pass, each finding the snapshot fresh
+    await eventually(lambda: looks[0] >= start + 5, "five rounds of the refresh loop")
     assert not node.refresher.updated.is_set(), "refreshed a snapshot that was still fresh"
     now[0] = 1.0  # nobody refreshed for 100 intervals: the loop does it again
     await asyncio.wait_for(node.refresher.updated.wait(), timeout=10)

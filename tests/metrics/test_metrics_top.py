@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metrics_fixtures import (
+from rich.console import Console
+
+from gpuslice.core.cgroups import PodUid
+from gpuslice.metrics.snapshot import SnapshotRefresher
+from gpuslice.metrics.top import render_top
+from gpuslice.ports import ContainerDevices
+from tests.metrics.metrics_fixtures import (
     A100_MPS,
     HOST_DAEMON,
     INVENTORY,
@@ -20,12 +26,6 @@ from metrics_fixtures import (
     v2_systemd_containerd,
     write_proc,
 )
-from rich.console import Console
-
-from gpuslice.core.cgroups import PodUid
-from gpuslice.metrics.snapshot import SnapshotRefresher
-from gpuslice.metrics.top import render_top
-from gpuslice.ports import ContainerDevices
 
 
 class Books:

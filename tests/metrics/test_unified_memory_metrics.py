@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from metrics_fixtures import container_id, uid, v2_systemd_containerd, write_proc
 from prometheus_client.core import Metric
 
 from gpuslice.agent.guard_view import guard_view_reader
@@ -21,6 +20,7 @@ from gpuslice.core.sharing.model import ResourceName
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.metrics import SnapshotCollector, SnapshotRefresher
 from gpuslice.ports import ContainerDevices, GpuProcess
+from tests.metrics.metrics_fixtures import container_id, uid, v2_systemd_containerd, write_proc
 
 TS4 = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mig_guide import MAX_INSTANCES
-
 from gpuslice.backends import open_backend
 from gpuslice.core.config import Config, parse_config
 from gpuslice.core.devices import Inventory
+from tests.mig_guide import MAX_INSTANCES
 
 SEEDS = Path(__file__).resolve().parent.parent / "configs" / "seeds"
 

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from daemon_fixtures import STARTUP_S, running_daemon
-from mig_nodes import SEEDS, inventory
 
 from gpuslice.core.devices import MigDevice
 from gpuslice.emulator.admission import AdmissionError
 from gpuslice.testing.daemon import DaemonProcess
+from tests.e2e.daemon_fixtures import STARTUP_S, running_daemon
+from tests.mig.mig_nodes import SEEDS, inventory
 
 WAIT_S = 10.0
 

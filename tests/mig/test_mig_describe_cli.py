@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from mig_nodes import SEEDS, inventory
 
 from gpuslice.cli.main import main
+from tests.mig.mig_nodes import SEEDS, inventory
 
 SEED_001_NODE = "sim:1xa100-80gb/mig=1g.10gb*7"
 SEED_001_SINGLE = SEEDS / "001-a100-mig-single.yaml"

@@ -10,15 +10,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from mig_nodes import (
-    MAX_INSTANCES,
-    MIG_MODELS,
-    MIXED_LAYOUTS,
-    PRODUCTS,
-    inventory,
-    mig_resource,
-    strategy_config,
-)
 
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
@@ -27,6 +18,15 @@ from gpuslice.core.labels import gfd_labels
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.ports import BackendError
+from tests.mig.mig_nodes import (
+    MAX_INSTANCES,
+    MIG_MODELS,
+    MIXED_LAYOUTS,
+    PRODUCTS,
+    inventory,
+    mig_resource,
+    strategy_config,
+)
 
 SMALLEST = {model: next(iter(table)) for model, table in MAX_INSTANCES.items()}
 """The guide lists the smallest profile first: 1g.5gb, 1g.10gb, 1g.6gb, 1g.10gb, 1g.18gb."""

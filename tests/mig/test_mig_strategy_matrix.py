@@ -8,7 +8,12 @@ several profiles shows where `single` and `mixed` part ways.
 from __future__ import annotations
 
 import pytest
-from mig_nodes import (
+
+from gpuslice.backends.simulated.models import MODELS
+from gpuslice.core.devices import Inventory, MigDevice
+from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.plan import build_plan
+from tests.mig.mig_nodes import (
     MAX_INSTANCES,
     MIG_MODELS,
     MIXED_LAYOUTS,
@@ -18,11 +23,6 @@ from mig_nodes import (
     seed,
     strategy_config,
 )
-
-from gpuslice.backends.simulated.models import MODELS
-from gpuslice.core.devices import Inventory, MigDevice
-from gpuslice.core.sharing.model import Plan
-from gpuslice.core.sharing.plan import build_plan
 
 GPUS = 2
 """GPUs per node in the matrix: counts then show per-node totals, not one GPU's."""

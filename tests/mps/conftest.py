@@ -47,7 +47,7 @@ def shared(
     replicas: int,
     *,
     name: str = "nvidia.com/gpu",
-    strategy: SharingStrategy = "mps",
+    strategy: SharingStrategy = SharingStrategy.MPS,
     with_share: bool = True,
 ) -> ResourcePlan:
     """A replicated resource as the planner builds it: the share is NVIDIA's arithmetic."""

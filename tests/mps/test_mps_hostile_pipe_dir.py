@@ -10,12 +10,10 @@ the open, `/dev/zero` fills memory).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import pytest
 from gpuslice.mps import ControlProgram
 from gpuslice.mps.control import PID_FILE, SOCKET_NAME, process_alive
 from gpuslice.mps.identity import PID_FILE_LIMIT, IdentityError, read_pid_file
+from gpuslice.testing.eventually import eventually
 
 from .conftest import FAKE_CONTROL, wait_until
 from .test_mps_manager import manager_for, probe, read, running, spec_for
@@ -38,15 +37,6 @@ HOSTILE = {
 """What a pod can leave as the pid file, as Python run with `path` bound to it."""
 
 PLANT = "import os, sys; from pathlib import Path; path = Path(sys.argv[1]); "
-
-
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("timed out waiting for the condition")
-        await asyncio.sleep(0.05)
 
 
 def plant(name: str, path: Path) -> None:
@@ -148,7 +138,10 @@ async def test_a_taken_over_daemon_that_lost_its_socket_is_not_restarted(sock_di
     third = manager_for([spec], keep_running=True)
     async with running(third):
         # nothing changes readiness here (it never was ready): follow the reports instead
-        await until(lambda: any("lost its control socket" in p for p in third.problems))
+        await eventually(
+            lambda: any("lost its control socket" in p for p in third.problems),
+            "the lost-control-socket problem reported",
+        )
         assert not third.ready(spec.resource)
     assert process_alive(pid)
     assert read(log).count("Started") == 1, read(log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -18,9 +19,9 @@ from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
     MpsTimings,
-    NvidiaSmiComputeMode,
 )
 from gpuslice.mps.control import process_alive
+from gpuslice.nvsmi import NvidiaSmi
 
 from .conftest import FAKE_CONTROL, gpu, shared, wait_until
 
@@ -70,8 +71,8 @@ def read(path: Path) -> str:
     return path.read_text()
 
 
-def fake_smi(log: Path, outcome: str) -> NvidiaSmiComputeMode:
-    return NvidiaSmiComputeMode((sys.executable, "-c", FAKE_SMI, str(log), outcome))
+def fake_smi(log: Path, outcome: str) -> NvidiaSmi:
+    return NvidiaSmi((sys.executable, "-c", FAKE_SMI, str(log), outcome))
 
 
 @asynccontextmanager
@@ -90,7 +91,7 @@ def manager_for(
     *,
     timeout_s: float = 10.0,
     on_readiness: Callable[[str, bool], None] | None = None,
-    compute_mode: NvidiaSmiComputeMode | None = None,
+    compute_mode: NvidiaSmi | None = None,
     keep_running: bool = False,
 ) -> MpsDaemonManager:
     return MpsDaemonManager(
@@ -120,7 +121,9 @@ async def test_start_applies_limits_and_writes_markers(sock_dir: Path) -> None:
         pid = daemon_pid(spec)
         assert pid is not None
         control = probe(spec)
-        assert await control.send("get_default_device_pinned_mem_limit 0") == "4606M"
+        assert await control.send("get_default_device_pinned_mem_limit 0") == "4G"
+        sent = read(Path(spec.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 0 4606M" in sent
         assert await control.send("get_default_active_thread_percentage") == "10.0"
     # Stopped: quit was sent, the daemon is gone, the markers are removed.
     assert not process_alive(pid)
@@ -148,7 +151,9 @@ async def test_crash_is_signalled_and_the_daemon_restarted_with_limits(sock_dir:
         assert second is not None
         assert second != first
         control = probe(spec)
-        assert await control.send("get_default_device_pinned_mem_limit 0") == "15356M"
+        assert await control.send("get_default_device_pinned_mem_limit 0") == "14G"
+        sent = read(Path(spec.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 0 15356M" in sent
         assert await control.send("get_default_active_thread_percentage") == "33.0"
         assert exists(spec.ready_marker)
     assert seen == [(spec.resource, s) for s in (False, True, False, True, False)]
@@ -167,7 +172,9 @@ async def test_hung_daemon_is_killed_and_replaced(sock_dir: Path) -> None:
         assert not exists(spec.started_marker)
         await wait_until(manager, lambda: manager.ready(spec.resource), 15)
         assert not process_alive(hung)
-        assert await probe(spec).send("get_default_device_pinned_mem_limit 0") == "4606M"
+        assert await probe(spec).send("get_default_device_pinned_mem_limit 0") == "4G"
+        sent = read(Path(spec.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 0 4606M" in sent
 
 
 async def test_compute_mode_set_and_reset(sock_dir: Path) -> None:
@@ -255,9 +262,13 @@ async def test_reconfigure_restarts_changed_starts_new_and_stops_removed(sock_di
         assert old_a is not None
         assert not process_alive(old_a)
         assert new_a not in (None, old_a)
-        assert await probe(a5).send("get_default_device_pinned_mem_limit 0") == "9213M"
+        assert await probe(a5).send("get_default_device_pinned_mem_limit 0") == "8G"
+        sent = read(Path(a5.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 0 9213M" in sent
         assert await probe(a5).send("get_default_active_thread_percentage") == "20.0"
-        assert await probe(b).send("get_default_device_pinned_mem_limit 1") == "11517M"
+        assert await probe(b).send("get_default_device_pinned_mem_limit 1") == "11G"
+        sent = read(Path(b.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 1 11517M" in sent
         assert exists(a5.ready_marker)
 
         await manager.reconfigure([b])
@@ -343,3 +354,27 @@ async def test_keep_running_leaves_daemons_when_the_run_is_cancelled(sock_dir: P
     assert process_alive(pid)
     assert "Command: quit" not in read(Path(spec.log_dir) / "control.log")
     await probe(spec).send("quit")  # the test's cleanup: no agent follows
+
+
+async def test_a_setting_the_daemon_ignored_keeps_the_resource_unready(sock_dir: Path) -> None:
+    """The real control program exits 0 when the daemon refuses a thread percentage (it
+    keeps the old one and prints it: seen on driver 580), so only the read-back tells. A
+    daemon without its share must not serve pods as if it had one."""
+    spec = dataclasses.replace(spec_for(sock_dir), active_thread_percentage=0)
+    manager = manager_for([spec])
+
+    def refused() -> bool:
+        return any("did not take its settings" in p for p in manager.problems)
+
+    async with running(manager):
+        for _ in range(200):  # the first start's read-back fails within a second here
+            if refused():
+                break
+            await asyncio.sleep(0.05)
+        assert refused(), manager.problems
+        assert not manager.ready(spec.resource)
+        assert not exists(spec.started_marker)
+    assert any(
+        "`get_default_active_thread_percentage` answered '100.0', expected '0.0'" in p
+        for p in manager.problems
+    )

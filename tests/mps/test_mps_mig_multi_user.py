@@ -48,7 +48,9 @@ async def test_a_mig_daemon_sees_its_mig_devices_and_leaves_compute_mode_alone(
         await wait_until(manager, lambda: manager.ready(spec.resource), 10)
         assert started_line(spec).endswith(f"multi-user=no CUDA_VISIBLE_DEVICES={','.join(MIGS)}")
         control = probe(spec)
-        assert await control.send("get_default_device_pinned_mem_limit 1") == "2048M"
+        assert await control.send("get_default_device_pinned_mem_limit 1") == "2G"
+        sent = read(Path(spec.log_dir) / "control.log")
+        assert "set_default_device_pinned_mem_limit 1 2048M" in sent
         assert await control.send("get_default_active_thread_percentage") == "25.0"
         recorded = json.loads(read(Path(spec.started_marker)))
         assert recorded["mig_uuids"] == list(MIGS)

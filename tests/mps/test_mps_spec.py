@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuslice.core.mps import daemon_spec, mps_specs, pipe_dir, shm_dir
-from gpuslice.core.sharing.model import AllocateSettings, Plan
+import pytest
+
+from gpuslice.core.mps import daemon_spec, mps_specs, pinned_limit_shown, pipe_dir, shm_dir
+from gpuslice.core.sharing.model import AllocateSettings, Plan, SharingStrategy
 
 from .conftest import gpu, shared
 
@@ -81,7 +83,7 @@ def test_only_mps_resources_get_daemons_and_mig_devices_are_skipped() -> None:
     mig = replace(gpu(1), uuid="MIG-1", kind="mig", index_id="1:0", profile="1g.10gb")
     plan = Plan(
         resources=(
-            shared([gpu(0)], 2, name="nvidia.com/gpu", strategy="time-slicing"),
+            shared([gpu(0)], 2, name="nvidia.com/gpu", strategy=SharingStrategy.TIME_SLICING),
             shared([gpu(1)], 2, name="nvidia.com/gpu.mps"),
             shared([mig], 2, name="nvidia.com/mig-1g.10gb"),
         )
@@ -97,3 +99,35 @@ def test_changed_limits_make_a_different_spec() -> None:
     assert b is not None
     assert a != b
     assert a == daemon_spec(shared([gpu(0)], 10), "")
+
+
+@pytest.mark.parametrize(
+    ("mib", "shown"),
+    [
+        # What `get_default_device_pinned_mem_limit` printed on an H200, driver 580.159.04,
+        # after `set_default_device_pinned_mem_limit 0 <mib>M`.
+        (512, "512M"),
+        (1023, "1023M"),
+        (1024, "1G"),
+        (1025, "1G"),
+        (1536, "1G"),
+        (2047, "1G"),
+        (2048, "2G"),
+        (4606, "4G"),
+        (35942, "35G"),
+        (100000, "97G"),
+        (0, ""),
+    ],
+)
+def test_pinned_limit_as_the_daemon_prints_it(mib: int, shown: str) -> None:
+    assert pinned_limit_shown(mib) == shown
+
+
+def test_readbacks_follow_the_commands() -> None:
+    (spec,) = mps_specs(Plan(resources=(shared([gpu(0)], 10),)))
+    spec = replace(spec, pinned_mem_limits_mib=((0, 4606), (2, 512)))
+    assert spec.readbacks == (
+        ("get_default_device_pinned_mem_limit 0", "4G"),
+        ("get_default_device_pinned_mem_limit 2", "512M"),
+        ("get_default_active_thread_percentage", "10.0"),
+    )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.mps import MpsError, NvidiaSmiTimeslice
+from gpuslice.mps import MpsError
+from gpuslice.nvsmi import NvidiaSmi
 
 # argv: log, outcome, then nvidia-smi's own arguments
 FAKE_SMI = """
@@ -22,9 +23,9 @@ if outcome == "unsupported":
 UUID = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
 
-def smi(tmp_path: Path, outcome: str) -> tuple[NvidiaSmiTimeslice, Path]:
+def smi(tmp_path: Path, outcome: str) -> tuple[NvidiaSmi, Path]:
     log = tmp_path / "smi.log"
-    return NvidiaSmiTimeslice((sys.executable, "-c", FAKE_SMI, str(log), outcome)), log
+    return NvidiaSmi((sys.executable, "-c", FAKE_SMI, str(log), outcome)), log
 
 
 async def test_sets_the_interval_with_nvidia_smis_arguments(tmp_path: Path) -> None:

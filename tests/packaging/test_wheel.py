@@ -64,7 +64,7 @@ def test_what_the_demo_needs_is_shipped(wheel_names: set[str]) -> None:
         "gpuslice/demo/scenario.py",
         "gpuslice/emulator/kubelet.py",
         "gpuslice/backends/simulated/__init__.py",
-        "gpuslice/kubelet/protos/deviceplugin/v1beta1/api_pb2.py",
+        "gpuslice/protos/deviceplugin/v1beta1/api_pb2.py",
     ):
         assert module in wheel_names, module
 

@@ -3,8 +3,8 @@
 where the two disagree a test says so; the real server is started once per test run, and a
 test that must restart it gets one of its own (`restartable_kube`).
 
-The helpers tests import live in `gpuslice.testing.kubes`, not here: `from conftest import`
-picks whichever `conftest` module another test directory put on `sys.path` first."""
+The helpers tests import live in `gpuslice.testing.kubes`, not here: a conftest holds
+fixtures only, and nothing imports it by name."""
 
 from __future__ import annotations
 

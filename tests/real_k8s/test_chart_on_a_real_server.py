@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,8 +30,6 @@ from gpuslice.k8s import (
 )
 from gpuslice.k8s.dra import DraApi
 from gpuslice.testing import envtest
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "chart"))
 
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 DRIVER = "gpu.nvidia.com"
@@ -55,7 +52,9 @@ def _create(plane: envtest.ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
 def installed(
     control_plane: envtest.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, str]:
-    from test_chart import render  # the chart tests' Helm rendering (skips without Helm)
+    from tests.chart.chart_support import (
+        render,  # the chart tests' Helm rendering (skips without Helm)
+    )
 
     result = render(
         labels={"mode": "api"},
@@ -425,7 +424,7 @@ def test_the_granted_rules_are_the_documented_table(
 ) -> None:
     """What the API server's authorizer says the agent may do (a SelfSubjectRulesReview with
     its token) is docs/install.md's "API access" table, nothing more."""
-    from test_chart_api_access import TABLE
+    from tests.chart.api_access import TABLE
 
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
               "spec": {"namespace": installed["namespace"]}}  # fmt: skip

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,16 +16,15 @@ import yaml
 
 from gpuslice.testing import envtest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "chart"))
-sys.path.insert(0, str(Path(__file__).parents[1] / "dra_core"))
-
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "claim-configs"
 GPU_CONFIG = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}'
 
 
 def _policy_manifests(**dra: Any) -> list[dict[str, Any]]:
-    from test_chart import render  # the chart tests' Helm rendering (skips without Helm)
+    from tests.chart.chart_support import (
+        render,  # the chart tests' Helm rendering (skips without Helm)
+    )
 
     result = render(dra={"enabled": True, **dra})
     assert result.ok, result.problems
@@ -99,7 +96,7 @@ def policy(control_plane: envtest.ControlPlane) -> envtest.ControlPlane:
 def test_the_api_server_with_the_policy_agrees_with_prepare(
     policy: envtest.ControlPlane, kind: str
 ) -> None:
-    from test_opaque_corpus import corpus, prepare_verdict
+    from tests.dra_core.opaque_corpus import corpus, prepare_verdict
 
     entries = corpus()
     docs = {f"c-{i}": _document(kind, f"c-{i}", [e["parameters"]]) for i, e in enumerate(entries)}
@@ -176,7 +173,7 @@ def test_the_largest_claim_is_checked_within_the_servers_cel_cost_budget(
     most per-device limits Prepare takes (128), each limit a long string: the policy still
     answers within the API server's CEL cost limits, as Prepare does: one more limit, or one
     limit too small among them all, is refused naming the field."""
-    from test_opaque_corpus import prepare_verdict
+    from tests.dra_core.opaque_corpus import prepare_verdict
 
     def config(count: int, last: str = "0" * 60 + "1Gi") -> str:
         limits = {str(i): "0" * 60 + "1Gi" for i in range(count - 1)} | {"last": last}

@@ -24,7 +24,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -37,16 +36,16 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
+from gpuslice.state import PlanState
 from gpuslice.testing import envtest
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "claims"
 NODE_LABEL = "gpuslice.test/node"

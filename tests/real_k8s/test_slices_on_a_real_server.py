@@ -20,7 +20,7 @@ from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.kubelet.state import PlanState
+from gpuslice.state import PlanState
 from gpuslice.testing.kubes import Kube
 
 DRIVER = "gpu.nvidia.com"
@@ -93,11 +93,9 @@ async def test_health_taints_are_stored_as_published(kube: Kube) -> None:
     client = make_client(kube.kubeconfig, trust_env=False)
     try:
         api = DraApi(client, node, DRIVER)
-        publisher = SlicePublisher(
-            api, driver=DRIVER, node=node, snapshot=lambda: state.current, xids=lambda: {xid: 79}
-        )
+        publisher = SlicePublisher(api, driver=DRIVER, node=node, snapshot=lambda: state.current)
         await publisher.publish_once()
-        state.publish(unhealthy=frozenset({lost, xid}))
+        state.publish(unhealthy=frozenset({lost, xid}), last_xid={xid: 79})
         changes = await publisher.publish_once()
         assert changes.update
         assert not changes.create
@@ -134,10 +132,13 @@ async def test_informational_and_cordon_taints_are_stored_as_published(kube: Kub
     client = make_client(kube.kubeconfig, trust_env=False)
     try:
         api = DraApi(client, node, DRIVER)
-        publisher = SlicePublisher(
-            api, driver=DRIVER, node=node, snapshot=lambda: state.current, xids=lambda: {g2: 79}
+        publisher = SlicePublisher(api, driver=DRIVER, node=node, snapshot=lambda: state.current)
+        state.publish(
+            unhealthy=frozenset({g2}),
+            noticed={g0: 43},
+            cordoned=frozenset({g1, g2}),
+            last_xid={g2: 79},
         )
-        state.publish(unhealthy=frozenset({g2}), noticed={g0: 43}, cordoned=frozenset({g1, g2}))
         assert (await publisher.publish_once()).create
         [stored] = await api.list_slices()
         taints = {

@@ -26,11 +26,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import CAPS_DEV_DIR, numbered_minors
 from gpuslice.testing import realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
@@ -65,8 +65,6 @@ SCRIPT = (
     "echo done; exec sleep 3600"
 )
 """Stands in for `nvidia-smi -L`: what the container was given, then `done`."""
-
-Json = dict[str, Any]
 
 
 def render_chart_template(text: str) -> Json:

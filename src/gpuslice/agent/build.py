@@ -23,9 +23,10 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
-from gpuslice.agent.guard_view import claim_modes, guard_view_reader, idle_probe
+from gpuslice.agent.front import DevicePluginFrontEnd, FrontEnd
+from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
-from gpuslice.agent.runner import Agent, AgentHooks
+from gpuslice.agent.runner import Agent, FirstPlan, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
@@ -34,7 +35,7 @@ from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.dra.server import DraServerSettings
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -44,9 +45,7 @@ from gpuslice.host.checkpoint_file import (
     CheckpointFile,
     boot_id,
 )
-from gpuslice.host.devroot import host_dev_root
 from gpuslice.host.labelfile import LabelFile
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
 from gpuslice.metrics.server import ServerLimits
@@ -55,12 +54,11 @@ from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
     MpsTimings,
-    NvidiaSmiComputeMode,
-    NvidiaSmiTimeslice,
-    TimesliceSetter,
 )
+from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects
+from gpuslice.ports import DraObjects, GpuBackend, TimesliceSetter
+from gpuslice.state import PlanState
 
 if TYPE_CHECKING:
     # The Kubernetes client (lightkube, httpx: about 11 MiB resident) is imported only
@@ -77,6 +75,7 @@ def wire_mps(
     *,
     control: tuple[str, ...],
     set_compute_mode: bool,
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",),
     timings: MpsTimings | None = None,
 ) -> MpsDaemonManager:
     """Run an MPS control daemon per MPS resource; its replicas are Unhealthy while it is down.
@@ -92,14 +91,12 @@ def wire_mps(
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
-        if agent.state is None:
-            return
         plan = agent.state.current.plan
         agent.set_withdrawn(
             frozenset(
                 dev.physical.uuid
                 for res in plan.resources
-                if res.strategy == "mps" and not manager.ready(res.name)
+                if res.strategy == SharingStrategy.MPS and not manager.ready(res.name)
                 for dev in res.devices
             )
         )
@@ -107,7 +104,7 @@ def wire_mps(
     manager = MpsDaemonManager(
         [],
         ControlProgram.factory(control),
-        compute_mode=NvidiaSmiComputeMode() if set_compute_mode else None,
+        compute_mode=NvidiaSmi(nvidia_smi) if set_compute_mode else None,
         timings=timings,
         on_readiness=withdraw_down_daemons,
         keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
@@ -122,29 +119,9 @@ def wire_mps(
     return manager
 
 
-def _current_plan(agent: Agent) -> tuple[Plan, Inventory] | None:
-    """What attribution reads: the device-plugin plan, or in DRA mode the prepared claims
-    seen as a plan (one resource per claim)."""
-    if agent.state is None:
-        return None
-    snap = agent.state.current
-    front = agent.hooks.front_end
-    if isinstance(front, DraFrontEnd):
-        claims = front.driver.claims_plan()
-        return None if claims is None else (claims, snap.inventory)
-    return snap.plan, snap.inventory
-
-
-def _host_dev_root(agent: Agent) -> str:
-    """Where the device nodes are on the host, from the config in force (`host.devroot`)."""
-    if agent.loaded is None:
-        return "/"
-    flags = agent.loaded.config.flags
-    return host_dev_root(flags.plugin.container_driver_root, flags.effective_dev_root)
-
-
-def wire_dra(
-    agent: Agent,
+def dra_front_end(
+    state: PlanState,
+    settings: AgentSettings,
     dra: DraSettings,
     objects: DraObjects,
     *,
@@ -157,22 +134,14 @@ def wire_dra(
 
     Claims' MPS daemons get their own manager under the plugin directory; the device
     plugin's manager is not wired in this mode, so the two never start daemons on one GPU.
+    The node's name is checked by `AgentSettings.problems` before anything starts.
     """
-    settings = agent.settings
-    if not settings.node_name:
-        raise GpusliceError(
-            "DRA mode needs the node's name (--node-name / NODE_NAME): it names the pool "
-            "of this node's devices and selects its ResourceSlices"
-        )
     plugin_dir = dra.plugin_path
-
-    def snapshot() -> Snapshot | None:
-        return None if agent.state is None else agent.state.current
-
+    smi = NvidiaSmi(settings.nvidia_smi)
     mps = MpsDaemonManager(
         [],
         ControlProgram.factory(settings.mps_control),
-        compute_mode=NvidiaSmiComputeMode() if settings.set_compute_mode else None,
+        compute_mode=smi if settings.set_compute_mode else None,
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
@@ -186,25 +155,23 @@ def wire_dra(
         objects=objects,
         checkpoint=CheckpointFile(plugin_dir / CHECKPOINT_NAME),
         cdi=CdiSpecStore(dra.cdi_root, CDI_KIND),
-        snapshot=snapshot,
+        snapshot=state.snapshot,
         boot_id=boot_id(),
         mps=mps,
-        timeslice=timeslice if timeslice is not None else NvidiaSmiTimeslice(dra.nvidia_smi),
+        timeslice=timeslice if timeslice is not None else smi,
         warn=warn,
-        host_dev_root=lambda: _host_dev_root(agent),
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
     )
     publisher = SlicePublisher(
         objects,
         driver=dra.driver_name,
         node=settings.node_name,
-        snapshot=snapshot,
-        xids=lambda: agent.last_xid,
+        snapshot=state.snapshot,
         resync_s=dra.resync_s,
         shares=dra.consumable_shares,
     )
-    front = DraFrontEnd(
-        lambda: agent.state,
+    return DraFrontEnd(
+        state,
         driver_name=dra.driver_name,
         plugin_dir=plugin_dir,
         registry_dir=dra.registry_dir,
@@ -213,10 +180,7 @@ def wire_dra(
         mps=mps,
         server_settings=server_settings,
         node_name=settings.node_name,  # the pool the slices name
-        xids=lambda: agent.last_xid,
     )
-    agent.hooks.front_end = front
-    return front
 
 
 def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRefresher:
@@ -230,7 +194,7 @@ def snapshot_refresher(agent: Agent, pods: NodePods | None = None) -> SnapshotRe
             settings.pod_resources_socket,
             dra_driver=None if settings.dra is None else settings.dra.driver_name,
         ),
-        current=lambda: _current_plan(agent),
+        current=agent.front_end.attributed_plan,
         hostname=settings.node_name or socket.gethostname(),
         proc_root=settings.proc_root,
         interval_s=settings.metrics_interval_s,
@@ -261,16 +225,13 @@ def wire_metrics(
     settings = agent.settings
     if refresher is None:
         refresher = snapshot_refresher(agent, pods)
-    registry, counters = exporter_registry(
-        (lambda: refresher.latest) if gpu_metrics else (lambda: None)
-    )
+    registry, counters = exporter_registry(refresher.read_latest if gpu_metrics else _nothing)
 
     def status() -> dict[str, object]:
-        plan = None if agent.state is None else agent.state.current.plan
         return build_status(
             node_name=refresher.hostname,
-            config_name=None if agent.loaded is None else agent.loaded.name,
-            plan=plan,
+            config_name=agent.loaded.name,
+            plan=agent.state.current.plan,
             snapshot=refresher.latest if gpu_metrics else None,
             gpu_metrics=gpu_metrics,
             pod_resources_socket=str(settings.pod_resources_socket),
@@ -297,10 +258,15 @@ def wire_metrics(
         agent.hooks.services.append(refresher.run)
     if pods is not None and gpu_metrics:
         agent.hooks.services.append(pods.run)
-    agent.hooks.on_allocate = counters.record_allocate
+    agent.front_end.on_allocate = counters.record_allocate
     if guard is not None:
-        guard.on_decision = lambda d: counters.record_guard_decision(d.kind, d.enforced)
+        guard.on_decision = counters.record_decision
     return server
+
+
+def _nothing() -> None:
+    """The exporter's snapshot source with GPU metrics off: never a snapshot."""
+    return
 
 
 PROBE_LIMITS = ServerLimits(max_connections=128, max_per_address=8, max_scrapes=1)
@@ -376,14 +342,13 @@ def wire_guard(
         return None
     shared = refresher if refresher is not None else snapshot_refresher(agent, pods)
 
-    front = agent.hooks.front_end
-    mode_of = (
-        claim_modes(front.driver, guard_settings.params.mode, guard_settings.claim_override)
-        if isinstance(front, DraFrontEnd)
-        else None
-    )
+    mode_of = agent.front_end.guard_modes(guard_settings.params.mode, guard_settings.claim_override)
     read = guard_view_reader(
-        agent.backend, lambda: _current_plan(agent), shared, settings.proc_root, mode_of=mode_of
+        agent.backend,
+        agent.front_end.attributed_plan,
+        shared,
+        settings.proc_root,
+        mode_of=mode_of,
     )
 
     guard = MemoryGuard(
@@ -403,12 +368,8 @@ def wire_guard(
 
 
 def _labels_now(agent: Agent) -> dict[str, str]:
-    assert agent.state is not None
     snap = agent.state.current
-    loaded = agent.loaded
-    no_stamp = agent.settings.no_timestamp or (
-        loaded is not None and loaded.config.flags.gfd.no_timestamp
-    )
+    no_stamp = agent.settings.no_timestamp or agent.loaded.config.flags.gfd.no_timestamp
     return gfd_labels(
         snap.inventory,
         snap.plan,
@@ -419,7 +380,7 @@ def _labels_now(agent: Agent) -> dict[str, str]:
 
 def _label_interval(agent: Agent) -> float:
     """`flags.gfd.sleepInterval` (60 s by default; "infinite" means only on changes)."""
-    interval = 60.0 if agent.loaded is None else agent.loaded.config.flags.gfd.sleep_interval
+    interval = agent.loaded.config.flags.gfd.sleep_interval
     return 3600.0 if math.isinf(interval) or interval <= 0 else interval
 
 
@@ -456,7 +417,6 @@ def wire_label_file(agent: Agent, path: Path | None) -> None:
     def target() -> Path:
         if path is not None:
             return path
-        assert agent.loaded is not None
         return Path(agent.loaded.config.flags.gfd.output_file)
 
     def write(labels: dict[str, str]) -> None:
@@ -526,6 +486,10 @@ def wire_cordon_events(agent: Agent, events: NodeEvents) -> None:
 
 @asynccontextmanager
 async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
+    """Open the node, put the first plan in force, then wire its front end and adapters
+    to the plan state: nothing is wired to a plan that does not exist yet."""
+    for problem in settings.problems():  # the CLI refused these already; code callers too
+        raise GpusliceError(problem)
     backend = await asyncio.to_thread(open_backend, settings.node)
     watcher_task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
@@ -533,14 +497,7 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
         labels: asyncio.Queue[str] | None = None
         cordons: asyncio.Queue[str] | None = None
         if settings.node_name:
-            from gpuslice.k8s import (
-                NodeEvents,
-                NodeLabeler,
-                NodeLabelWatcher,
-                NodePods,
-                make_client,
-            )
-            from gpuslice.k8s.dra import DraApi
+            from gpuslice.k8s import NodeLabelWatcher, make_client
 
             client = make_client(settings.kubeconfig)
             labels = asyncio.Queue()
@@ -553,79 +510,8 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
                 on_annotation=cordons.put_nowait,
             )
             watcher_task = asyncio.create_task(watcher.feed(labels), name="node-label-watch")
-        agent = Agent(
-            settings, backend, hooks=AgentHooks(), label_values=labels, cordon_values=cordons
-        )
-        warn = None
-        if client is not None:
-            events = NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
-            wire_events(agent, events)
-            wire_cordon_events(agent, events)
-
-            async def warn(reason: str, message: str) -> None:
-                await events.post(reason, message, type="Warning")
-
-        if settings.dra is not None:
-            if client is None:
-                raise GpusliceError(
-                    "DRA mode needs the node's name (--node-name / NODE_NAME) and API access"
-                )
-            wire_dra(
-                agent,
-                settings.dra,
-                DraApi(client, settings.node_name, settings.dra.driver_name),
-                warn=warn,
-            )
-        else:
-            wire_mps(
-                agent,
-                control=settings.mps_control,
-                set_compute_mode=settings.set_compute_mode,
-                timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
-            )
-        metrics_on = settings.metrics_port is not None
-        node_pods = NodePods(client, settings.node_name) if client is not None else None
-        refresher = snapshot_refresher(agent, node_pods)
-        guard = wire_guard(
-            agent,
-            pods=node_pods,
-            client=client,
-            run_pods=not (metrics_on and settings.gpu_metrics),
-            refresher=refresher,
-        )
-        if settings.metrics_port is not None:
-            wire_metrics(
-                agent,
-                port=settings.metrics_port,
-                host=settings.metrics_address,
-                pods=node_pods,
-                guard=guard,
-                gpu_metrics=settings.gpu_metrics,
-                refresher=refresher,
-                limits=ServerLimits(
-                    head_timeout_s=settings.http_head_timeout_s,
-                    max_per_address=settings.http_max_per_address,
-                ),
-            )
-        if settings.health_port is not None:
-            wire_probes(
-                agent,
-                port=settings.health_port,
-                host=settings.metrics_address,
-                limits=replace(
-                    PROBE_LIMITS,
-                    head_timeout_s=settings.http_head_timeout_s,
-                    max_per_address=min(
-                        PROBE_LIMITS.max_per_address, settings.http_max_per_address
-                    ),
-                ),
-            )
-        if settings.labels_mode == "file":
-            wire_label_file(agent, settings.labels_file)
-        elif settings.labels_mode == "api" and client is not None:
-            wire_label_api(agent, NodeLabeler(client, settings.node_name))
-        agent.hooks.services.append(inventory_watcher(agent, warn))
-        yield agent
+        first = await first_plan(settings, backend, label_values=labels, cordon_values=cordons)
+        yield await _wire(settings, backend, first, client, labels, cordons)
     finally:
         if watcher_task is not None:
             watcher_task.cancel()
@@ -634,3 +520,101 @@ async def build_agent(settings: AgentSettings) -> AsyncIterator[Agent]:
         if client is not None:
             await client.close()
         await asyncio.to_thread(backend.close)
+
+
+async def _wire(
+    settings: AgentSettings,
+    backend: GpuBackend,
+    first: FirstPlan,
+    client: AsyncClient | None,
+    labels: asyncio.Queue[str] | None,
+    cordons: asyncio.Queue[str] | None,
+) -> Agent:
+    """The agent with its front end and every adapter the settings ask for."""
+    state = plan_state(first)
+    events: NodeEvents | None = None
+    warn = None
+    if client is not None:
+        from gpuslice.k8s import NodeEvents
+
+        events = NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
+        warn = _warner(events)
+    front: FrontEnd
+    if settings.dra is not None:
+        from gpuslice.k8s.dra import DraApi
+
+        assert client is not None  # AgentSettings.problems: DRA needs the node's name
+        objects = DraApi(client, settings.node_name, settings.dra.driver_name)
+        front = dra_front_end(state, settings, settings.dra, objects, warn=warn)
+    else:
+        front = DevicePluginFrontEnd(state, settings)
+    agent = Agent(
+        settings, backend, state, first, front, label_values=labels, cordon_values=cordons
+    )
+    if events is not None:
+        wire_events(agent, events)
+        wire_cordon_events(agent, events)
+    if settings.dra is None:
+        wire_mps(
+            agent,
+            control=settings.mps_control,
+            set_compute_mode=settings.set_compute_mode,
+            nvidia_smi=settings.nvidia_smi,
+            timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
+        )
+    metrics_on = settings.metrics_port is not None
+    node_pods = None
+    if client is not None:
+        from gpuslice.k8s import NodePods
+
+        node_pods = NodePods(client, settings.node_name)
+    refresher = snapshot_refresher(agent, node_pods)
+    guard = wire_guard(
+        agent,
+        pods=node_pods,
+        client=client,
+        run_pods=not (metrics_on and settings.gpu_metrics),
+        refresher=refresher,
+    )
+    if settings.metrics_port is not None:
+        wire_metrics(
+            agent,
+            port=settings.metrics_port,
+            host=settings.metrics_address,
+            pods=node_pods,
+            guard=guard,
+            gpu_metrics=settings.gpu_metrics,
+            refresher=refresher,
+            limits=ServerLimits(
+                head_timeout_s=settings.http_head_timeout_s,
+                max_per_address=settings.http_max_per_address,
+            ),
+        )
+    if settings.health_port is not None:
+        wire_probes(
+            agent,
+            port=settings.health_port,
+            host=settings.metrics_address,
+            limits=replace(
+                PROBE_LIMITS,
+                head_timeout_s=settings.http_head_timeout_s,
+                max_per_address=min(PROBE_LIMITS.max_per_address, settings.http_max_per_address),
+            ),
+        )
+    if settings.labels_mode == "file":
+        wire_label_file(agent, settings.labels_file)
+    elif settings.labels_mode == "api" and client is not None:
+        from gpuslice.k8s import NodeLabeler
+
+        wire_label_api(agent, NodeLabeler(client, settings.node_name))
+    agent.hooks.services.append(inventory_watcher(agent, warn))
+    return agent
+
+
+def _warner(events: NodeEvents) -> Callable[[str, str], Awaitable[None]]:
+    """A Warning Event on the Node (what the DRA driver and the inventory watch post)."""
+
+    async def warn(reason: str, message: str) -> None:
+        await events.post(reason, message, type="Warning")
+
+    return warn

@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from gpuslice.kubelet.dirwatch import DirWatch
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.aio.races import first_of
 
 
 def watched_directories(path: Path) -> list[Path]:
@@ -74,12 +75,7 @@ class ConfigWatch:
             await asyncio.Event().wait()  # nothing watched: only the caller's timeout ends it
         if any(e.is_set() for e in events):
             return
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await first_of(*(e.wait() for e in events))
 
     def clear(self) -> None:
         for watch in self._watches.values():

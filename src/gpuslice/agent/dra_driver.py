@@ -36,8 +36,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuslice.agent.keyed_locks import KeyedLocks
-from gpuslice.agent.to_the_end import to_the_end
+from gpuslice.aio.keyed_locks import KeyedLocks
+from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
@@ -54,16 +54,17 @@ from gpuslice.core.dra.prepared import (
     encode,
 )
 from gpuslice.core.dra.publish import REPLICAS, SharesMode, dra_devices, share_offers
+from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
-from gpuslice.kubelet.state import Snapshot
 from gpuslice.logs import get_logger
-from gpuslice.mps import MpsDaemonManager, MpsError, TimesliceSetter
+from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
-from gpuslice.ports import DraObjectNotFound, DraObjects
+from gpuslice.ports import DraObjectNotFound, DraObjects, TimesliceSetter
+from gpuslice.state import Snapshot
 
 log = get_logger("gpuslice.dra.driver")
 
@@ -141,11 +142,10 @@ class DraDriver:
         mps: MpsDaemonManager | None = None,
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
-        host_dev_root: Callable[[], str] = lambda: "/",
         old_checkpoint: CheckpointFile | None = None,
     ) -> None:
-        """`host_dev_root` says where the device nodes are on the host (`host.devroot`);
-        it is asked at each Prepare, so a config reload that moves the driver root counts.
+        """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
+        at each Prepare, so a config reload that moves the driver root counts.
         `old_checkpoint` is where an earlier build kept the record
         (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
         `checkpoint` holds nothing."""
@@ -162,7 +162,6 @@ class DraDriver:
         self._mps = mps
         self._timeslice = timeslice
         self._warn = warn
-        self._host_dev_root = host_dev_root
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -392,17 +391,15 @@ class DraDriver:
     def _record_of(self, claim: Mapping[str, object], written: set[str]) -> PreparedClaim | None:
         """What Prepare recorded for `claim`, derived again (the core decides it the same
         way every time) without touching the node; None for a claim not prepared here."""
-        meta = claim.get("metadata")
-        if not isinstance(meta, Mapping) or meta.get("uid") not in written:
+        read = ResourceClaim.read(claim)
+        if not isinstance(read.uid, str) or read.uid not in written:
             return None
         try:
-            ref = check_claim_ref(
-                ClaimRef(str(meta.get("namespace")), str(meta["uid"]), str(meta.get("name")))
-            )
-            work = self._work(claim, ref)
+            ref = check_claim_ref(ClaimRef(str(read.namespace), read.uid, str(read.name)))
+            work = self._work(read, ref)
             prepared = preparation(work, self.settings.mps_root)
         except (BadName, ClaimError) as exc:
-            log.warning("dra-rebuild-skipped", claim_uid=str(meta.get("uid")), error=str(exc))
+            log.warning("dra-rebuild-skipped", claim_uid=read.uid, error=str(exc))
             return None
         guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
         return PreparedClaim(
@@ -531,7 +528,8 @@ class DraDriver:
             await self._write()
             await self._apply(prepared, applied)
             devices = self._prepared_devices(work)
-            dev_root = await asyncio.to_thread(self._host_dev_root)
+            snap = self._snapshot()
+            dev_root = "/" if snap is None else snap.host_dev_root
             spec = claim_spec(ref.uid, prepared.cdi, host_dev_root=dev_root)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
@@ -568,12 +566,14 @@ class DraDriver:
         await self._write_quietly()
         log.info("dra-prepare-undone", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
-    async def _read_claim(self, ref: ClaimRef) -> Mapping[str, object] | str:
-        """The claim from the API, or why it could not be read."""
+    async def _read_claim(self, ref: ClaimRef) -> ResourceClaim | str:
+        """The claim from the API, read into what Prepare uses, or why it could not be read."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         try:
-            return await asyncio.wait_for(
-                self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+            return ResourceClaim.read(
+                await asyncio.wait_for(
+                    self._objects.get_claim(ref.namespace, ref.name), self.settings.api_timeout_s
+                )
             )
         except DraObjectNotFound:
             return f"{where} not found in the API (deleted?)"
@@ -584,7 +584,7 @@ class DraDriver:
         except Exception as exc:
             return f"reading {where}: {exc}"
 
-    def _work(self, claim: Mapping[str, object], ref: ClaimRef) -> ClaimWork:
+    def _work(self, claim: ResourceClaim, ref: ClaimRef) -> ClaimWork:
         snap = self._snapshot()
         if snap is None:
             raise ClaimError("the driver has not read this node's GPUs yet")

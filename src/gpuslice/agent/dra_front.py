@@ -11,35 +11,38 @@ switches modes with one flag.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.agent.dra_slices import SlicePublisher
+from gpuslice.agent.front import ModeOf
+from gpuslice.agent.guard_view import claim_modes
+from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.health import DeviceHealthReport, device_health
+from gpuslice.core.guard.model import ClaimOverride, GuardMode
+from gpuslice.core.sharing.model import Plan
 from gpuslice.dra.server import DraPluginServer, DraServerSettings
-from gpuslice.kubelet.state import PlanState, Snapshot
+from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.mps import MpsDaemonManager
+from gpuslice.state import PlanState, Snapshot
 
 
 class PlanHealth:
     """The DRA health stream's source: every published device's health from the plan state.
 
     A new snapshot (health change, reload) wakes the stream; the last XID per GPU only
-    explains an unhealthy device, and the agent records it before publishing the snapshot
-    that marks the device. Computed afresh at each send: a few devices, every few seconds.
+    explains an unhealthy device, and the agent publishes it in the snapshot that marks
+    the device. Computed afresh at each send: a few devices, every few seconds.
     """
 
-    def __init__(
-        self, state: PlanState, *, pool: str, xids: Callable[[], Mapping[str, int | None]]
-    ) -> None:
+    def __init__(self, state: PlanState, *, pool: str) -> None:
         self._state = state
         self._pool = pool
-        self._xids = xids
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        reports = device_health(snap.inventory, snap.unhealthy, self._xids(), pool=self._pool)
+        reports = device_health(snap.inventory, snap.unhealthy, snap.last_xid, pool=self._pool)
         return snap.version, reports
 
     async def wait_newer(self, version: int) -> Snapshot:
@@ -47,9 +50,13 @@ class PlanHealth:
 
 
 class DraFrontEnd:
+    """The `agent.front.FrontEnd` of DRA mode."""
+
+    advises_mig_strategy = False
+
     def __init__(
         self,
-        state: Callable[[], PlanState | None],
+        state: PlanState,
         *,
         driver_name: str,
         plugin_dir: Path,
@@ -59,7 +66,6 @@ class DraFrontEnd:
         mps: MpsDaemonManager | None = None,
         server_settings: DraServerSettings | None = None,
         node_name: str = "",
-        xids: Callable[[], Mapping[str, int | None]] = dict,
     ) -> None:
         self._state = state
         self.driver_name = driver_name
@@ -71,12 +77,12 @@ class DraFrontEnd:
         self._server_settings = server_settings
         self.node_name = node_name
         """The pool of this node's devices; "" serves no health stream."""
-        self._xids = xids
         self.server: DraPluginServer | None = None
+        self.on_allocate: AllocateObserver | None = None
+        """Unused: DRA has no Allocate (Prepare's counters are the driver's own)."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        state = self._state()
-        assert state is not None, "the front end runs once a plan is in force"
+        state = self._state
         # Prepare must see the record of earlier preparations before the kubelet can call.
         await self.driver.load()
         self.server = DraPluginServer(
@@ -85,9 +91,7 @@ class DraFrontEnd:
             self.registry_dir,
             self.driver,
             settings=self._server_settings,
-            health=PlanHealth(state, pool=self.node_name, xids=self._xids)
-            if self.node_name
-            else None,
+            health=PlanHealth(state, pool=self.node_name) if self.node_name else None,
         )
         async with asyncio.TaskGroup() as tg:
             if self.mps is not None:
@@ -106,3 +110,10 @@ class DraFrontEnd:
             error = self.publisher.last_error or "not yet"
             return False, f"ResourceSlices not published: {error}\n"
         return True, "ok\n"
+
+    def attributed_plan(self) -> tuple[Plan, Inventory] | None:
+        claims = self.driver.claims_plan()
+        return None if claims is None else (claims, self._state.current.inventory)
+
+    def guard_modes(self, node: GuardMode, override: ClaimOverride) -> ModeOf:
+        return claim_modes(self.driver, node, override)

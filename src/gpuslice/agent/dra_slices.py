@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
+from gpuslice.aio.races import first_of
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
 from gpuslice.core.dra.publish import (
     REPLICAS,
@@ -38,13 +39,12 @@ from gpuslice.core.dra.publish import (
     share_offers,
     taints,
 )
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
+from gpuslice.state import PlanState, Snapshot
 
 log = get_logger("gpuslice.dra.slices")
-Json = dict[str, Any]
 
 
 def _now() -> str:
@@ -59,7 +59,6 @@ class SlicePublisher:
         driver: str,
         node: str,
         snapshot: Callable[[], Snapshot | None],
-        xids: Callable[[], Mapping[str, int | None]] = dict,
         resync_s: float = 10.0,
         backoff: Backoff | None = None,
         shares: SharesMode = REPLICAS,
@@ -70,7 +69,6 @@ class SlicePublisher:
         self.driver = driver
         self.node = node
         self._snapshot = snapshot
-        self._xids = xids
         self.resync_s = resync_s
         self.shares = shares
         self._tainted_since: dict[str, str] = {}
@@ -102,8 +100,7 @@ class SlicePublisher:
     def wanted_devices(self, snap: Snapshot) -> list[Json]:
         devices = dra_devices(snap.inventory)
         offers = share_offers(snap.plan, self.shares, devices)
-        xids = self._xids()
-        unhealthy = {u: xids.get(u) for u in snap.unhealthy}
+        unhealthy = {u: snap.last_xid.get(u) for u in snap.unhealthy}
         for uuid in list(self._tainted_since):
             if uuid not in unhealthy:
                 del self._tainted_since[uuid]
@@ -302,18 +299,7 @@ async def _next_change(
 ) -> None:
     """Until the plan moves on, the watch shows a change, `stop`, or (after a failure)
     the retry delay: with nothing happening, nothing wakes."""
-    newer: asyncio.Future[Any] = asyncio.ensure_future(state.wait_newer(version))
-    watched: asyncio.Future[Any] = asyncio.ensure_future(moved.wait())
-    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait(
-            {newer, watched, stopped}, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED
-        )
-    finally:
-        for task in (newer, watched, stopped):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    await first_of(state.wait_newer(version), moved.wait(), stop.wait(), within_s=retry_s)
 
 
 def _refuses_effect_none(exc: Exception) -> bool:

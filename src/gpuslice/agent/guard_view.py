@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import cast, get_args
 
 from gpuslice.agent.dra_driver import DraDriver
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.guard import GpuMemory, tenants_from
 from gpuslice.core.guard.model import ClaimOverride, GuardMode, claim_mode
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.units import MIB
 from gpuslice.guard import GuardView
 from gpuslice.guard.enforcement import ReadView
-from gpuslice.kubelet.waiting import unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.metrics import SnapshotRefresher
 from gpuslice.metrics.procfs import cgroup_identities
@@ -32,8 +33,7 @@ from gpuslice.ports import GpuBackend
 
 log = get_logger("gpuslice.guard")
 
-MIB = 1024 * 1024
-GUARDED_STRATEGIES = ("time-slicing", "mps")
+GUARDED_STRATEGIES = (SharingStrategy.TIME_SLICING, SharingStrategy.MPS)
 
 IDLE_VIEW = GuardView(gpus=(), tenants=(), identities={})
 """No process on any GPU: nobody can be over a share, and evaluating this view clears the

@@ -6,20 +6,19 @@ looks for each configured channel's character device under the dev root the plug
 container sees (the container driver root when it holds `dev/`, else `/`), and also at the
 plain `/dev/...` path, where a channel injected into the agent's own container appears. A
 missing channel is skipped with a warning, unless `imex.required` is set, when the plugin
-refuses to start. The core's Allocate response then adds only the channels found here
+refuses to start. `agent.plan` hands the channels found here to the core's plan, and
+Allocate grants only those
 (its device spec's host path is under nvidiaDevRoot, as NVIDIA's `server.go` writes it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import stat
 from pathlib import Path
 
 from gpuslice.core.allocation.response import imex_channel_path
 from gpuslice.core.config import Config
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.sharing.model import Plan
 from gpuslice.host.devroot import container_dev_root
 from gpuslice.logs import get_logger
 
@@ -63,13 +62,3 @@ def present_channels(config: Config) -> tuple[int, ...]:
             )
         log.warning("imex-channel-missing", channel=channel, path=where, message="ignoring it")
     return tuple(found)
-
-
-def with_imex(plan: Plan, config: Config) -> Plan:
-    """`plan` granting only the IMEX channels present now; raises if a required one is not."""
-    channels = present_channels(config)
-    if channels == plan.allocate.imex_channels:
-        return plan
-    return dataclasses.replace(
-        plan, allocate=dataclasses.replace(plan.allocate, imex_channels=channels)
-    )

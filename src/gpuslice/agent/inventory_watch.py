@@ -50,8 +50,6 @@ async def _watch(agent: Agent, warn: Warn | None, stop: asyncio.Event) -> None:
         if stop.is_set():
             return
         state = agent.state
-        if state is None:
-            continue
         try:
             inventory = await asyncio.to_thread(agent.backend.inventory)
         except BackendError as exc:
@@ -65,8 +63,6 @@ async def _watch(agent: Agent, warn: Warn | None, stop: asyncio.Event) -> None:
 
 async def _report_layout(agent: Agent, warn: Warn | None, posted: str | None) -> str | None:
     """Warn once per distinct layout problem; log when it is gone."""
-    if agent.state is None:
-        return posted
     problem = agent.state.current.plan.mig_layout_problem
     if problem == posted:
         return posted

@@ -22,11 +22,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.aio.waiting import sleep_unless_stopped
 from gpuslice.core.errors import GpusliceError
 from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
 from gpuslice.host.hostdirs import readable_if_present, writable_dir
 from gpuslice.host.nodelock import LOCK_NAME, NodeLock
-from gpuslice.kubelet.waiting import sleep_unless_stopped
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer
 from gpuslice.metrics.server import ServerLimits

@@ -1,6 +1,6 @@
 """The node agent: the one place that joins the core to every adapter.
 
-One `asyncio.TaskGroup` supervises the loops (device plugin servers, health, config reload,
+One `asyncio.TaskGroup` supervises the loops (the front end, health, config reload,
 labels, MPS daemons, metrics); one stop event ends them all. The plan in force only ever
 changes through `_apply`, which validates first: a bad config or a plan that does not fit
 the node is logged (and posted as a Kubernetes Event when the API is reachable) and the
@@ -10,29 +10,27 @@ previous plan stays advertised, so nothing already allocated disappears.
 from __future__ import annotations
 
 import asyncio
-from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpuslice.agent.config_watch import ConfigWatch
 from gpuslice.agent.configs import LoadedConfig, current_fingerprint, load_config
-from gpuslice.agent.imex import with_imex
+from gpuslice.agent.front import FrontEnd
+from gpuslice.agent.plan import plan_node
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.core.config.schema import Config
+from gpuslice.aio.races import first_of
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
 from gpuslice.core.health import HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
-from gpuslice.core.sharing.plan import build_plan
-from gpuslice.kubelet.manager import DevicePluginManager
-from gpuslice.kubelet.servicer import AllocateObserver
-from gpuslice.kubelet.state import PlanState
-from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.host.devroot import host_dev_root
 from gpuslice.logs import get_logger
 from gpuslice.ports import GpuBackend
+from gpuslice.state import PlanState
 
 log = get_logger("gpuslice.agent")
 
@@ -47,14 +45,6 @@ ConfigListener = Callable[[str, bool, str], Awaitable[None]]
 """Called after each reload attempt with (config name, accepted, message)."""
 
 
-class FrontEnd(Protocol):
-    """What serves the plan to the kubelet when it is not the device plugin (DRA mode)."""
-
-    async def run(self, stop: asyncio.Event) -> None: ...
-
-    def readiness(self) -> tuple[bool, str]: ...
-
-
 @dataclass(slots=True)
 class AgentHooks:
     """Optional adapters the agent drives when present (wired by `agent.build`)."""
@@ -62,8 +52,6 @@ class AgentHooks:
     on_config: list[ConfigListener] = field(default_factory=list)
     on_plan: list[Callable[[Plan, Inventory], Awaitable[None]]] = field(default_factory=list)
     """Called with each plan put in force (the first one too): labels, MPS daemons."""
-    on_allocate: AllocateObserver | None = None
-    """Told (resource, succeeded, seconds) after every Allocate (the metrics counters)."""
     on_health: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (physical UUID, healthy) on every health transition."""
     on_cordon: list[Callable[[Cordon, Cordon], Awaitable[None]]] = field(default_factory=list)
@@ -72,15 +60,111 @@ class AgentHooks:
         default_factory=list
     )
     """Long-running loops supervised with the agent's own (metrics, MPS, label watch)."""
-    front_end: FrontEnd | None = None
-    """Replaces the device plugin manager (DRA mode): a node serves its GPUs one way only."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """One load's result: the config read, the plan built from it and where the host's
+    device nodes are for it (computed in the loader's thread: it looks at the disk)."""
+
+    config: LoadedConfig
+    plan: Plan
+    inventory: Inventory
+    host_dev_root: str
+
+
+@dataclass(frozen=True, slots=True)
+class FirstPlan:
+    """What `first_plan` found: the plan the agent starts with, and the node label and
+    cordon values it was planned for."""
+
+    loaded: Loaded
+    label_value: str = ""
+    cordon_value: str = ""
+
+
+def _load_now(settings: AgentSettings, label_value: str, inventory: Inventory) -> Loaded:
+    loaded = load_config(settings, label_value)
+    flags = loaded.config.flags
+    return Loaded(
+        loaded,
+        plan_node(inventory, loaded.config, settings),
+        inventory,
+        host_dev_root(flags.plugin.container_driver_root, flags.effective_dev_root),
+    )
+
+
+async def load(settings: AgentSettings, label_value: str, inventory: Inventory) -> Loaded:
+    """Read, parse and plan off the event loop, within LOAD_TIMEOUT_S; every failure
+    is a ConfigError (the loader promises it; this is the belt to its braces)."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.to_thread(_load_now, settings, label_value, inventory), LOAD_TIMEOUT_S
+        )
+    except GpusliceError:
+        raise
+    except TimeoutError:
+        raise ConfigError(
+            [FieldProblem("", f"loading the config took more than {LOAD_TIMEOUT_S:g} s")],
+            source=str(settings.config_path or ""),
+        ) from None
+    except Exception as exc:  # a config must never end the daemon
+        log.exception("config-load-unexpected")
+        raise ConfigError(
+            [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
+            source=str(settings.config_path or ""),
+        ) from None
+
+
+async def first_plan(
+    settings: AgentSettings,
+    backend: GpuBackend,
+    *,
+    label_values: asyncio.Queue[str] | None = None,
+    cordon_values: asyncio.Queue[str] | None = None,
+) -> FirstPlan:
+    """The plan the agent starts with, before anything is wired to it: here a bad config
+    is fatal (there is nothing in force to keep). Waits a bounded time for the node's
+    config label; the watch delivers the cordon annotation with it."""
+    label_value = ""
+    if label_values is not None:
+        try:
+            label_value = await asyncio.wait_for(label_values.get(), settings.initial_label_wait_s)
+        except TimeoutError:
+            log.warning(
+                "node-label-unknown",
+                label=settings.node_label,
+                waited_s=settings.initial_label_wait_s,
+                message="planning without it",
+            )
+    cordon_value = ""
+    while cordon_values is not None and not cordon_values.empty():
+        cordon_value = cordon_values.get_nowait()
+    inventory = await asyncio.to_thread(backend.inventory)
+    for gpu in inventory.gpus:
+        if not gpu.memory_reported:  # once, at start: why its memory features are off
+            log.warning("gpu-memory-not-reported", gpu=gpu.uuid, note=unified_memory_note(gpu))
+    loaded = await load(settings, label_value, inventory)
+    return FirstPlan(loaded, label_value, cordon_value)
+
+
+def plan_state(first: FirstPlan) -> PlanState:
+    """The state every front end and adapter reads, holding the first plan."""
+    loaded = first.loaded
+    return PlanState(loaded.plan, loaded.inventory, host_dev_root=loaded.host_dev_root)
 
 
 class Agent:
+    """Keeps the plan state current (config reloads, health, the operator's cordon) while
+    its front end serves it; built around a plan already in force (`first_plan`)."""
+
     def __init__(
         self,
         settings: AgentSettings,
         backend: GpuBackend,
+        state: PlanState,
+        first: FirstPlan,
+        front_end: FrontEnd,
         *,
         hooks: AgentHooks | None = None,
         label_values: asyncio.Queue[str] | None = None,
@@ -88,12 +172,15 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.backend = backend
+        self.state = state
+        self.front_end = front_end
         self.hooks = hooks or AgentHooks()
         self.label_values = label_values
         """Values of the node's config label, pushed by the Kubernetes watcher."""
         self.cordon_values = cordon_values
         """Values of the node's `gpuslice.io/gpu-cordon` annotation, from the same watch."""
-        self.cordon_value = ""
+        self.label_value = first.label_value
+        self.cordon_value = first.cordon_value
         self.cordon = Cordon()
         self.policy, policy_warnings = HealthPolicy.from_env(
             settings.disable_healthchecks, settings.enable_healthchecks
@@ -102,105 +189,31 @@ class Agent:
             log.warning("healthcheck-setting", message=w)
         self.health = HealthState()
         self.extra_unhealthy: frozenset[str] = frozenset()
-        self.last_xid: dict[str, int | None] = {}
-        """GPU UUID -> its last XID (None: lost); DRA taints carry the XID as NVIDIA's do."""
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
-        self.label_value = ""
-        self.loaded: LoadedConfig | None = None
+        self._last_xid: dict[str, int | None] = {}
+        """GPU UUID -> its last XID (None: lost), published with the unhealthy set."""
+        self.loaded = first.loaded.config
         self.unsettled = False
         """The last reload read files that changed under it (see `reload`)."""
-        self.state: PlanState | None = None
         self.started = asyncio.Event()
-        self.manager: DevicePluginManager | None = None
-        """The device plugins' manager once `run` has built it (readiness reads it)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def initial_plan(self) -> tuple[Plan, Inventory, LoadedConfig]:
-        """First plan: here a bad config is fatal (there is nothing in force to keep)."""
-        inventory = await asyncio.to_thread(self.backend.inventory)
-        for gpu in inventory.gpus:
-            if not gpu.memory_reported:  # once, at start: why its memory features are off
-                log.warning("gpu-memory-not-reported", gpu=gpu.uuid, note=unified_memory_note(gpu))
-        loaded, plan = await self._load(inventory)
-        return plan, inventory, loaded
-
-    async def _load(self, inventory: Inventory) -> tuple[LoadedConfig, Plan]:
-        """Read, parse and plan off the event loop, within LOAD_TIMEOUT_S; every failure
-        is a ConfigError (the loader promises it; this is the belt to its braces)."""
-
-        def load() -> tuple[LoadedConfig, Plan]:
-            loaded = load_config(self.settings, self.label_value)
-            return loaded, with_imex(self._plan(inventory, loaded.config), loaded.config)
-
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(load), LOAD_TIMEOUT_S)
-        except GpusliceError:
-            raise
-        except TimeoutError:
-            raise ConfigError(
-                [FieldProblem("", f"loading the config took more than {LOAD_TIMEOUT_S:g} s")],
-                source=str(self.settings.config_path or ""),
-            ) from None
-        except Exception as exc:  # a config must never end the daemon
-            log.exception("config-load-unexpected")
-            raise ConfigError(
-                [FieldProblem("", f"cannot load the config ({type(exc).__name__}: {exc})")],
-                source=str(self.settings.config_path or ""),
-            ) from None
-
-    def _plan(self, inventory: Inventory, config: Config) -> Plan:
-        """`build_plan`, plus the agent flags that shape Allocate but are no config field."""
-        plan = build_plan(inventory, config)
-        soft = self.settings.memory_guard.soft_limits
-        if plan.allocate.memory_soft_limits == soft:
-            return plan
-        return replace(plan, allocate=replace(plan.allocate, memory_soft_limits=soft))
-
     async def run(self, stop: asyncio.Event) -> None:
-        if self.label_values is not None:
-            try:
-                self.label_value = await asyncio.wait_for(
-                    self.label_values.get(), self.settings.initial_label_wait_s
-                )
-            except TimeoutError:
-                log.warning(
-                    "node-label-unknown",
-                    label=self.settings.node_label,
-                    waited_s=self.settings.initial_label_wait_s,
-                    message="planning without it",
-                )
-        while self.cordon_values is not None and not self.cordon_values.empty():
-            # the watch delivers the annotation with the label: the first plan is cordoned
-            self.cordon_value = self.cordon_values.get_nowait()
-        plan, inventory, loaded = await self.initial_plan()
-        self.loaded = loaded
-        self.state = PlanState(plan, inventory)
+        plan = self.state.current.plan
         if self.cordon_value:
             await self._set_cordon(self.cordon_value)
-        self._log_plan(plan, loaded.name)
+        self._log_plan(plan, self.loaded.name)
         for w in plan.warnings:
-            # DRA mode publishes MIG devices whatever the device plugin's migStrategy says,
-            # so the plan's advice about that strategy would only mislead there
-            if self.hooks.front_end is not None and w in plan.mig_strategy_warnings:
+            # a front end that publishes MIG devices whatever the device plugin's
+            # migStrategy says (DRA) has no use for the plan's advice about that strategy
+            if not self.front_end.advises_mig_strategy and w in plan.mig_strategy_warnings:
                 continue
             log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:
-            await hook(plan, inventory)
-        front_end = self.hooks.front_end
-        if front_end is None:
-            manager = DevicePluginManager(
-                self.state,
-                plugin_dir=self.settings.plugin_dir,
-                kubelet_socket=self.settings.kubelet_socket,
-                on_allocate=self.hooks.on_allocate,
-            )
-            self.manager = manager
+            await hook(plan, self.state.current.inventory)
         async with asyncio.TaskGroup() as tg:
-            if front_end is None:
-                tg.create_task(manager.run(stop), name="device-plugins")
-            else:
-                tg.create_task(front_end.run(stop), name="front-end")
+            tg.create_task(self.front_end.run(stop), name="front-end")
             tg.create_task(self._health_loop(stop), name="health")
             tg.create_task(self._reload_loop(stop), name="config-reload")
             if self.cordon_values is not None:
@@ -211,22 +224,8 @@ class Agent:
             await stop.wait()
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready once a plan is in force and every device plugin is registered with the
-        kubelet; the reason is the body of `/readyz`."""
-        if self.hooks.front_end is not None:
-            if self.state is None:
-                return False, "no plan in force yet\n"
-            return self.hooks.front_end.readiness()
-        if self.manager is None or self.state is None:
-            return False, "no plan in force yet\n"
-        registered = self.manager.registered
-        wanted = {r.name for r in self.state.current.plan.resources if r.devices}
-        waiting = sorted(n for n in wanted | set(registered) if not registered.get(n, False))
-        if waiting:
-            return False, f"not registered with the kubelet yet: {', '.join(waiting)}\n"
-        if not registered:
-            return True, "ready: no devices to advertise\n"
-        return True, f"ready: registered {', '.join(sorted(registered))}\n"
+        """The front end's answer (the body of `/readyz`)."""
+        return self.front_end.readiness()
 
     # -- plan changes ----------------------------------------------------------------------
 
@@ -236,11 +235,11 @@ class Agent:
         With `expect` (the fingerprint the reload loop saw settle), text read from files
         that no longer match it (a writer got in between the check and the read) is
         dropped unapplied and `self.unsettled` is set, so the loop looks again."""
-        assert self.state is not None
         self.unsettled = False
         try:
             inventory = await asyncio.to_thread(self.backend.inventory)
-            loaded, plan = await self._load(inventory)
+            result = await load(self.settings, self.label_value, inventory)
+            loaded, plan = result.config, result.plan
             if expect is not None and loaded.fingerprint != expect:
                 log.info("config-changed-while-read", reason=reason)
                 self.unsettled = True
@@ -257,9 +256,18 @@ class Agent:
             return False
         self.loaded = loaded
         snapshot = self.state.current
-        if plan == snapshot.plan and inventory == snapshot.inventory:
+        if (plan, inventory, result.host_dev_root) == (
+            snapshot.plan,
+            snapshot.inventory,
+            snapshot.host_dev_root,
+        ):
             return True
-        self.state.publish(plan=plan, inventory=inventory, unhealthy=self._unhealthy())
+        self.state.publish(
+            plan=plan,
+            inventory=inventory,
+            unhealthy=self._unhealthy(),
+            host_dev_root=result.host_dev_root,
+        )
         await self._set_cordon(self.cordon_value)  # indices may name other GPUs now
         self._log_plan(plan, loaded.name)
         for hook in self.hooks.on_plan:
@@ -296,7 +304,6 @@ class Agent:
                 watch.close()
 
     async def _reload_until(self, stop: asyncio.Event, watch: ConfigWatch | None) -> None:
-        assert self.loaded is not None
         fingerprint = self.loaded.fingerprint
         pending: object = None
         while not stop.is_set():
@@ -340,11 +347,7 @@ class Agent:
             waiters["label"] = asyncio.ensure_future(self.label_values.get())
         if watch is not None and not settling:
             waiters["files"] = asyncio.ensure_future(watch.wait())
-        try:
-            await asyncio.wait(waiters.values(), timeout=timeout, return_when=FIRST_COMPLETED)
-        finally:
-            for waiter in waiters.values():
-                waiter.cancel()
+        await first_of(*waiters.values(), within_s=timeout)
         label = waiters.get("label")
         if label is None or not label.done() or label.cancelled():
             return False
@@ -360,16 +363,18 @@ class Agent:
     def _unhealthy(self) -> frozenset[str]:
         return self.health.unhealthy | self.extra_unhealthy
 
+    def _xids(self) -> dict[str, int | None]:
+        """A copy for the snapshot: published snapshots never change under their readers."""
+        return dict(self._last_xid)
+
     def set_withdrawn(self, uuids: frozenset[str]) -> None:
         """Mark physical devices unhealthy for a non-XID reason (e.g. MPS daemon down)."""
-        assert self.state is not None
         if uuids == self.extra_unhealthy:
             return
         self.extra_unhealthy = uuids
         self.state.publish(unhealthy=self._unhealthy())
 
     async def _health_loop(self, stop: asyncio.Event) -> None:
-        assert self.state is not None
         while not stop.is_set():
             # The loop leaves at once on stop; the thread still waiting is woken when the
             # backend is closed, so the wait can be long and the idle daemon stays asleep.
@@ -386,15 +391,15 @@ class Agent:
             counted = event.kind == "lost" or bool(self.policy.affected(event, inventory))
             if event.kind in ("xid", "lost") and counted:
                 # an ignored XID does not replace the one that made the GPU unhealthy
-                self.last_xid[event.gpu_uuid] = event.xid if event.kind == "xid" else None
+                self._last_xid[event.gpu_uuid] = event.xid if event.kind == "xid" else None
             elif event.kind == "recovered":
-                self.last_xid.pop(event.gpu_uuid, None)
+                self._last_xid.pop(event.gpu_uuid, None)
             before, noticed = self.health.unhealthy, self.health.noticed
             self.health = self.health.apply(event, inventory, self.policy)
             if self.health.unhealthy == before:
                 log.info("health-ignored", kind=event.kind, gpu=event.gpu_uuid, xid=event.xid)
                 if self.health.noticed != noticed:  # DRA's informational taints
-                    self.state.publish(noticed=self.health.noticed)
+                    self.state.publish(noticed=self.health.noticed, last_xid=self._xids())
                 continue
             log.warning(
                 "health-changed",
@@ -403,7 +408,9 @@ class Agent:
                 xid=event.xid,
                 unhealthy=",".join(sorted(self.health.unhealthy)) or "-",
             )
-            self.state.publish(unhealthy=self._unhealthy(), noticed=self.health.noticed)
+            self.state.publish(
+                unhealthy=self._unhealthy(), noticed=self.health.noticed, last_xid=self._xids()
+            )
             for uuid in self.health.unhealthy ^ before:
                 for on_health in self.hooks.on_health:
                     on_health(uuid, uuid not in self.health.unhealthy)
@@ -411,7 +418,7 @@ class Agent:
     # -- the operator's GPU cordon ---------------------------------------------------------
 
     async def _cordon_loop(self, stop: asyncio.Event) -> None:
-        assert self.cordon_values is not None
+        assert self.cordon_values is not None  # started only with a cordon watch
         while not stop.is_set():
             value = await unless_stopped(stop, self.cordon_values.get())
             if value is None:
@@ -421,7 +428,6 @@ class Agent:
     async def _set_cordon(self, value: str) -> None:
         """Put the annotation's cordon in force on the current inventory; hooks hear of a
         change. A bad entry is skipped (logged and posted), never the end of the loop."""
-        assert self.state is not None
         self.cordon_value = value
         before = self.cordon
         self.cordon = parse_cordon(value, self.state.current.inventory)

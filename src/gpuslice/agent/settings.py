@@ -1,8 +1,11 @@
 """Settings of the node agent: everything `gpuslice plugin` can be told, with NVIDIA's names.
 
-Each field documents its unit, default and why. The CLI fills these from flags and the
-environment variables NVIDIA's plugin and config-manager use, so existing DaemonSet
-manifests keep working.
+Each field documents its unit, default and why, and carries its knob (`agent.knobs`): the
+flag and the environment variable NVIDIA's plugin and config-manager use, so existing
+DaemonSet manifests keep working. `cli.plugin` generates its options from these fields;
+the field's default is the only one. Grouped by concern: `AgentSettings` (the node, its
+config and the agent's endpoints), `ConfigFlags` (NVIDIA's flags that override the config
+file), `GuardSettings` (the memory guard) and `DraSettings` (DRA mode).
 """
 
 from __future__ import annotations
@@ -11,40 +14,137 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from gpuslice.agent.knobs import knob
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
-from gpuslice.core.guard import GuardParams
-from gpuslice.core.guard.model import ClaimOverride, GuardAction
+from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
+from gpuslice.core.guard.model import ClaimOverride, GuardAction, GuardMode
+from gpuslice.core.sharing.model import SOFT_LIMITS_DEFAULT
+from gpuslice.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+
+PATH = click.Path(path_type=Path)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+def _unwords(words: tuple[str, ...]) -> str:
+    return " ".join(words)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _unnames(names: tuple[str, ...]) -> str:
+    return ",".join(names)
+
+
+def _not(value: bool) -> bool:
+    return not value
+
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+
+
+_GUARD = GuardParams()
 
 
 @dataclass(frozen=True, slots=True)
 class GuardSettings:
     """The memory guard (docs/memory-guard.md); needs the metrics exporter's attribution."""
 
-    params: GuardParams = field(default_factory=GuardParams)
-    """`MEMORY_GUARD*`: mode (default `observe`), reserve (default 10 % of each GPU), grace
-    (default 1 s), strict (default off); see `core.guard.model.GuardParams`."""
-    interval_s: float = 1.0
+    mode: GuardMode = knob(
+        _GUARD.mode,
+        "--memory-guard",
+        env="MEMORY_GUARD",
+        type=click.Choice(["off", "observe", "enforce"]),
+        show_default=True,
+        help="Memory guard for time-sliced GPUs (docs/memory-guard.md).",
+    )
+    """`MEMORY_GUARD`: see `core.guard.model.GuardParams` for mode, reserve, grace, strict."""
+    reserve: Reserve = knob(
+        _GUARD.reserve,
+        "--memory-guard-reserve",
+        env="MEMORY_GUARD_RESERVE",
+        show_default=True,
+        help="Free memory kept per GPU: a percentage, bytes, or a size (4Gi).",
+        cli_default="10%",
+        from_cli=Reserve.parse,
+    )
+    grace_s: float = knob(
+        _GUARD.grace_s,
+        "--memory-guard-grace",
+        env="MEMORY_GUARD_GRACE",
+        type=click.FloatRange(min=0),
+        show_default=True,
+        help="Seconds pressure must last before a reclaim; also SIGTERM to SIGKILL.",
+    )
+    strict: bool = knob(
+        _GUARD.strict,
+        "--memory-guard-strict/--no-memory-guard-strict",
+        env="MEMORY_GUARD_STRICT",
+        help="Stop any time-sliced pod over its share, even while memory is free.",
+    )
+    interval_s: float = knob(
+        1.0,
+        "--memory-guard-interval",
+        env="MEMORY_GUARD_INTERVAL",
+        type=click.FloatRange(min=0.05),
+        show_default=True,
+        help="Seconds between memory guard polls.",
+    )
     """`MEMORY_GUARD_INTERVAL`: seconds between polls. A leaker growing faster than
     reserve / (interval + grace) can still push a neighbour into OOM before it is stopped;
     one NVML process query per GPU per second costs well under 1 % of a core."""
-    action: GuardAction = "kill"
+    action: GuardAction = knob(
+        "kill",
+        "--memory-guard-action",
+        env="MEMORY_GUARD_ACTION",
+        type=click.Choice(["kill", "evict"]),
+        show_default=True,
+        help="Signal the container's processes, or evict the pod.",
+    )
     """`MEMORY_GUARD_ACTION`: `kill` signals the container's processes (SIGTERM, SIGKILL after
     the grace: fast, the pod restarts in place) or `evict` uses the Eviction API (honours
     PodDisruptionBudgets; needs RBAC to create pods/eviction)."""
-    claim_override: ClaimOverride = "stricter-only"
+    claim_override: ClaimOverride = knob(
+        "stricter-only",
+        "--memory-guard-claim-override",
+        env="MEMORY_GUARD_CLAIM_OVERRIDE",
+        type=click.Choice(["stricter-only", "allow"]),
+        show_default=True,
+        help="DRA: may a claim's GuardConfig weaken the guard on a shared GPU (allow)?",
+    )
     """`MEMORY_GUARD_CLAIM_OVERRIDE` (DRA mode): whether a claim's GuardConfig `mode` may
     weaken the guard on a GPU it shares with other claims or holds a share of. The claim's
     author is a tenant: with `off` its overrun stays on the GPU and the enforcing guard
     stops a neighbour instead, so by default (`stricter-only`) such a mode is ignored there
     and logged once; `allow` lets it apply. A claim alone on a whole GPU keeps its mode
     either way (only its own pods can suffer)."""
-    soft_limits: bool = True
+    soft_limits: bool = knob(
+        SOFT_LIMITS_DEFAULT,
+        "--memory-soft-limits/--no-memory-soft-limits",
+        env="MEMORY_SOFT_LIMITS",
+        show_default=True,
+        help="Pass time-sliced replicas their memory share as env hints.",
+    )
     """`MEMORY_SOFT_LIMITS`: Allocate passes time-sliced replicas env hints with their share
     (TF allow-growth, JAX memory fraction, GPUSLICE_MEMORY_LIMIT_MIB, GPUSLICE_GPU_FRACTION)."""
+
+    @property
+    def params(self) -> GuardParams:
+        """The core's policy parameters; the lookahead follows the poll interval."""
+        return GuardParams(
+            mode=self.mode,
+            reserve=self.reserve,
+            grace_s=self.grace_s,
+            strict=self.strict,
+            lookahead_s=lookahead_for(self.interval_s),
+        )
 
 
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
@@ -57,23 +157,66 @@ class DraSettings:
     """DRA mode (docs/dra.md): the node serves GPUs as a DRA driver instead of a device
     plugin. Never both on one node: the scheduler would count each GPU twice."""
 
-    driver_name: str = DEFAULT_DRA_DRIVER
+    driver_name: str = knob(
+        DEFAULT_DRA_DRIVER,
+        "--dra-driver-name",
+        env="DRA_DRIVER_NAME",
+        show_default=True,
+        help="DRA driver name (NVIDIA's, so its DeviceClasses and claims work unchanged).",
+    )
     """`DRA_DRIVER_NAME`: NVIDIA's name by default, so DeviceClasses, CEL selectors and
     opaque configs written for NVIDIA's driver select and configure gpuslice unchanged
     (then NVIDIA's DRA driver must not run on the node)."""
-    plugin_dir: Path | None = None
+    plugin_dir: Path | None = knob(
+        None,
+        "--dra-plugin-dir",
+        env="DRA_PLUGIN_DIR",
+        type=PATH,
+        help="Directory of dra.sock and the checkpoint "
+        "[default: /var/lib/kubelet/plugins/<driver>].",
+    )
     """`DRA_PLUGIN_DIR`: where `dra.sock` and the checkpoint live; default
     `/var/lib/kubelet/plugins/<driver>`. Same path inside the pod and on the host."""
-    registry_dir: Path = DEFAULT_DRA_REGISTRY_DIR
+    registry_dir: Path = knob(
+        DEFAULT_DRA_REGISTRY_DIR,
+        "--dra-registry-dir",
+        env="DRA_REGISTRY_DIR",
+        type=PATH,
+        show_default=True,
+        help="The kubelet's plugin-watcher directory.",
+    )
     """`DRA_REGISTRY_DIR`: the kubelet's plugin-watcher directory."""
-    cdi_root: Path = DEFAULT_CDI_ROOT
+    cdi_root: Path = knob(
+        DEFAULT_CDI_ROOT,
+        "--cdi-root",
+        env="CDI_ROOT",
+        type=PATH,
+        show_default=True,
+        help="Where per-claim CDI specs are written (DRA mode).",
+    )
     """`CDI_ROOT`: where per-claim CDI specs are written for the container runtime."""
-    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
-    """`NVIDIA_SMI`: sets a claim's time-slice interval (`compute-policy --set-timeslice`)."""
-    resync_s: float = 10.0
+    resync_s: float = knob(
+        10.0,
+        "--dra-resync-interval",
+        env="DRA_RESYNC_INTERVAL",
+        type=click.FloatRange(min=0.1),
+        show_default=True,
+        help="Longest wait between retries after a failed ResourceSlice publish (the slices "
+        "are watched: nothing is re-read at rest).",
+    )
     """`DRA_RESYNC_INTERVAL`: seconds between checks that this node's ResourceSlices are
     still there (the kubelet deletes them when it restarts)."""
-    consumable_shares: SharesMode = REPLICAS
+    consumable_shares: SharesMode = knob(
+        REPLICAS,
+        "--consumable-shares",
+        env="CONSUMABLE_SHARES",
+        show_default=True,
+        help="Which GPUs DRA offers as consumable shares: 'replicas' (those the config shares, "
+        "N ways), or NVIDIA's --consumable-shares values for every GPU and MIG device: "
+        "'disabled', 'memory', 'unlimited' or a positive integer N (DRA mode).",
+        to_cli=str,
+        from_cli=SharesMode.parse,
+    )
     """`CONSUMABLE_SHARES`: which devices are offered as consumable shares. gpuslice's
     `replicas` (the GPUs the config shares, N ways) by default; NVIDIA's
     `--consumable-shares` values (`disabled`, `memory`, `unlimited`, N) for every device of
@@ -84,58 +227,231 @@ class DraSettings:
         return self.plugin_dir or Path("/var/lib/kubelet/plugins") / self.driver_name
 
 
+def _list(text: str) -> list[str]:
+    return [v.strip() for v in str(text).split(",") if v.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFlags:
+    """NVIDIA's plugin flags that override the config file (`overrides`), each only when
+    set on the command line or in the environment: left at its default, the file's value
+    (or NVIDIA's default) applies, as NVIDIA's precedence rules say."""
+
+    mig_strategy: str = knob(
+        "none", "--mig-strategy", env="MIG_STRATEGY", overrides="flags.migStrategy"
+    )
+    fail_on_init_error: bool = knob(
+        True,
+        "--fail-on-init-error/--no-fail-on-init-error",
+        env="FAIL_ON_INIT_ERROR",
+        overrides="flags.failOnInitError",
+    )
+    nvidia_driver_root: str = knob(
+        "/",
+        "--nvidia-driver-root",
+        "--driver-root",
+        env="NVIDIA_DRIVER_ROOT",
+        overrides="flags.nvidiaDriverRoot",
+    )
+    nvidia_dev_root: str = knob(
+        "",
+        "--nvidia-dev-root",
+        "--dev-root",
+        env="NVIDIA_DEV_ROOT",
+        overrides="flags.nvidiaDevRoot",
+    )
+    container_driver_root: str = knob(
+        "/driver-root",
+        "--container-driver-root",
+        env="CONTAINER_DRIVER_ROOT",
+        help="Where the host's driver root is mounted in the agent's container.",
+        overrides="flags.plugin.containerDriverRoot",
+    )
+    mps_root: str = knob("", "--mps-root", env="MPS_ROOT", overrides="flags.mpsRoot")
+    pass_device_specs: bool = knob(
+        False,
+        "--pass-device-specs/--no-pass-device-specs",
+        env="PASS_DEVICE_SPECS",
+        overrides="flags.plugin.passDeviceSpecs",
+    )
+    device_list_strategy: list[str] = knob(
+        "envvar",
+        "--device-list-strategy",
+        env="DEVICE_LIST_STRATEGY",
+        overrides="flags.plugin.deviceListStrategy",
+        from_cli=_list,
+    )
+    device_id_strategy: str = knob(
+        "uuid",
+        "--device-id-strategy",
+        env="DEVICE_ID_STRATEGY",
+        overrides="flags.plugin.deviceIDStrategy",
+    )
+    cdi_annotation_prefix: str = knob(
+        "cdi.k8s.io/",
+        "--cdi-annotation-prefix",
+        env="CDI_ANNOTATION_PREFIX",
+        overrides="flags.plugin.cdiAnnotationPrefix",
+    )
+    shared_devices_allocation_policy: str = knob(
+        "distributed",
+        "--shared-devices-allocation-policy",
+        env="SHARED_DEVICES_ALLOCATION_POLICY",
+        overrides="flags.plugin.sharedDevicesAllocationPolicy",
+    )
+    gdrcopy_enabled: bool = knob(
+        False,
+        "--gdrcopy-enabled/--no-gdrcopy-enabled",
+        env="GDRCOPY_ENABLED",
+        overrides="flags.gdrcopyEnabled",
+    )
+    gds_enabled: bool = knob(
+        False, "--gds-enabled/--no-gds-enabled", env="GDS_ENABLED", overrides="flags.gdsEnabled"
+    )
+    mofed_enabled: bool = knob(
+        False,
+        "--mofed-enabled/--no-mofed-enabled",
+        env="MOFED_ENABLED",
+        overrides="flags.mofedEnabled",
+    )
+    device_discovery_strategy: str = knob(
+        "auto",
+        "--device-discovery-strategy",
+        env="DEVICE_DISCOVERY_STRATEGY",
+        show_default=True,
+        help="NVIDIA's auto|nvml|tegra, validated like the config's value (vfio is refused, as "
+        "NVIDIA's plugin refuses it); GPUs are found through NVML whatever it says.",
+        overrides="flags.deviceDiscoveryStrategy",
+    )
+
+
+DRA_NEEDS_NODE_NAME = (
+    "--dra needs --node-name (NODE_NAME): the node's name is the pool of its devices and "
+    "selects its ResourceSlices, and the driver reads claims from the API"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
-    node: str = "nvml"
+    node: str = knob(
+        "nvml",
+        "--node",
+        env="GPUSLICE_NODE",
+        show_default=True,
+        help="GPU backend: nvml, or a simulated node spec such as sim:2xt4.",
+    )
     """GPU backend: `nvml` (real GPUs) or a simulated node spec (`sim:2xt4`, a YAML file)."""
-    config_path: Path | None = None
+    config_path: Path | None = knob(
+        None,
+        "--config-file",
+        "config_path",
+        env="CONFIG_FILE",
+        type=PATH,
+        help="Config file, or a directory/ConfigMap/Helm values holding named configs.",
+    )
     """`CONFIG_FILE`: one config file, or a directory / ConfigMap / Helm values of named configs."""
-    config_name: str = ""
+    config_name: str = knob("", "--config-name", env="CONFIG_NAME", help="Pin one named config.")
     """Pin one named config (wins over the node label)."""
-    node_name: str = ""
+    node_name: str = knob(
+        "",
+        "--node-name",
+        env="NODE_NAME",
+        help="This node's name: enables the config label watch and Events.",
+    )
     """`NODE_NAME`: this node, for the label watch and Events. Empty: no Kubernetes API use."""
-    node_label: str = DEFAULT_NODE_LABEL
+    node_label: str = knob(DEFAULT_NODE_LABEL, "--node-label", env="NODE_LABEL", show_default=True)
     """`NODE_LABEL`: the node label whose value names the config to use."""
-    default_config: str = ""
+    default_config: str = knob("", "--default-config", env="DEFAULT_CONFIG")
     """`DEFAULT_CONFIG`: config used when the node has no label."""
-    fallback_strategies: tuple[str, ...] = ("named", "single")
+    fallback_strategies: tuple[str, ...] = knob(
+        ("named", "single"),
+        "--fallback-strategies",
+        env="FALLBACK_STRATEGIES",
+        show_default=True,
+        to_cli=_unnames,
+        from_cli=_names,
+    )
     """`FALLBACK_STRATEGIES`, NVIDIA's Helm default."""
     overrides: Mapping[str, object] = field(default_factory=dict)
     """Config paths set by flags or environment (`flags.migStrategy` -> "single"): they win
     over the file, as NVIDIA's precedence rules say."""
-    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    plugin_dir: Path = knob(
+        DEFAULT_PLUGIN_DIR,
+        "--device-plugin-path",
+        "plugin_dir",
+        env="DEVICE_PLUGIN_PATH",
+        type=PATH,
+        show_default=True,
+    )
     """Where plugin sockets live and the kubelet's `kubelet.sock` is."""
-    kubelet_socket: Path | None = DEFAULT_PLUGIN_DIR / "kubelet.sock"
-    """`KUBELET_SOCKET`; None skips registration (standalone runs)."""
-    reload_interval_s: float = 1.0
+    kubelet_socket: Path | None = knob(
+        DEFAULT_PLUGIN_DIR / "kubelet.sock",
+        "--kubelet-socket",
+        env="KUBELET_SOCKET",
+        help="Kubelet registration socket ('' to skip registration). "
+        "Default: <device-plugin-path>/kubelet.sock.",
+        cli_default=None,
+    )
+    """`KUBELET_SOCKET`; None skips registration (standalone runs). The flag's default is
+    `kubelet.sock` under the plugin directory (`resolve_cli`)."""
+    reload_interval_s: float = knob(
+        1.0,
+        "--config-poll-interval",
+        "reload_interval_s",
+        env="GPUSLICE_CONFIG_POLL_INTERVAL",
+        type=click.FloatRange(min=0.05),
+        hidden=True,
+        help="Seconds between checks of the config path for changes (tests shorten it).",
+    )
     """How long a changed config must hold still before it is read (seconds), and how often
     it is checked where its directories cannot be watched with inotify. ConfigMap volumes
     update within about a minute; one second keeps the agent's own delay negligible."""
     config_rescan_s: float = 30.0
     """Safety net while inotify watches the config's directories: changes wake the check
     at once; this only bounds how long a change inotify cannot see stays unnoticed."""
-    inventory_interval_s: float = 30.0
+    inventory_interval_s: float = knob(
+        30.0,
+        "--inventory-interval",
+        "inventory_interval_s",
+        env="INVENTORY_INTERVAL",
+        type=click.FloatRange(min=0.1),
+        show_default=True,
+        help="Seconds between GPU inventory re-reads (MIG mode and layout changes).",
+    )
     """How often the GPU inventory is re-read (seconds), so MIG mode and layout changes made
     on a running node (`nvidia-smi mig -cgi`, mig-parted) are re-planned without a restart."""
     health_poll_s: float = 30.0
     """Longest wait of one blocking health-event call (seconds). Shutdown does not wait for
     it (closing the backend wakes the waiting thread), so it only sets how often an idle
     daemon wakes up for nothing."""
-    disable_healthchecks: str | None = None
+    disable_healthchecks: str | None = knob(None, env="DP_DISABLE_HEALTHCHECKS")
     """`DP_DISABLE_HEALTHCHECKS`."""
-    enable_healthchecks: str | None = None
+    enable_healthchecks: str | None = knob(None, env="DP_ENABLE_HEALTHCHECKS")
     """`DP_ENABLE_HEALTHCHECKS`."""
-    labels_file: Path | None = None
+    labels_file: Path | None = knob(
+        None,
+        "--labels-file",
+        env="GFD_OUTPUT_FILE",
+        type=PATH,
+        help="NFD features.d file for GFD labels (default: flags.gfd.outputFile).",
+    )
     """Where GFD labels are written (NFD features.d); None: `flags.gfd.outputFile` of the config,
     or no file when labels are disabled."""
-    labels_mode: str = "file"
+    labels_mode: str = knob(
+        "file",
+        "--labels-mode",
+        env="LABELS_MODE",
+        type=click.Choice(["file", "api", "off"]),
+        show_default=True,
+        help="Write GFD labels to the NFD features.d file, patch the Node, or neither.",
+    )
     """`LABELS_MODE`: `file` (NFD local feature file, GFD's classic mode), `api` (patch the
     Node's labels directly; needs RBAC to patch nodes) or `off`."""
-    no_timestamp: bool = False
+    no_timestamp: bool = knob(False, "--no-timestamp", env="GFD_NO_TIMESTAMP", is_flag=True)
     """`GFD_NO_TIMESTAMP`: omit `nvidia.com/gfd.timestamp` (also `flags.gfd.noTimestamp`)."""
-    namespace: str = "default"
+    namespace: str = knob("default", "--namespace", env="NAMESPACE", help="Namespace for Events.")
     """`NAMESPACE`: the agent pod's namespace, where its Events are created."""
-    pod_name: str = ""
+    pod_name: str = knob("", env="POD_NAME", from_cli=str.strip)
     """`POD_NAME` (downward API): the agent's own Pod, which its Events are about (the
     API server takes an Event only in the namespace of what it is about). Empty outside a
     pod: Events are then on the Node, in `default`."""
@@ -143,43 +459,145 @@ class AgentSettings:
     """How long the first plan waits for the node's config label from the API server.
     NVIDIA's config-manager stopped blocking here (v0.18.2) and may then select a config
     before its informer has synced; a short bounded wait avoids applying the wrong config."""
-    metrics_port: int | None = None
+    metrics_port: int | None = knob(
+        None,
+        "--metrics-port",
+        env="METRICS_PORT",
+        type=int,
+        help="Serve /metrics, /healthz, /readyz and /status on this port.",
+    )
     """`METRICS_PORT`: port of the agent's HTTP endpoint (`/metrics`, `/healthz`, `/readyz`,
     `/status`); None disables it. 0 picks a free port (tests). The chart always sets it, since
     the kubelet's probes need it; `gpu_metrics` turns off the GPU telemetry instead."""
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str = knob(
+        "0.0.0.0",
+        "--metrics-address",
+        env="METRICS_ADDRESS",
+        show_default=True,
+        help="Address the metrics/probe endpoint binds (:: for IPv6).",
+    )
     """`METRICS_ADDRESS`: address the HTTP endpoint binds (`::` for IPv6, `127.0.0.1` to keep
     it on the node)."""
-    health_port: int | None = None
+    health_port: int | None = knob(
+        None,
+        "--health-port",
+        env="HEALTH_PORT",
+        type=click.IntRange(0, 65535),
+        help="Also serve /healthz and /readyz alone on this port (the chart's probes use it).",
+    )
     """`HEALTH_PORT`: a listener of the probes' own (`/healthz`, `/readyz` only), so load on
     the scrape port never reaches them; None: the probes are served on `metrics_port` only.
     It binds `metrics_address`."""
-    http_head_timeout_s: float = 5.0
+    http_head_timeout_s: float = knob(
+        5.0,
+        "--http-head-timeout",
+        "http_head_timeout_s",
+        env="HTTP_HEAD_TIMEOUT",
+        type=click.FloatRange(0, 3600, min_open=True),
+        show_default=True,
+        help="Seconds a client has to send a whole request head to the HTTP endpoints.",
+    )
     """`HTTP_HEAD_TIMEOUT`: seconds a client has to send a whole request head to either
     listener (idle keep-alive time included)."""
-    http_max_per_address: int = 16
+    http_max_per_address: int = knob(
+        16,
+        "--http-max-per-address",
+        env="HTTP_MAX_PER_ADDRESS",
+        type=click.IntRange(1, 100000),
+        show_default=True,
+        help="Connections one client address may hold open on an HTTP endpoint.",
+    )
     """`HTTP_MAX_PER_ADDRESS`: connections one client address may hold open on a listener."""
-    gpu_metrics: bool = True
+    gpu_metrics: bool = knob(
+        True,
+        "--gpu-metrics/--no-gpu-metrics",
+        env="GPU_METRICS",
+        show_default=True,
+        help="Gather GPU and per-pod telemetry; off, the endpoint serves only probes and counters.",
+    )
     """`GPU_METRICS`: gather GPU and per-pod telemetry (NVML, PodResources, /proc). Off, the
     endpoint still serves the plugin's own counters and the probes, and `/status` has no pods."""
-    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
-    metrics_interval_s: float = 10.0
+    pod_resources_socket: Path = knob(
+        DEFAULT_POD_RESOURCES_SOCKET,
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        type=PATH,
+        show_default=True,
+    )
+    metrics_interval_s: float = knob(
+        10.0,
+        "--metrics-interval",
+        "metrics_interval_s",
+        env="METRICS_INTERVAL",
+        type=click.FloatRange(min=0.1),
+        show_default=True,
+        help="Seconds between metric snapshots.",
+    )
     """Seconds between metric snapshots (NVML and /proc reads); scrapes in between read the
     same snapshot, so a scrape never waits on NVML."""
-    proc_root: Path = Path("/proc")
+    proc_root: Path = knob(
+        Path("/proc"),
+        "--proc-root",
+        env="PROC_ROOT",
+        type=PATH,
+        show_default=True,
+        help="Host /proc (for per-pod attribution; needs hostPID).",
+    )
     """Where `/proc/<pid>/cgroup` is read for per-pod attribution; the host's /proc under
     hostPID. Tests point it at a fake tree."""
-    mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
+    mps_control: tuple[str, ...] = knob(
+        ("nvidia-cuda-mps-control",),
+        "--mps-control",
+        env="MPS_CONTROL",
+        help="Command running the MPS control program.",
+        to_cli=_unwords,
+        from_cli=_words,
+    )
     """Command that runs the MPS control program (tests use the fake one)."""
-    mps_health_interval_s: float = 2.0
+    mps_health_interval_s: float = knob(
+        2.0,
+        "--mps-health-interval",
+        "mps_health_interval_s",
+        env="MPS_HEALTH_INTERVAL",
+        type=click.FloatRange(min=0.1),
+        show_default=True,
+        help="Seconds between MPS daemon health checks.",
+    )
     """Seconds between health commands to each MPS daemon: how fast a crashed daemon is
     noticed, its replicas withdrawn and the daemon restarted. Each check runs the control
     program once, so a few seconds keeps the cost negligible."""
-    set_compute_mode: bool = True
+    set_compute_mode: bool = knob(
+        True,
+        "--no-compute-mode",
+        "set_compute_mode",
+        is_flag=True,
+        help="Do not set EXCLUSIVE_PROCESS on MPS GPUs.",
+        to_cli=_not,
+        from_cli=_not,
+    )
     """Set EXCLUSIVE_PROCESS on MPS GPUs (NVIDIA does); off where nvidia-smi is absent."""
-    kubeconfig: Path | None = None
+    nvidia_smi: tuple[str, ...] = knob(
+        ("nvidia-smi",),
+        "--nvidia-smi",
+        env="NVIDIA_SMI",
+        show_default=True,
+        help="nvidia-smi command: MPS GPUs' compute mode, claims' time-slice intervals.",
+        to_cli=_unwords,
+        from_cli=_words,
+    )
+    """`NVIDIA_SMI`: sets MPS GPUs' compute mode (both modes) and a claim's time-slice
+    interval (`compute-policy --set-timeslice`, DRA mode)."""
+    kubeconfig: Path | None = knob(None, "--kubeconfig", env="KUBECONFIG", type=PATH)
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
-    node_lock_wait_s: float | None = None
+    node_lock_wait_s: float | None = knob(
+        None,
+        "--node-lock-wait",
+        "node_lock_wait_s",
+        env="NODE_LOCK_WAIT",
+        type=click.FloatRange(min=0),
+        help="Seconds to wait while another agent holds this node's lock, then exit "
+        "[default: wait until it is released].",
+    )
     """`NODE_LOCK_WAIT`: seconds to wait for the node's lock while another agent holds it
     (a force-deleted pod still running, an overlapping release), then exit with one line;
     None waits as long as it takes, which a rollout whose old pod is still terminating
@@ -187,3 +605,11 @@ class AgentSettings:
     dra: DraSettings | None = None
     """`DRA`: serve this node's GPUs as a DRA driver instead of device plugins (None: the
     device plugin, the default)."""
+
+    def problems(self) -> list[str]:
+        """The rules between settings, in one place: what makes a combination unusable.
+        The CLI refuses such settings before anything starts; `agent.build` trusts them."""
+        found = []
+        if self.dra is not None and not self.node_name:
+            found.append(DRA_NEEDS_NODE_NAME)
+        return found

@@ -32,7 +32,7 @@ from gpuslice.core.advise import (
     named_configs,
     parse_duration,
 )
-from gpuslice.host.textfile import read_text
+from gpuslice.textfile import read_text
 
 MAX_SAMPLES_BYTES = 256 * 1024 * 1024
 """Largest samples file read (into memory, whole): a week of a few dozen pods. Longer

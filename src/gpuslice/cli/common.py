@@ -8,12 +8,12 @@ from pathlib import Path
 from rich.console import Console
 
 from gpuslice.agent.configs import load_config
+from gpuslice.agent.plan import plan_node
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.config import Config
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
-from gpuslice.core.sharing.plan import build_plan
 from gpuslice.ports import GpuBackend
 
 
@@ -41,9 +41,8 @@ def plan_for(
     name = backend.name
     settings = AgentSettings(node=node, config_path=config_path, config_name=config_name)
     loaded = load_config(settings)
-    return NodeView(
-        inventory, loaded.config, loaded.name, build_plan(inventory, loaded.config), name
-    )
+    plan = plan_node(inventory, loaded.config, settings)  # the daemon's own plan builder
+    return NodeView(inventory, loaded.config, loaded.name, plan, name)
 
 
 def console() -> Console:

@@ -2,7 +2,7 @@
 
 With `--claims`, the same question for a node in DRA mode: what each ResourceClaim of a
 file would be allocated and what Prepare would give its containers
-(`gpuslice.emulator.dra_whatif`).
+(`gpuslice.whatif.claims`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.host.configfiles import MAX_BYTES
-from gpuslice.host.textfile import read_text
+from gpuslice.textfile import read_text
 
 if TYPE_CHECKING:
-    from gpuslice.emulator.dra_whatif import ClaimOutcome, SliceDevice, WhatIf
+    from gpuslice.whatif.claims import ClaimOutcome, SliceDevice, WhatIf
 
 EXIT_NOT_ALL_FIT = 1
 """`describe --claims`: at least one claim would not be allocated or prepared."""
@@ -174,7 +174,7 @@ def _describe_claims(
     shares: SharesMode = REPLICAS,
 ) -> None:
     # the allocator imports celpy: loaded only when claims are asked about
-    from gpuslice.emulator.dra_whatif import (
+    from gpuslice.whatif.claims import (
         DEFAULT_DEVICE_CLASSES,
         load_claims,
         load_device_classes,

@@ -44,8 +44,7 @@ from typing import Literal, Protocol
 from gpuslice.core.cgroups import CgroupIdentity, ContainerId, PodUid
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import AdvertisedDevice, Plan
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 EntitlementKind = Literal["exclusive", "time-slicing", "mps", "mig"]
 UnattributedReason = Literal["not-in-a-pod", "ambiguous", "no-holder"]

@@ -113,9 +113,9 @@ def gib(mib: float) -> str:
 
 def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
     phys = dev.physical
-    if dev.replicas <= 1 or strategy == "none":
+    if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         return _mig_words(phys) if phys.kind == "mig" else "whole GPU"
-    if strategy == "mps":
+    if strategy == SharingStrategy.MPS:
         pct = dev.mps.active_thread_percentage if dev.mps else 100 // dev.replicas
         limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // dev.replicas
         sms = phys.multiprocessors * pct // 100
@@ -160,11 +160,11 @@ class _Numbers:
 def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
     """`share_text` as fields, for scripts (`describe -o json`)."""
     phys = dev.physical
-    if strategy == "mps":
+    if strategy == SharingStrategy.MPS:
         pct = dev.mps.active_thread_percentage if dev.mps else 100
         limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
         return _Numbers("mps", pct / 100, pct, limit or 0, bool(limit))
-    if dev.replicas <= 1 or strategy == "none":
+    if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         isolation: Isolation = "mig" if phys.kind == "mig" else "none"
         return _Numbers(isolation, 1.0, None, phys.memory_mib, True)
     return _Numbers("none", 1 / dev.replicas, None, phys.memory_mib // dev.replicas, False)
@@ -265,7 +265,7 @@ def report_to_dict(report: DescribeReport) -> dict[str, object]:
                 "resources": [
                     {
                         "resource": s.resource,
-                        "strategy": s.strategy,
+                        "strategy": str(s.strategy),
                         "device": s.device_uuid,
                         "device_index": s.device_index,
                         "replicas": s.replicas,

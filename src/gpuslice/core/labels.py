@@ -97,7 +97,7 @@ def gfd_labels(
     labels[PREFIX + "gpu.machine"] = label_value(sanitise(machine_type)) or "unknown"
     labels.update(_driver_labels(inventory))
     labels[PREFIX + "mig.capable"] = _bool(any(g.mig_capable for g in inventory.gpus))
-    uses_mps = any(r.strategy == "mps" for r in plan.resources)
+    uses_mps = any(r.strategy == SharingStrategy.MPS for r in plan.resources)
     any_mig = any(g.mig_enabled for g in inventory.gpus)
     labels[PREFIX + "mps.capable"] = _bool(uses_mps and not any_mig)
     labels[PREFIX + "gpu.mode"] = gpu_mode(inventory.gpus)
@@ -160,10 +160,10 @@ def _sharing(group: Sequence[ResourcePlan]) -> _Sharing:
         if replicas > best_replicas:
             best, best_replicas = res, replicas
     if best is None:
-        return _Sharing(replicas=0, strategy="none", shared_suffix=False)
+        return _Sharing(replicas=0, strategy=SharingStrategy.NONE, shared_suffix=False)
     strategy: SharingStrategy = best.strategy
-    if best_replicas <= 1 and strategy == "time-slicing":
-        strategy = "none"  # one time slice is the whole GPU: nothing is shared
+    if best_replicas <= 1 and strategy == SharingStrategy.TIME_SLICING:
+        strategy = SharingStrategy.NONE  # one time slice is the whole GPU: nothing is shared
     return _Sharing(
         replicas=best_replicas,
         strategy=strategy,
@@ -192,7 +192,7 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
                 # GFD labels a MIG-enabled GPU without sharing (replicas 0, strategy none, no
                 # -SHARED): its replicas cannot run CUDA while MIG is on
                 # (`internal/lm/mig-strategy.go`, TestMigStrategyNoneLabels).
-                sharing = _Sharing(replicas=0, strategy="none", shared_suffix=False)
+                sharing = _Sharing(replicas=0, strategy=SharingStrategy.NONE, shared_suffix=False)
             also: list[Gpu] = []
             if label_name == GPU_RESOURCE:
                 # GFD counts GPUs by product over MIG-enabled and whole GPUs alike, so under
@@ -211,7 +211,7 @@ def _resource_labels(inventory: Inventory, plan: Plan) -> dict[str, str]:
     if GPU_RESOURCE not in groups:
         # GFD still describes the physical GPUs when none is advertised whole (every GPU
         # in MIG mode under `mixed`): replicas 0 says "not schedulable as nvidia.com/gpu".
-        unshared = _Sharing(replicas=0, strategy="none", shared_suffix=False)
+        unshared = _Sharing(replicas=0, strategy=SharingStrategy.NONE, shared_suffix=False)
         out |= _full_gpu_labels(GPU_RESOURCE, list(inventory.gpus), unshared)
     return out
 
@@ -229,7 +229,7 @@ def _full_gpu_labels(
         f"{name}.count": str(count),
         f"{name}.product": product,
         f"{name}.replicas": str(sharing.replicas),
-        f"{name}.sharing-strategy": sharing.strategy,
+        f"{name}.sharing-strategy": str(sharing.strategy),
     }
     if first.memory_reported:
         # GFD writes no memory label where NVML reports no memory (a unified-memory GPU).
@@ -258,7 +258,7 @@ def _mig_labels(
         f"{name}.count": str(len(migs)),
         f"{name}.product": product,
         f"{name}.replicas": str(sharing.replicas),
-        f"{name}.sharing-strategy": sharing.strategy,
+        f"{name}.sharing-strategy": str(sharing.strategy),
         f"{name}.memory": str(first.memory_mib),
         f"{name}.multiprocessors": str(first.multiprocessors),
         f"{name}.slices.gi": str(first.slices_gi),

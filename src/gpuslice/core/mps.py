@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.core.devices import GpuUuid
-from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan
+from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan, SharingStrategy
 
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """`flags.mpsRoot` when the config leaves it empty (NVIDIA's Helm default)."""
@@ -124,6 +124,32 @@ class MpsDaemonSpec:
         )
         return (*pinned, f"set_default_active_thread_percentage {self.active_thread_percentage}")
 
+    @property
+    def readbacks(self) -> tuple[tuple[str, str], ...]:
+        """(command, the answer a daemon that took `commands` gives). The control program
+        exits 0 whatever the daemon made of a setting (an out-of-range percentage is kept
+        as it was, a malformed limit ignored: seen on driver 580), so reading the settings
+        back is the only way to know they hold."""
+        pinned = tuple(
+            (f"get_default_device_pinned_mem_limit {index}", pinned_limit_shown(mib))
+            for index, mib in self.pinned_mem_limits_mib
+        )
+        percentage = f"{float(self.active_thread_percentage):.1f}"
+        return (*pinned, ("get_default_active_thread_percentage", percentage))
+
+
+def pinned_limit_shown(mib: int) -> str:
+    """How the control daemon prints a default pinned memory limit set to `mib` MiB.
+
+    Read on an H200 with driver 580.159.04: below 1024 MiB as set (`512M`, `1023M`); from
+    1024 MiB on in whole GiB rounded down (`1024M` and `2047M` -> `1G`, `35942M` -> `35G`);
+    no limit (never set, or set to 0) prints nothing. The limit itself is kept in MiB (a
+    client past 35942 MiB fails, not one past 35 GiB): only the answer is coarse.
+    """
+    if mib <= 0:
+        return ""
+    return f"{mib}M" if mib < 1024 else f"{mib // 1024}G"
+
 
 def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
     """The daemon for one MPS resource; None when it has no whole GPU to serve.
@@ -170,5 +196,9 @@ def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
 
 def mps_specs(plan: Plan) -> tuple[MpsDaemonSpec, ...]:
     """One spec per resource shared with MPS, in plan order."""
-    specs = (daemon_spec(r, plan.allocate.mps_root) for r in plan.resources if r.strategy == "mps")
+    specs = (
+        daemon_spec(r, plan.allocate.mps_root)
+        for r in plan.resources
+        if r.strategy == SharingStrategy.MPS
+    )
     return tuple(s for s in specs if s is not None)

@@ -1,13 +1,13 @@
 """`gpuslice demo --dra`: the agent as a DRA driver on an emulated node, claims end to end.
 
-The real agent runs in DRA mode (`agent.build.wire_dra`: slice publisher, Prepare and
+The real agent runs in DRA mode (`agent.build.dra_front_end`: slice publisher, Prepare and
 Unprepare, plugin registration, a claim MPS daemon on the fake MPS control program) with
 the in-memory API objects of `emulator.dra_store` and the DRA kubelet emulator over unix
 sockets in a temp dir; `DraStore.allocate_claim` plays the scheduler. Every value in the
 returned `DraStep`s comes back from the driver: the slices it published, the CDI device IDs
 Prepare returned over gRPC, the env and mounts of the CDI spec files it wrote, and the MPS
 daemon its manager started. Step 4 is `gpuslice describe --claims` on the same node and
-claims (`emulator.dra_whatif`), so the prediction can be read against what happened.
+claims (`whatif.claims`), so the prediction can be read against what happened.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from gpuslice.agent.build import wire_dra
+from gpuslice.agent.build import dra_front_end
 from gpuslice.agent.dra_front import DraFrontEnd
-from gpuslice.agent.runner import Agent
+from gpuslice.agent.runner import Agent, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.jsontypes import Json
 from gpuslice.dra.server import DraServerSettings
-from gpuslice.emulator.dra_allocator import AllocationError
 from gpuslice.emulator.dra_kubelet import DraKubeletEmulator
 from gpuslice.emulator.dra_store import DraStore
-from gpuslice.emulator.dra_whatif import (
+from gpuslice.whatif.allocator import AllocationError
+from gpuslice.whatif.claims import (
     DEFAULT_DEVICE_CLASSES,
     DRIVER,
     Mount,
@@ -45,7 +45,6 @@ from gpuslice.emulator.dra_whatif import (
     what_if,
 )
 
-Json = dict[str, Any]
 DRA_NODE = "sim:1xh100-80gb,1xh100-80gb/mig=1g.10gb*7"
 """GPU 0 whole, GPU 1 split into seven 1g.10gb MIG devices."""
 NODE_NAME = "demo-node"
@@ -275,8 +274,12 @@ async def _running_dra_node(node: str, workdir: Path) -> AsyncIterator[_Node]:
         set_compute_mode=False,
         dra=dra,
     )
-    agent = Agent(settings, backend)
-    front = wire_dra(agent, dra, store, server_settings=DraServerSettings(check_tick_s=1.0))
+    first = await first_plan(settings, backend)
+    state = plan_state(first)
+    front = dra_front_end(
+        state, settings, dra, store, server_settings=DraServerSettings(check_tick_s=1.0)
+    )
+    agent = Agent(settings, backend, state, first, front)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="demo-dra-agent")
     try:
@@ -416,10 +419,7 @@ async def run_dra_demo(node: str = DRA_NODE) -> DraDemoResult:
                 )
             )
 
-            state = n.agent.state
-            if state is None:
-                raise DemoError("the agent has no plan in force")
-            snap = state.current
+            snap = n.agent.state.current
             # the claims as users wrote them (UIDs kept, so paths compare), plus one more
             asked = [
                 {k: v for k, v in n.store.claim(r.namespace, r.name).items() if k != "status"}

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuslice.agent.plan import plan_node
+from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.core.config import parse_config
 from gpuslice.core.guard import GuardParams, lookahead_for
-from gpuslice.core.sharing.plan import build_plan
 from gpuslice.demo.guardsim import SimPod, SimResult, simulate
 
 NODE = "sim:1xl40s"
@@ -75,7 +76,7 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
         inventory = backend.inventory()
     finally:
         backend.close()
-    plan = build_plan(inventory, parse_config(CONFIG))
+    plan = plan_node(inventory, parse_config(CONFIG), AgentSettings(node=NODE))
     [resource] = plan.resources
     device = resource.devices[0]
     total = device.physical.memory_mib

@@ -22,8 +22,8 @@ from typing import Literal
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
 from gpuslice.core.caps import CapPolicy
 from gpuslice.core.guard import ContainerKey, GpuMemory, GuardParams, GuardState, Tenant, evaluate
+from gpuslice.core.units import MIB
 
-MIB = 1024 * 1024
 GPU_UUID = "GPU-sim-0"
 
 Fate = Literal["running", "oom", "capped", "reclaimed"]

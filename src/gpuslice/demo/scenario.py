@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslice.agent.runner import Agent
+from gpuslice.agent.front import DevicePluginFrontEnd
+from gpuslice.agent.runner import Agent, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.emulator.kubelet import AdmissionError, KubeletEmulator
@@ -105,7 +106,9 @@ async def _running_node(node: str, workdir: Path) -> AsyncIterator[tuple[Kubelet
         reload_interval_s=0.1,
         labels_mode="off",
     )
-    agent = Agent(settings, backend)
+    first = await first_plan(settings, backend)
+    state = plan_state(first)
+    agent = Agent(settings, backend, state, first, DevicePluginFrontEnd(state, settings))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="demo-agent")
     try:

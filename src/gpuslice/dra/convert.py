@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
 
 AnyClaim = v1.Claim | v1beta1.Claim
 AnyDevice = v1.Device | v1beta1.Device

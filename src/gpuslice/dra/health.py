@@ -15,7 +15,6 @@ rather than being cut off, and the kubelet reopens them against the next instanc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
@@ -23,8 +22,9 @@ from typing import Protocol
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.races import first_of
 from gpuslice.core.dra.health import DeviceHealthReport, health_message
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
 
 DEFAULT_HEALTH_TIMEOUT_S = 30
 """What we tell the kubelet (its own default too): Unknown after this long without news."""
@@ -115,14 +115,4 @@ class DraHealthServicer:
 
     async def _next(self, version: int, closed: asyncio.Event) -> None:
         """Until the health changes, the refresh is due, or the server stops."""
-        newer = asyncio.ensure_future(self._source.wait_newer(version))
-        stopped = asyncio.ensure_future(closed.wait())
-        try:
-            await asyncio.wait(
-                {newer, stopped}, timeout=self._refresh_s, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for task in (newer, stopped):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await first_of(self._source.wait_newer(version), closed.wait(), within_s=self._refresh_s)

@@ -16,7 +16,7 @@ from structlog.stdlib import BoundLogger
 
 from gpuslice.dra.rpc import PLUGIN_TYPE
 from gpuslice.dra.servicer import bounded
-from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
+from gpuslice.protos.pluginregistration.v1 import api_pb2 as reg
 
 
 class RegistrationStatus:

@@ -15,10 +15,10 @@ from typing import Protocol, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health
-from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.protos.pluginregistration.v1 import api_pb2 as reg
 
 V1_SERVICE = v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
 V1BETA1_SERVICE = v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name

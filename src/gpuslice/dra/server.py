@@ -26,6 +26,8 @@ from types import TracebackType
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.core.text import shown
 from gpuslice.dra.health import (
     DEFAULT_HEALTH_REFRESH_S,
@@ -43,8 +45,6 @@ from gpuslice.dra.rpc import (
     unix_target,
 )
 from gpuslice.dra.servicer import DraServicer
-from gpuslice.kubelet.dirwatch import DirWatch
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.logs import get_logger
 from gpuslice.ports import ClaimPreparer
 

@@ -30,9 +30,9 @@ from gpuslice.dra.convert import (
     unprepare_response_v1,
     unprepare_response_v1beta1,
 )
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
 from gpuslice.ports import ClaimPreparer
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
 
 MAX_UID_CHARS = 128
 """Kubernetes UIDs are 36-character UUIDs; anything much longer is not a claim UID."""

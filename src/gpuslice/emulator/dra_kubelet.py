@@ -33,6 +33,8 @@ from pathlib import Path
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.aio.sockets import SocketId, socket_identity
 from gpuslice.core.dra.health import health_message
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.text import shown, shown_all
@@ -53,13 +55,11 @@ from gpuslice.dra.rpc import (
     RegistrationClient,
     unix_target,
 )
-from gpuslice.kubelet.dirwatch import DirWatch
-from gpuslice.kubelet.protos.dra.v1 import api_pb2 as v1
-from gpuslice.kubelet.protos.dra.v1beta1 import api_pb2 as v1beta1
-from gpuslice.kubelet.protos.drahealth.v1alpha1 import api_pb2 as health_pb
-from gpuslice.kubelet.protos.pluginregistration.v1 import api_pb2 as reg
-from gpuslice.kubelet.sockets import SocketId, socket_identity
 from gpuslice.logs import get_logger
+from gpuslice.protos.dra.v1 import api_pb2 as v1
+from gpuslice.protos.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice.protos.drahealth.v1alpha1 import api_pb2 as health_pb
+from gpuslice.protos.pluginregistration.v1 import api_pb2 as reg
 
 __all__ = ["DeviceHealth", "DraKubeletEmulator", "DraKubeletError", "DraRegistration"]
 

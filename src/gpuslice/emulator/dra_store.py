@@ -6,7 +6,7 @@ node and driver with the API's rules that the driver depends on: `generateName`,
 resourceVersion per write, 409 (`DraConflict`) for a replace from a stale read, 404
 (`DraObjectNotFound`) for a missing object, claim UIDs that change when a claim is
 recreated. Around it, what the rest of a cluster would do: users add DeviceClasses and
-claims, `allocate_claim` plays the scheduler (`dra_allocator.allocate`), `wipe_slices` the
+claims, `allocate_claim` plays the scheduler (`whatif.allocator.allocate`), `wipe_slices` the
 kubelet at its restart. This node's slices can be watched as the API's are: the events after
 a resourceVersion, from a bounded history (older: `DraExpired`, as 410 Gone).
 """
@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslice.emulator.dra_allocator import allocate
+from gpuslice.core.jsontypes import Json
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
+from gpuslice.whatif.allocator import allocate
 
-Json = dict[str, Any]
 HISTORY = 1000
 """Slice events kept for watches resuming from an older version."""
 
@@ -242,7 +242,7 @@ class DraStore:
     ) -> Json:
         """Play the scheduler: allocate the claim on this node (kept when it is allocated
         already, as a claim shared by pods is) and reserve it for the pod, if one is given.
-        Returns the claim; `dra_allocator.AllocationError` when nothing fits."""
+        Returns the claim; `whatif.allocator.AllocationError` when nothing fits."""
         with self._lock:
             current = self._claims.get((namespace, name))
             if current is None:

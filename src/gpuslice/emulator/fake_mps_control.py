@@ -34,24 +34,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.core.mps import pinned_limit_shown
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_NAME = "control"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
 _LIMIT = re.compile(r"^[0-9]+[MG]$")
-_PS_HEADER = "PID ID SERVER DEVICE NAMESPACE COMMAND"
-
-
-class CommandError(Exception):
-    """A command the daemon rejects; its text is what the client prints."""
+NO_DAEMON = "Cannot find MPS control daemon process"
 
 
 @dataclass(slots=True)
 class DaemonState:
-    """What the real daemon remembers between commands (and forgets on quit)."""
+    """What the real daemon remembers between commands (and forgets on quit).
+
+    Its answers are the real program's, as read on an H200 with driver 580.159.04 (the
+    closing note of issue 32 quotes them): a command the daemon rejects still exits 0, an
+    out-of-range thread percentage leaves the old one and prints it, a malformed or
+    unknown-device pinned limit is ignored without a word, an unknown command prints
+    `Unknown command "<line>"`, and a pinned limit reads back in whole GiB, rounded down,
+    from 1024 MiB on (`gpuslice.core.mps.pinned_limit_shown`). The manager therefore checks
+    its settings by reading them back, not by the exit status.
+    """
 
     active_thread_percentage: str = "100.0"
-    pinned_limits: dict[str, str] = field(default_factory=dict)
+    pinned_limits_mib: dict[str, int] = field(default_factory=dict)
     quitting: bool = False
 
     def execute(self, line: str) -> str:
@@ -63,28 +70,27 @@ class DaemonState:
             try:
                 pct = float(args[0])
             except ValueError:
-                raise CommandError(f"invalid thread percentage: {args[0]}") from None
-            if not 0 < pct <= 100:
-                raise CommandError(f"thread percentage out of range (0, 100]: {args[0]}")
-            self.active_thread_percentage = f"{pct:.1f}"
+                pct = -1.0
+            if 0 < pct <= 100:
+                self.active_thread_percentage = f"{pct:.1f}"
             return self.active_thread_percentage
         if name == "get_default_active_thread_percentage" and not args:
             return self.active_thread_percentage
         if name == "set_default_device_pinned_mem_limit" and len(args) == 2:
-            if not _LIMIT.match(args[1]):
-                raise CommandError(f"invalid memory limit: {args[1]} (want <int>M or <int>G)")
-            self.pinned_limits[args[0]] = args[1]
+            if _LIMIT.match(args[1]):
+                value = int(args[1][:-1])
+                self.pinned_limits_mib[args[0]] = value * 1024 if args[1][-1] == "G" else value
             return ""
         if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
-            return self.pinned_limits.get(args[0], "0M")
+            return pinned_limit_shown(self.pinned_limits_mib.get(args[0], 0))
         if name == "get_server_list" and not args:
-            return ""
+            return ""  # no client ever starts a server here
         if name == "ps" and not args:
-            return _PS_HEADER
+            return "Server not found"
         if name == "quit" and not args:
             self.quitting = True
             return ""
-        raise CommandError(f"Unrecognized command: {line.strip()}")
+        return f'Unknown command "{line.strip()}"'
 
 
 def _dirs() -> tuple[Path, Path]:
@@ -154,10 +160,7 @@ def _serve(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
                 except OSError:
                     continue  # a client that never finished its command
                 logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Command: {request}\n")
-                try:
-                    reply = "ok\n" + state.execute(request)
-                except CommandError as exc:
-                    reply = f"error\n{exc}"
+                reply = "ok\n" + state.execute(request)
                 with contextlib.suppress(OSError):
                     conn.sendall(reply.encode())
         logf.write(f"[{time.strftime('%F %T')}] Control {os.getpid()} Exit\n")
@@ -197,7 +200,7 @@ def _daemonize(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
     # Like the real program, "running" means a daemon answers on the pipe directory; the
     # pid file is only written for people, and anyone with the directory can write it.
     if _answers(pipe):
-        print("An instance of this daemon is already running", file=sys.stderr)
+        print("An instance of this daemon is already running")  # stdout, as the real one
         return 1
     pid_file.unlink(missing_ok=True)
     if not pipe.is_dir() or not log.is_dir():
@@ -242,7 +245,8 @@ def _client(pipe: Path) -> int:
         try:
             ok, text = _ask(pipe, command)
         except OSError as exc:
-            print(f"Cannot find MPS control daemon process: {exc}", file=sys.stderr)
+            del exc  # the real program names no cause
+            print(NO_DAEMON, file=sys.stderr)
             return 1
         if ok:
             if text:

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.sockets import socket_identity
 from gpuslice.emulator.admission import (
     Admission,
     AdmissionError,
@@ -32,11 +33,10 @@ from gpuslice.emulator.admission import (
     unavailable,
 )
 from gpuslice.kubelet.convert import allocate_request, allocation_from_proto, preferred_request
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import VERSION, DevicePluginClient, registration_handler, unix_target
-from gpuslice.kubelet.sockets import socket_identity
 from gpuslice.logs import get_logger
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 
 __all__ = ["Admission", "AdmissionError", "ContainerAdmission", "KubeletEmulator"]
 

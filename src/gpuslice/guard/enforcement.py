@@ -30,12 +30,12 @@ from gpuslice.core.guard import (
 )
 from gpuslice.core.guard.model import GuardAction
 from gpuslice.core.guard.policy import Evaluation
+from gpuslice.core.units import MIB
 from gpuslice.guard.signals import ProcessSignaller, Target
 from gpuslice.logs import get_logger
 
 log = get_logger("gpuslice.guard")
 
-MIB = 1024 * 1024
 
 OVER_SHARE = "GPUMemoryOverShare"
 RECLAIMED = "GPUMemoryReclaimed"

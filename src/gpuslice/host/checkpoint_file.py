@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpuslice.core.errors import GpusliceError
 from gpuslice.host.atomic import atomic_write
-from gpuslice.host.textfile import UnreadableFile, read_bytes
+from gpuslice.textfile import UnreadableFile, read_bytes
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 CHECKPOINT_NAME = "gpuslice-checkpoint.json"

@@ -6,7 +6,7 @@ manifest (`kind: ConfigMap`, `data:`) or as Helm values (`config.default` + `con
 All of them end up as `NamedConfigs`: name -> raw text, plus the default name if the source
 says one. Parsing and validating the text is the core's job; this module only reads.
 
-Reading cannot hurt the daemon: every file goes through `host.textfile.read_text` (regular
+Reading cannot hurt the daemon: every file goes through `textfile.read_text` (regular
 files only, opened non-blocking, at most MAX_BYTES, a ConfigMap's own cap, UTF-8 only).
 Every failure, a missing, dangling or looping path included, is a ConfigError.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.errors import ConfigError, FieldProblem
-from gpuslice.host.textfile import UnreadableFile, read_text
+from gpuslice.textfile import UnreadableFile, read_text
 
 MAX_BYTES = 1024 * 1024
 """Largest config file (or directory of them, in total) read: 1 MiB, a ConfigMap's limit."""

@@ -22,10 +22,9 @@ from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.k8s.streams import list_from_cache, watch_from
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
-
-Json = dict[str, Any]
 
 
 def _plain(obj: Any) -> Json:

@@ -28,6 +28,7 @@ from typing import Any
 from lightkube import ALL_NS, ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
+from gpuslice.aio.races import first_of
 from gpuslice.core.cgroups import ContainerId, PodUid
 from gpuslice.k8s.streams import BOOKMARK, list_from_cache, watch_from
 from gpuslice.k8s.watching import Backoff
@@ -143,12 +144,7 @@ class NodePods:
         """Keep the cache current until `stop` is set. Never raises for API trouble."""
         stopped = asyncio.create_task(stop.wait(), name="node-pods-stop")
         syncing = asyncio.create_task(self._sync_forever(), name=f"node-pods-{self._node}")
-        try:
-            await asyncio.wait({stopped, syncing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (stopped, syncing):
-                task.cancel()
-            await asyncio.gather(stopped, syncing, return_exceptions=True)
+        await first_of(stopped, syncing)
         if syncing.done() and not syncing.cancelled():
             failure = syncing.exception()
             if failure is not None:

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from gpuslice.core.allocation.response import ContainerAllocation, DeviceSpec, Mount
 from gpuslice.core.health import device_health
 from gpuslice.core.sharing.model import ResourcePlan
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import VERSION
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 
 
 def plugin_options() -> api.DevicePluginOptions:

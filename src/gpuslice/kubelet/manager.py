@@ -6,7 +6,7 @@ others keep serving and their streams send the new lists), the kubelet (a new ku
 deletes every socket in the directory and creates its own: every server is recreated and
 registered again), and our own socket file (deleted by someone: recreated and registered).
 The check is level-triggered (socket inode and ctime, compared with what was last seen);
-it runs when inotify says the directory changed (`kubelet.dirwatch`), on a slow safety-net
+it runs when inotify says the directory changed (`aio.dirwatch`), on a slow safety-net
 tick, and every 150 ms where the directory cannot be watched.
 """
 
@@ -21,8 +21,10 @@ from pathlib import Path
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.dirwatch import DirWatch
+from gpuslice.aio.sockets import SocketId, socket_identity
+from gpuslice.aio.waiting import sleep_unless_stopped, unless_stopped
 from gpuslice.kubelet.convert import register_request
-from gpuslice.kubelet.dirwatch import DirWatch
 from gpuslice.kubelet.registration import Backoff, register_until_done
 from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
 from gpuslice.kubelet.servicer import (
@@ -31,10 +33,8 @@ from gpuslice.kubelet.servicer import (
     ListingCache,
     existing_dev_nodes,
 )
-from gpuslice.kubelet.sockets import SocketId, socket_identity
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import sleep_unless_stopped, unless_stopped
 from gpuslice.logs import get_logger
+from gpuslice.state import PlanState, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

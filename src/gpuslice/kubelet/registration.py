@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.sockets import SocketId, socket_identity
+from gpuslice.aio.waiting import sleep_unless_stopped
 from gpuslice.core.backoff import Backoff as Backoff  # re-exported: shared with the k8s side
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
 from gpuslice.kubelet.rpc import RegistrationClient, unix_target
-from gpuslice.kubelet.sockets import SocketId, socket_identity
-from gpuslice.kubelet.waiting import sleep_unless_stopped
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 
 
 class RegistrationFailed(Exception):

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
 
 VERSION = "v1beta1"
 """The only device plugin API version the kubelet supports."""

@@ -24,6 +24,7 @@ from uuid import uuid4
 import grpc
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.allocation.preferred import preferred_allocation
 from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_allocation
 from gpuslice.core.allocation.validation import device_lookup
@@ -31,9 +32,8 @@ from gpuslice.core.errors import AllocationError
 from gpuslice.core.sharing.model import AdvertisedDevice
 from gpuslice.core.text import shown
 from gpuslice.kubelet.convert import allocation_to_proto, device_list, plugin_options
-from gpuslice.kubelet.protos.deviceplugin.v1beta1 import api_pb2 as api
-from gpuslice.kubelet.state import PlanState, Snapshot
-from gpuslice.kubelet.waiting import unless_stopped
+from gpuslice.protos.deviceplugin.v1beta1 import api_pb2 as api
+from gpuslice.state import PlanState, Snapshot
 
 
 def existing_dev_nodes() -> frozenset[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gpuslice.core.guard.model import Decision
+
 ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 """Allocate is answered from memory: most calls take well under a millisecond to a few ms."""
 
@@ -65,3 +67,7 @@ class PluginMetrics:
 
     def record_guard_decision(self, kind: str, enforced: bool) -> None:
         self.memory_guard_decisions.labels(kind, "true" if enforced else "false").inc()
+
+    def record_decision(self, decision: Decision) -> None:
+        """The guard's `on_decision`."""
+        self.record_guard_decision(decision.kind, decision.enforced)

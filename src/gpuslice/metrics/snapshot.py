@@ -109,6 +109,10 @@ class SnapshotRefresher:
     def latest(self) -> MetricsSnapshot | None:
         return self._latest
 
+    def read_latest(self) -> MetricsSnapshot | None:
+        """`latest` as a method: what the exporter's collector is handed."""
+        return self._latest
+
     async def run(self, stop: asyncio.Event) -> None:
         reported: set[str] = set()
         while not stop.is_set():

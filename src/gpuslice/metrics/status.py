@@ -43,7 +43,7 @@ def _resources(plan: Plan | None) -> list[dict[str, Any]]:
         out.append(
             {
                 "name": res.name,
-                "strategy": res.strategy,
+                "strategy": str(res.strategy),
                 "devices": len(res.devices),
                 "per_gpu": list(replicas.values()),
             }

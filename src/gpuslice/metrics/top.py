@@ -15,10 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuslice.core.attribution import ContainerGpuUsage
+from gpuslice.core.units import MIB
 from gpuslice.metrics.collector import claim_of
 from gpuslice.metrics.snapshot import MetricsSnapshot
-
-MIB = 1024 * 1024
 
 
 def _mib(n_bytes: int) -> str:

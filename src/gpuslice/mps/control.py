@@ -18,6 +18,8 @@ from typing import Protocol
 
 from structlog.stdlib import BoundLogger
 
+from gpuslice.aio.programs import ProgramError as MpsError
+from gpuslice.aio.programs import run_program
 from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.logs import get_logger
 from gpuslice.mps.identity import (
@@ -27,7 +29,6 @@ from gpuslice.mps.identity import (
     executable_key,
     read_pid_file,
 )
-from gpuslice.mps.process import MpsError, run_program
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_NAME = "control"

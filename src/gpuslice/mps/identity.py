@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import select
 import shutil
 import signal
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuslice.textfile import UnreadableFile, read_bytes
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -52,30 +52,13 @@ def start_ticks(pid: int) -> int:
 
 
 def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of a small file under the rules `host.textfile` applies to config files
-    (that module belongs to another adapter, so the few lines are here): never through a
-    symlink, opened non-blocking, only a regular file, at most `limit` bytes read. A pod
-    that can write the pipe directory must not make the agent block or read without end;
-    each refusal is an `IdentityError` naming the path."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW
+    """The bytes of a small file under `textfile`'s rules, and never through a symlink: a
+    pod that can write the pipe directory must not make the agent block or read without
+    end. Each refusal is an `IdentityError` naming the path."""
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise IdentityError(f"{path}: it is a symlink, not a regular file") from None
-        raise IdentityError(f"{path}: cannot read it: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IdentityError(f"{path}: it is not a regular file (mode {st.st_mode:#o})")
-        data = os.read(fd, limit + 1)
-    except OSError as exc:
-        raise IdentityError(f"{path}: cannot read it: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise IdentityError(f"{path}: it is more than {limit} bytes; at most {limit} are read")
-    return data
+        return read_bytes(path, limit, follow_symlinks=False)
+    except UnreadableFile as exc:
+        raise IdentityError(str(exc)) from None
 
 
 def read_pid_file(path: Path) -> str:

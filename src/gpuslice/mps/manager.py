@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.mps import MpsDaemonSpec
-from gpuslice.mps.compute_mode import ComputeModeSetter
 from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
 from gpuslice.mps.identity import IdentityError, read_bounded
-from gpuslice.mps.process import MpsError
 from gpuslice.mps.readiness import Readiness, ReadinessListener
+from gpuslice.ports import ComputeModeSetter
 
 HEALTH_COMMAND = "get_default_active_thread_percentage"
 RECORD_LIMIT = 64 * 1024
@@ -299,8 +299,7 @@ class MpsDaemonManager:
             await daemon.control.terminate()
             await daemon.control.start_daemon()
             await self._wait_answering(daemon)
-            for command in spec.commands:
-                await daemon.control.send(command)
+            await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
             if not daemon.stop.is_set():  # given up on purpose: nothing to report
@@ -327,8 +326,7 @@ class MpsDaemonManager:
         from now on), and its process is pinned to tell a lost socket from a dead daemon."""
         spec = daemon.spec
         try:
-            for command in spec.commands:
-                await daemon.control.send(command)
+            await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
             self._report(f"MPS daemon for {spec.resource} answered but not to its limits: {exc}")
@@ -504,3 +502,18 @@ async def _quietly(step: Awaitable[None]) -> None:
     """Await a best-effort cleanup step; its failure is already visible as a dead daemon."""
     with contextlib.suppress(MpsError, OSError):
         await step
+
+
+async def _configure(control: MpsControl, spec: MpsDaemonSpec) -> None:
+    """Send the daemon its defaults, then read them back: the control program exits 0 even
+    when the daemon ignored a setting (`MpsDaemonSpec.readbacks`), and a daemon running
+    without its limits would let each client take the whole GPU."""
+    for command in spec.commands:
+        await control.send(command)
+    for command, wanted in spec.readbacks:
+        answer = (await control.send(command)).strip()
+        if answer != wanted:
+            raise MpsError(
+                f"the daemon did not take its settings: `{command}` answered "
+                f"{answer!r}, expected {wanted!r}"
+            )

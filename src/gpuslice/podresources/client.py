@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from gpuslice.kubelet.protos.podresources.v1 import api_pb2 as pb
 from gpuslice.podresources.convert import (
     ALLOCATABLE_METHOD,
     GET_METHOD,
@@ -25,6 +24,7 @@ from gpuslice.podresources.convert import (
     assignments_of,
 )
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.podresources.v1 import api_pb2 as pb
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 """Mount the directory, not the file: the kubelet replaces the file on restart."""

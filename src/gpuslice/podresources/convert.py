@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuslice.kubelet.protos.podresources.v1 import api_pb2 as pb
 from gpuslice.podresources.claims import ContainerClaim, claim_device_id, claim_resource
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.podresources.v1 import api_pb2 as pb
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 ALLOCATABLE_METHOD = "/v1.PodResourcesLister/GetAllocatableResources"

@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 
-from gpuslice.kubelet.protos.podresources.v1 import api_pb2 as pb
 from gpuslice.podresources.claims import (
     ClaimBooks,
     ClaimDevice,
@@ -32,6 +31,7 @@ from gpuslice.podresources.convert import (
     pod_resources,
 )
 from gpuslice.ports import ContainerDevices
+from gpuslice.protos.podresources.v1 import api_pb2 as pb
 
 AssignmentSource = Callable[[], tuple[ContainerDevices, ...]]
 AllocatableSource = Callable[[], Mapping[str, Sequence[str]]]

@@ -54,7 +54,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-Json = dict[str, Any]
+from gpuslice.core.jsontypes import Json
 
 HISTORY_LIMIT = 1000
 """Watch events kept for replay; older resourceVersions get `410 Gone`, as after etcd

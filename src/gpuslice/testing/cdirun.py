@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-Json = dict[str, Any]
+from gpuslice.core.jsontypes import Json
 
 
 @dataclass

@@ -17,13 +17,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.k8s.pods import NodePods
 from gpuslice.testing import envtest
 from gpuslice.testing.apiserver import FakeApiServer
-
-Json = dict[str, Any]
 
 
 @dataclass

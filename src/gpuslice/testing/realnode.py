@@ -34,11 +34,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest
-
-Json = dict[str, Any]
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 POD_LOGS = Path("/var/log/pods")

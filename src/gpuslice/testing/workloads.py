@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, TextIO
 
 from gpuslice.core.gpumodels import MODELS
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 Kind = Literal["steady", "bursty", "leaker", "idle"]
 

@@ -25,12 +25,11 @@ from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.core.caps import CLEARED, LIMIT_MAX, MemoryLimits
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus, MemoryLimitsError
 
 log = get_logger(__name__)
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,7 @@ from typing import TypeVar
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.gpumodels import MODELS
 from gpuslice.core.guard import ContainerKey
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 POD_MEMORY = "gpuslice_pod_memory_used_bytes"
 POD_SM = "gpuslice_pod_sm_util_percent"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpuslice.core.advise.history import MIB, PodTrace
+from gpuslice.core.advise.history import PodTrace
 from gpuslice.core.gpumemory import GpuMemoryModel, RecordedDemand
 from gpuslice.core.guard import (
     ContainerKey,
@@ -32,6 +32,7 @@ from gpuslice.core.guard import (
     evaluate,
     lookahead_for,
 )
+from gpuslice.core.units import MIB
 
 
 @dataclass(frozen=True, slots=True)

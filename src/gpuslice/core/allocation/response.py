@@ -22,6 +22,7 @@ from gpuslice.core.sharing.model import (
     AllocateSettings,
     PhysicalDevice,
     ResourcePlan,
+    SharingStrategy,
 )
 
 CDI_VENDOR_CLASS = "k8s.device-plugin.nvidia.com"
@@ -225,9 +226,9 @@ def build_allocation(
             annotations[key] = ",".join(names)
         if "cdi-cri" in strategies:
             cdi_devices.extend(names)
-    if resource.strategy == "mps":
+    if resource.strategy == SharingStrategy.MPS:
         _mps_edits(resource, devices, settings, envs, mounts)
-    if resource.strategy == "time-slicing" and settings.memory_soft_limits:
+    if resource.strategy == SharingStrategy.TIME_SLICING and settings.memory_soft_limits:
         envs.update(soft_limit_envs(devices))
     for enabled, name in (
         (settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),

@@ -8,10 +8,12 @@ which config fields may be empty.
 from __future__ import annotations
 
 from gpuslice.core.config.schema import Config
-from gpuslice.core.sharing.model import AllocateSettings
+from gpuslice.core.sharing.model import AllocateSettings, HostFacts
 
 
-def allocate_settings(config: Config) -> AllocateSettings:
+def allocate_settings(config: Config, host: HostFacts | None = None) -> AllocateSettings:
+    """Without `host`: the config alone, as NVIDIA's plugin would read it before looking at
+    the node (every configured IMEX channel, no soft limits)."""
     flags = config.flags
     plugin = flags.plugin
     return AllocateSettings(
@@ -25,5 +27,6 @@ def allocate_settings(config: Config) -> AllocateSettings:
         gdrcopy_enabled=flags.gdrcopy_enabled,
         gds_enabled=flags.gds_enabled,
         mofed_enabled=flags.mofed_enabled,
-        imex_channels=config.imex.channel_ids,
+        imex_channels=config.imex.channel_ids if host is None else host.imex_channels,
+        memory_soft_limits=False if host is None else host.memory_soft_limits,
     )

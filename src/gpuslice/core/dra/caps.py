@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, limits_for
 from gpuslice.core.dra.prepared import DeviceUse
-from gpuslice.core.sharing.model import AdvertisedDevice, DeviceId, MpsShare, PhysicalDevice
+from gpuslice.core.sharing.model import (
+    AdvertisedDevice,
+    DeviceId,
+    MpsShare,
+    PhysicalDevice,
+    SharingStrategy,
+)
 
 MIB = 1024 * 1024
 
@@ -46,7 +52,7 @@ def use_limits(
     if use.admin or capability is None or not capability.capable or physical.kind != "gpu":
         return None
     mps = None
-    if use.strategy == "mps":
+    if use.strategy == SharingStrategy.MPS:
         mps = MpsShare(use.thread_percentage or 100, use.entitlement_mib)
     shared = use.shared_by > 1 or use.share_id is not None
     device = AdvertisedDevice(

@@ -41,13 +41,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from gpuslice.core.caps import CapsRequestError, MemoryLimits, hook_entry, hook_env
 from gpuslice.core.dra.caps import CdiCaps, hook_limits
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import cap_node
 
-Json = dict[str, Any]
 CDI_KIND = "k8s.gpuslice.io/claim"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 TOOLKIT_DEVICE_LIST = "/var/run/nvidia-container-devices"

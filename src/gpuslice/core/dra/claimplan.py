@@ -49,7 +49,7 @@ def _physicals(inventory: Inventory) -> dict[str, PhysicalDevice]:
 
 def _advertised(use: DeviceUse, pool: str, physical: PhysicalDevice) -> AdvertisedDevice:
     mps = None
-    if use.strategy == "mps":
+    if use.strategy == SharingStrategy.MPS:
         limit = use.entitlement_mib or physical.memory_mib // max(use.shared_by, 1)
         # 0: a unified-memory GPU, whose MPS shares have no pinned memory limit
         mps = MpsShare(use.thread_percentage or 100 // max(use.shared_by, 1), limit or None)
@@ -80,10 +80,10 @@ def claims_plan(claims: Iterable[PreparedClaim], inventory: Inventory, pool: str
         if not devices:
             continue
         strategies = {u.strategy for u in claim.uses}
-        strategy: SharingStrategy = (
-            "mps" if "mps" in strategies else "time-slicing" if "time-slicing" in strategies
-            else "none"
-        )  # fmt: skip
+        strategy = next(
+            (s for s in (SharingStrategy.MPS, SharingStrategy.TIME_SLICING) if s in strategies),
+            SharingStrategy.NONE,
+        )
         name = claim_resource(claim.namespace, claim.name)
         resources.append(ResourcePlan(name, name, strategy, False, devices))
     return Plan(tuple(resources))

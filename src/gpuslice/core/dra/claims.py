@@ -28,20 +28,19 @@ from gpuslice.core.dra.publish import (
     SHARES_CAPACITY,
     DraDevice,
     ShareOffer,
-    ShareStrategy,
 )
+from gpuslice.core.dra.resource_claim import DeviceResult, ResourceClaim
 from gpuslice.core.dra.sharing import (
     INTERVALS,
     ClaimConfigError,
     Sharing,
-    quantity_mib,
     resolve,
 )
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
-from gpuslice.core.sharing.model import ResourceName
+from gpuslice.core.sharing.model import ResourceName, SharingStrategy
+from gpuslice.core.units import quantity_mib
 
-Json = dict[str, Any]
 __all__ = [
     "CORES_CAPACITY",
     "SHARES_CAPACITY",
@@ -66,7 +65,7 @@ class ShareUse:
     memory_mib: int
     """0: the claim reserved no memory (NVIDIA's `unlimited` and count modes by default), so
     it is given no memory limit or hint."""
-    strategy: ShareStrategy
+    strategy: SharingStrategy
     cores: int = 0
     """The percentage of the SMs the claim reserved (`cores`); 0 when it asked for none."""
 
@@ -121,7 +120,7 @@ class ClaimWork:
 
 
 def claim_work(
-    claim: Mapping[str, Any],
+    claim: ResourceClaim | Mapping[str, Any],
     ref: ClaimRef,
     *,
     driver: str,
@@ -129,60 +128,63 @@ def claim_work(
     devices: Mapping[str, DraDevice],
     offers: Mapping[str, ShareOffer],
 ) -> ClaimWork:
-    """What preparing `claim` means on this node; ClaimError says why it cannot be."""
+    """What preparing `claim` means on this node; ClaimError says why it cannot be.
+    `claim`: read (`ResourceClaim.read`) unless it already is."""
     where = f"ResourceClaim {ref.namespace}/{ref.name}"
-    if not isinstance(claim, Mapping):
+    if not isinstance(claim, ResourceClaim):
+        claim = ResourceClaim.read(claim)
+    if not claim.is_object:
         raise ClaimError(f"{where}: not an object")
-    uid = (claim.get("metadata") or {}).get("uid")
-    if uid != ref.uid:
+    if claim.uid != ref.uid:
         raise ClaimError(
-            f"{where} has UID {uid!r}, not {ref.uid!r}: it was deleted and created again"
+            f"{where} has UID {claim.uid!r}, not {ref.uid!r}: it was deleted and created again"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
+    allocation = claim.allocation
+    if allocation is None:
         raise ClaimError(f"{where}: status.allocation is missing (the claim is not allocated)")
-    results = (allocation.get("devices") or {}).get("results")
-    if not isinstance(results, list):
+    if allocation.results is None:
         raise ClaimError(f"{where}: status.allocation.devices.results is missing")
-    ours = [(i, r) for i, r in enumerate(results) if _get(r, "driver") == driver]
+    ours = [r for r in allocation.results if r.driver == driver]
     if not ours:
         raise ClaimError(f"{where}: no allocation result is for driver {driver!r}")
     kind_of = {name: d.kind for name, d in devices.items()}
     seen: dict[str, int] = {}
-    for i, result in ours:
-        field = f"status.allocation.devices.results[{i}]"
-        if _get(result, "pool") != pool:
+    for result in ours:
+        field = f"status.allocation.devices.results[{result.index}]"
+        if result.pool != pool:
             raise ClaimError(
-                f"{where}: {field}.pool is {_get(result, 'pool')!r}; this node's pool is {pool!r}"
+                f"{where}: {field}.pool is {result.pool!r}; this node's pool is {pool!r}"
             )
-        name = _get(result, "device")
+        name = result.device
         if name not in devices:
             raise ClaimError(
                 f"{where}: {field}.device {name!r} is not a device of this node "
                 f"(now: {', '.join(sorted(devices)) or 'none'})"
             )
-        if not _get(result, "shareID"):
+        if not result.share_id:
             if name in seen:
                 raise ClaimError(f"{where}: {field} allocates device {name!r} a second time")
-            seen[name] = i
+            seen[name] = result.index
     try:
         sharing = resolve(allocation, driver, kind_of)
     except ClaimConfigError as exc:
         raise ClaimError(f"{where}: status.allocation.devices.{exc}") from None
     work: list[DeviceWork] = []
     notices: list[str] = []
-    for i, result in ours:
-        device = devices[_get(result, "device")]
-        chosen = sharing[i]
-        share_id = _get(result, "shareID") or None
+    for result in ours:
+        device = devices[result.device]
+        chosen = sharing[result.index]
+        share_id = result.share_id or None
         share = None
         if share_id is not None:
-            share = _share_use(result, device, offers.get(device.name), f"{where}: results[{i}]")
+            at = f"{where}: results[{result.index}]"
+            share = _share_use(result, device, offers.get(device.name), at)
             chosen, notice = _on_a_share(chosen, device, share, where)
             if notice is not None:
                 notices.append(notice)
-        admin = result.get("adminAccess") is True
-        work.append(DeviceWork(_get(result, "request"), device, chosen, share_id, share, admin))
+        work.append(
+            DeviceWork(result.request, device, chosen, share_id, share, result.admin_access)
+        )
     return ClaimWork(ref, tuple(work), _groups(work), tuple(dict.fromkeys(notices)))
 
 
@@ -197,15 +199,15 @@ def _on_a_share(
     GPU-wide, and MPS shares are served by one daemon), so the node's setting is kept and
     the claim is told (the notice), rather than failed."""
     shared = f"{device.name}, which this node offers as shares ({share.replicas}, {share.strategy})"
-    if chosen.strategy == "MPS":
+    if chosen.shares is SharingStrategy.MPS:
         raise ClaimError(
             f"{where}: {chosen.source} asks for MPS on device {shared}: the node's config "
             "sets how shares are shared"
         )
-    if chosen.strategy != "TimeSlicing":
+    if chosen.shares is not SharingStrategy.TIME_SLICING:
         return chosen, None
     kept = replace(chosen, strategy=None, interval=None)
-    if share.strategy == "time-slicing" and chosen.interval is None:
+    if share.strategy == SharingStrategy.TIME_SLICING and chosen.interval is None:
         return kept, None  # time-slicing as asked: nothing differs
     names = {v: k for k, v in INTERVALS.items()}
     asked = "TimeSlicing" + ("" if chosen.interval is None else f" ({names[chosen.interval]})")
@@ -216,20 +218,15 @@ def _on_a_share(
     )
 
 
-def _get(obj: object, key: str) -> str:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, str) else ""
-
-
 def _share_use(
-    result: Mapping[str, Any], device: DraDevice, offer: ShareOffer | None, where: str
+    result: DeviceResult, device: DraDevice, offer: ShareOffer | None, where: str
 ) -> ShareUse:
     """What the allocation consumed, as the scheduler recorded it; where a capacity is not
     recorded, what the device's policy gives by default."""
-    consumed = result.get("consumedCapacity") or {}
+    consumed = result.consumed_capacity
     mode = offer.mode if offer is not None else "replicas"
     replicas = offer.replicas if offer is not None and offer.counted else 1
-    strategy: ShareStrategy = offer.strategy if offer is not None else "time-slicing"
+    strategy = offer.strategy if offer is not None else SharingStrategy.TIME_SLICING
     total_mib = device.capacity.get("memory", 0) // (1024 * 1024)
     may_take_none = mode in ("unlimited", "count")
     default_mib = {"memory": total_mib, "unlimited": 0, "count": 0}.get(mode, total_mib // replicas)
@@ -333,7 +330,7 @@ def group_daemon_spec(claim_uid: str, group: GroupWork, root: str) -> MpsDaemonS
     `"0"` means the same device on both drivers). The daemon numbers the devices it sees
     from 0, so a MIG device's limit is sent for its position there."""
     mps = group.sharing.mps
-    if group.sharing.strategy != "MPS" or mps is None:
+    if group.sharing.shares is not SharingStrategy.MPS or mps is None:
         return None
     gpus: dict[str, int] = {}
     for d in group.devices:
@@ -385,7 +382,7 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
     or for time-slicing the same memory hints the device plugin gives replicas. A share that
     reserved no memory gets no memory limit or hint: it asked for none of it, and a hint of
     the whole GPU would make frameworks that preallocate (XLA) take it from its neighbours."""
-    if share.strategy == "mps":
+    if share.strategy == SharingStrategy.MPS:
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.thread_percentage)}
         if share.memory_mib > 0:  # 0: none reserved, or a unified-memory GPU
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"

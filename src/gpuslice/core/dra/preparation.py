@@ -3,7 +3,7 @@ which time-slice intervals to set, what each step records for Unprepare, the CDI
 to write and what the claim's pods are entitled to.
 
 The driver carries the steps out (`agent.dra_driver`); `gpuslice describe --claims` shows
-them without running any (`emulator.dra_whatif`). One derivation serves both, so what the
+them without running any (`whatif.claims`). One derivation serves both, so what the
 what-if view predicts is what Prepare does.
 """
 
@@ -25,8 +25,8 @@ from gpuslice.core.dra.claims import (
 from gpuslice.core.dra.prepared import AppliedSharing, DeviceUse
 from gpuslice.core.migcaps import access_files
 from gpuslice.core.mps import MpsDaemonSpec
-
-MIB = 1024 * 1024
+from gpuslice.core.sharing.model import SharingStrategy
+from gpuslice.core.units import MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ def preparation(work: ClaimWork, mps_root: str) -> Preparation:
         if any(d.share is not None for d in group.devices):
             for dw in group.devices:
                 _share(dw, mps_root, steps, cdi, uses)
-        elif group.sharing.strategy == "MPS":
+        elif group.sharing.shares is SharingStrategy.MPS:
             _mps(work.ref.uid, group, mps_root, steps, cdi, uses)
         else:
             _time_slicing(group, steps, cdi, uses)
@@ -115,7 +115,7 @@ def _share(
     assert share is not None
     gpu = dw.device.gpu
     mounts = None
-    if share.strategy == "mps":
+    if share.strategy == SharingStrategy.MPS:
         key = share_daemon_key(gpu.uuid)
         spec = daemon_spec(key, mps_root, [(gpu.uuid, gpu.index)])
         steps.append(StartDaemon(spec, AppliedSharing("mps-shares", (gpu.uuid,), mps_key=key)))
@@ -130,7 +130,7 @@ def _share(
             dw.share_id,
             # a share that reserved no memory is held to none of its own: the device's
             share.memory_mib or dw.device.capacity.get("memory", 0) // MIB or None,
-            share.thread_percentage if share.strategy == "mps" else None,
+            share.thread_percentage if share.strategy == SharingStrategy.MPS else None,
             admin=dw.admin,
         )
     )
@@ -166,7 +166,7 @@ def _mps(
             DeviceUse(
                 dw.device.name,
                 dw.device.uuid,
-                "mps",
+                SharingStrategy.MPS,
                 group.sharing.shared_by or 1,
                 entitlement_mib=limits.get(index),
                 thread_percentage=spec.active_thread_percentage,
@@ -185,7 +185,8 @@ def _time_slicing(
             record = AppliedSharing("TimeSlicing", (uuid,), interval=sharing.interval)
             steps.append(SetInterval(uuid, sharing.interval, sharing.source, record))
     shared_by = sharing.shared_by or 1
-    strategy = "time-slicing" if sharing.strategy == "TimeSlicing" or shared_by > 1 else "none"
+    shared = sharing.shares is SharingStrategy.TIME_SLICING or shared_by > 1
+    strategy = SharingStrategy.TIME_SLICING if shared else SharingStrategy.NONE
     for dw in group.devices:
         cdi.append(_device(dw))
         uses.append(DeviceUse(dw.device.name, dw.device.uuid, strategy, shared_by, admin=dw.admin))

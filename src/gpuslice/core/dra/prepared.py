@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,9 +39,19 @@ from gpuslice.core.dra.names import (
     check_object_name,
     check_path_component,
 )
+from gpuslice.core.sharing.model import SharingStrategy
 
 FORMAT = "gpuslice.io/dra-checkpoint"
 VERSION = 1
+"""The version this code writes. A change an older reader can ignore (a new optional
+field) keeps it; one it cannot (a field renamed, a meaning changed) bumps it and adds the
+step from the previous version to `MIGRATIONS`, so files written before still read (as
+NVIDIA's `checkpoint.go` migrates its V1 to V2)."""
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: Mapping[int, Migration] = {}
+"""Version n's `data` -> version n+1's, for every n below VERSION (none yet: version 1 is the
+only one written so far)."""
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
 
@@ -74,8 +84,7 @@ class DeviceUse:
     device: str
     physical_uuid: str
     """The GPU's or the MIG device's UUID."""
-    strategy: str
-    """`none`, `time-slicing` or `mps`."""
+    strategy: SharingStrategy
     shared_by: int = 1
     """Pods meant to share the device (GuardConfig `sharedBy`), or a share's N."""
     share_id: str | None = None
@@ -143,7 +152,11 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
         data = doc.get("data")
         if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
             return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
-        claims = {str(uid): _claim(uid, c) for uid, c in (data.get("claims") or {}).items()}
+        data = migrate(data, doc.get("version"))
+        stored = data.get("claims")
+        if stored is not None and not isinstance(stored, dict):
+            raise ValueError("claims: not an object")
+        claims = {str(uid): _claim(uid, c) for uid, c in (stored or {}).items()}
         stored_boot = str(data.get("bootID", ""))
         complete = data.get("incomplete") is not True
     except RecursionError:
@@ -162,6 +175,25 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if boot_id and stored_boot and stored_boot != boot_id:
         return Decoded("stale", Checkpoint(boot_id), f"written before a reboot ({stored_boot})")
     return Decoded("ok", Checkpoint(boot_id, claims, complete))
+
+
+def migrate(
+    data: dict[str, Any],
+    version: object,
+    migrations: Mapping[int, Migration] = MIGRATIONS,
+    current: int = VERSION,
+) -> dict[str, Any]:
+    """`data` written at `version`, as this version reads it: each step from there up to
+    `current` (VERSION) applied in turn. A newer version's data is read as it is, its added fields
+    ignored (forward-readable). ValueError (the file is corrupt) for a version that is not
+    a positive integer, or one older than any step reaches."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version {str(version)[:40]!r} is not a checkpoint version")
+    for step in range(version, current):
+        if step not in migrations:
+            raise ValueError(f"version {step} cannot be read by version {current}")
+        data = migrations[step](data)
+    return data
 
 
 def _no_float(text: str) -> Any:
@@ -238,12 +270,22 @@ def _use(u: Mapping[str, Any]) -> DeviceUse:
     return DeviceUse(
         device=str(u["device"]),
         physical_uuid=str(u["physical"]),
-        strategy=str(u.get("strategy", "none")),
+        strategy=_strategy(u.get("strategy")),
         shared_by=_int(u.get("sharedBy", 1), "sharedBy", 1, 1_000_000),
         share_id=None if u.get("shareID") is None else str(u["shareID"]),
         entitlement_mib=_optional_int(u.get("entitlementMiB"), "entitlementMiB"),
         thread_percentage=_optional_int(u.get("threadPercentage"), "threadPercentage", 0, 100),
         admin=u.get("admin") is True,
+    )
+
+
+def _strategy(value: object) -> SharingStrategy:
+    """A use's strategy; one this version does not know (written by a newer one) reads as
+    NONE, which is what this version made of it before the field was typed: not MPS, not
+    time-sliced, so the device's whole memory is the claim's entitlement."""
+    known = {s.value: s for s in SharingStrategy}
+    return (
+        known.get(value, SharingStrategy.NONE) if isinstance(value, str) else SharingStrategy.NONE
     )
 
 

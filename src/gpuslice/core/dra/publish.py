@@ -24,15 +24,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from gpuslice.core.cordon import CORDON_TAINT
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
+from gpuslice.core.dra.resource_slice import StoredSlice
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gpu_family
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.units import MIB, canonical_quantity
 
-Json = dict[str, Any]
-MIB = 1024 * 1024
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 """The API's limit once any device of a slice has taints (Kubernetes 1.35+)."""
@@ -55,7 +56,6 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 `matchAttribute` on it puts a GPU and a NIC (or two GPUs) under one root."""
 
 AttrKind = Literal["string", "int", "bool", "version"]
-ShareStrategy = Literal["time-slicing", "mps"]
 SharesKind = Literal["replicas", "disabled", "memory", "unlimited", "count"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -130,7 +130,8 @@ class ShareOffer:
 
     replicas: int
     """The `shares` capacity (N); 1 where the mode publishes none (`memory`, `unlimited`)."""
-    strategy: ShareStrategy
+    strategy: SharingStrategy
+    """TIME_SLICING or MPS (never NONE: a device not shared is not offered)."""
     memory_mib: int
     mode: SharesKind = "replicas"
 
@@ -150,9 +151,9 @@ def share_offers(
     if mode.kind == "disabled":
         return {}
     out: dict[str, ShareOffer] = {}
-    strategies: dict[str, ShareStrategy] = {}
+    strategies: dict[str, SharingStrategy] = {}
     for resource in plan.resources:
-        if resource.strategy == "none":
+        if resource.strategy == SharingStrategy.NONE:
             continue
         for dev in resource.devices:
             if dev.replicas > 1:
@@ -165,28 +166,12 @@ def share_offers(
     return {
         d.uuid: ShareOffer(
             mode.count or 1,
-            strategies.get(d.uuid, "time-slicing"),
+            strategies.get(d.uuid, SharingStrategy.TIME_SLICING),
             d.capacity.get("memory", 0) // MIB,
             mode.kind,
         )
         for d in devices
     }
-
-
-_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
-_DECIMAL = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3))
-
-
-def quantity(value: int, *, binary: bool = False) -> str:
-    """`value` in the canonical form the API server returns a Quantity in (`5Gi`, not
-    `5120Mi`; `1k`, not `1000`). Publishing any other spelling makes every comparison with
-    the stored slice differ, and the pool would be republished at each resync."""
-    if value == 0:
-        return "0"
-    for suffix, scale in _BINARY if binary else _DECIMAL:
-        if value % scale == 0:
-            return f"{value // scale}{suffix}"
-    return str(value)
 
 
 def semver(text: str) -> str:
@@ -333,7 +318,9 @@ def device_json(
     Kubernetes' DRAConsumableCapacity): in `replicas` mode one share and memory/N; in
     NVIDIA's modes what NVIDIA's `--consumable-shares` publishes. Every offered device also
     has `cores` (default 0: a claim reserves compute only by asking for it)."""
-    capacity: Json = {k: {"value": quantity(v)} for k, v in sorted(device.capacity.items())}
+    capacity: Json = {
+        k: {"value": canonical_quantity(v)} for k, v in sorted(device.capacity.items())
+    }
     out: Json = {
         "name": device.name,
         "attributes": {k: {kind: v} for k, (kind, v) in sorted(device.attributes.items())},
@@ -350,23 +337,25 @@ def device_json(
                 # and consuming all of nothing holds nothing.)
                 capacity[name]["requestPolicy"] = {
                     "default": "0",
-                    "validRange": {"min": "0", "max": quantity(value), "step": "1"},
+                    "validRange": {"min": "0", "max": canonical_quantity(value), "step": "1"},
                 }
         memory = device.capacity.get("memory", offer.memory_mib * MIB)
         if memory <= 0:
             pass  # a unified-memory GPU reports no memory: shared by count (and cores) only
         elif offer.mode == "replicas":
             capacity["memory"] = {
-                "value": quantity(memory),
+                "value": canonical_quantity(memory),
                 "requestPolicy": {
-                    "default": quantity(offer.memory_mib // offer.replicas * MIB, binary=True),
+                    "default": canonical_quantity(
+                        offer.memory_mib // offer.replicas * MIB, binary=True
+                    ),
                     "validRange": {"min": "1Mi", "step": "1Mi"},
                 },
             }
         else:
             # NVIDIA's: the value rounded down to whole MiB (max and default must be
             # multiples of the step, or the API server refuses the slice)
-            whole = quantity(memory // MIB * MIB, binary=True)
+            whole = canonical_quantity(memory // MIB * MIB, binary=True)
             everything = offer.mode == "memory"
             low = "1Mi" if everything else "0"
             capacity["memory"] = {
@@ -378,10 +367,14 @@ def device_json(
             }
         if offer.counted:
             capacity[SHARES_CAPACITY] = {
-                "value": quantity(offer.replicas),
+                "value": canonical_quantity(offer.replicas),
                 "requestPolicy": {
                     "default": "1",
-                    "validRange": {"min": "1", "max": quantity(offer.replicas), "step": "1"},
+                    "validRange": {
+                        "min": "1",
+                        "max": canonical_quantity(offer.replicas),
+                        "step": "1",
+                    },
                 },
             }
         capacity[CORES_CAPACITY] = {
@@ -446,18 +439,18 @@ def plan_slices(
     nothing; any change publishes every slice at a generation above all existing ones (the
     scheduler uses only the highest generation of a pool, so no slice is ever mixed in from
     an older generation)."""
-    current = sorted(existing, key=lambda o: str(o.get("metadata", {}).get("name", "")))
-    generation = max((_generation(o) for o in current), default=0)
+    current = sorted((StoredSlice.read(o) for o in existing), key=lambda s: s.name)
+    generation = max((s.generation for s in current), default=0)
     wanted_same = slice_specs(devices, driver=driver, node=node, generation=generation)
-    if [o.get("spec") for o in current] == wanted_same:
+    if [s.spec for s in current] == wanted_same:
         return SliceChanges((), (), ())
     wanted = slice_specs(devices, driver=driver, node=node, generation=generation + 1)
-    update = [dict(o, spec=spec) for o, spec in zip(current, wanted, strict=False)]
+    update = [dict(s.obj, spec=spec) for s, spec in zip(current, wanted, strict=False)]
     create = [
         _new_slice(spec, i, driver=driver, node=node, node_uid=node_uid)
         for i, spec in enumerate(wanted)
     ][len(current) :]
-    delete = [str(o["metadata"]["name"]) for o in current[len(wanted) :]]
+    delete = [s.name for s in current[len(wanted) :]]
     return SliceChanges(tuple(create), tuple(update), tuple(delete))
 
 
@@ -473,13 +466,6 @@ def _new_slice(spec: Json, index: int, *, driver: str, node: str, node_uid: str)
         "metadata": metadata,
         "spec": spec,
     }
-
-
-def _generation(obj: Json) -> int:
-    try:
-        return int(obj["spec"]["pool"]["generation"])
-    except (KeyError, TypeError, ValueError):
-        return 0
 
 
 def _brand(product: str) -> str:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from gpuslice.core.attribution import EntitlementKind
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.units import BINARY_SUFFIXES
 
 GuardMode = Literal["off", "observe", "enforce"]
 """`off`: not evaluated; `observe`: decisions are logged and posted, nothing is stopped;
@@ -153,7 +154,8 @@ class Reserve:
 
 
 _RESERVE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|[KMGT]i(?:B)?|B)?", re.IGNORECASE)
-_UNITS = {"": 1, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+_UNITS = {"": 1, **{suffix.lower(): scale for suffix, scale in BINARY_SUFFIXES.items()}}
+"""`_RESERVE` admits KiB to TiB, in any case."""
 
 
 EXIT_ALLOWANCE_S = 0.25

@@ -9,6 +9,7 @@ advertise?" a value that can be printed, diffed and tested without any I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal, NewType
 
 from gpuslice.core.devices import Gpu, GpuUuid, MigDevice
@@ -19,7 +20,30 @@ ResourceName = NewType("ResourceName", str)
 DeviceId = NewType("DeviceId", str)
 """The ID advertised to the kubelet: a UUID, or a replica ID `<uuid>::<n>`."""
 
-SharingStrategy = Literal["none", "time-slicing", "mps"]
+
+class SharingStrategy(StrEnum):
+    """How a device is shared: the one vocabulary of both front ends.
+
+    A `StrEnum` so the values are the strings the device plugin has always printed, logged
+    and checkpointed (`mps`, `time-slicing`, `none`): a value read back from JSON compares
+    equal to its member. NVIDIA's DRA opaque configs spell two of them differently on the
+    wire (`TimeSlicing`, `MPS`); those names are read once, with `from_nvidia`, and never
+    compared anywhere else."""
+
+    NONE = "none"
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+    @classmethod
+    def from_nvidia(cls, name: NvidiaSharingName | None) -> SharingStrategy:
+        """NVIDIA's `sharing.strategy` (None: no sharing asked) as this type."""
+        if name is None:
+            return cls.NONE
+        return cls.MPS if name == "MPS" else cls.TIME_SLICING
+
+
+NvidiaSharingName = Literal["TimeSlicing", "MPS"]
+"""`sharing.strategy` as NVIDIA's `GpuConfig` / `MigDeviceConfig` spell it on the wire."""
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 DeviceIdStrategy = Literal["uuid", "index"]
@@ -187,9 +211,27 @@ class AllocateSettings:
     """`imex.channelIDs` whose device node exists on the host (the agent checks; NVIDIA
     skips a missing channel unless `imex.required`, when it refuses to start)."""
     memory_soft_limits: bool = False
-    """Not a config field: the agent's `--memory-soft-limits` flag (on by default there; off
-    here so a plan alone answers exactly as NVIDIA's plugin does). Time-sliced replicas get
-    env hints with their memory share (`core.allocation.softlimits`)."""
+    """Not a config field: `HostFacts.memory_soft_limits` (the agent's `--memory-soft-limits`)
+    puts it here. A plan of the config alone (no host facts) answers exactly as NVIDIA's
+    plugin does, so it is off there. Time-sliced replicas get env hints with their memory
+    share (`core.allocation.softlimits`)."""
+
+
+SOFT_LIMITS_DEFAULT = True
+"""The one default of `--memory-soft-limits` (`MEMORY_SOFT_LIMITS`): the agent's setting,
+`gpuslice describe` and the demo all take it from here."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What a node's plan needs besides its inventory and config: facts looked up on the
+    host (which IMEX channels exist) and the agent's own flags that shape Allocate. The
+    adapter gathers them (`agent.plan.host_facts`); the core only reads them, so the plan
+    the daemon serves and the one `gpuslice describe` prints come from one function."""
+
+    imex_channels: tuple[int, ...]
+    """The configured `imex.channelIDs` whose device node exists on the host."""
+    memory_soft_limits: bool = SOFT_LIMITS_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from gpuslice.core.sharing.miglayout import single_layout_problem
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
+    HostFacts,
     MigStrategy,
     MpsShare,
     PhysicalDevice,
@@ -78,7 +79,7 @@ class _Resource:
     """An advertised resource while it is being assembled."""
 
     label_name: ResourceName
-    strategy: SharingStrategy = "none"
+    strategy: SharingStrategy = SharingStrategy.NONE
     """Entries for one base resource all come from one sharing block (the schema forbids a
     name in both), and two bases never merge, so a resource has at most one strategy."""
     fail_requests_greater_than_one: bool = False
@@ -244,8 +245,8 @@ def _assignments(
 ) -> dict[str, _Assignment]:
     """Physical UUID -> the sharing entry that selected it."""
     blocks: list[tuple[str, SharingStrategy, ReplicatedResources | None]] = [
-        ("timeSlicing", "time-slicing", config.sharing.time_slicing),
-        ("mps", "mps", config.sharing.mps),
+        ("timeSlicing", SharingStrategy.TIME_SLICING, config.sharing.time_slicing),
+        ("mps", SharingStrategy.MPS, config.sharing.mps),
     ]
     chosen: dict[str, _Assignment] = {}
     for key, strategy, block in blocks:
@@ -268,7 +269,7 @@ def _assignments(
                         f"({unit.physical.uuid}) is also selected by {earlier.where}; entries "
                         "for one resource must select disjoint devices"
                     )
-                if strategy == "mps" and entry.replicas > 1:
+                if strategy is SharingStrategy.MPS and entry.replicas > 1:
                     _check_mps(unit, entry.replicas, where, entry.name)
                 chosen[unit.physical.uuid] = _Assignment(entry, block, strategy, where)
     return chosen
@@ -297,8 +298,12 @@ def _advertise(
     res.devices.extend(((gpu_index, mig_index, d.replica or 0), d) for d in devices)
 
 
-def build_plan(inventory: Inventory, config: Config) -> Plan:
-    """What this node advertises with this config. Raises PlanError if it cannot apply."""
+def build_plan(inventory: Inventory, config: Config, host: HostFacts | None = None) -> Plan:
+    """What this node advertises with this config. Raises PlanError if it cannot apply.
+
+    `host` (the IMEX channels found, the agent's soft-limits flag) makes it the plan the
+    daemon serves; without it, the plan of the config alone (what NVIDIA's plugin would
+    answer, and what the core's tests compare with)."""
     warnings: list[str] = []
     strategy_warnings: list[str] = []
     units = _units(inventory, config, warnings, strategy_warnings)
@@ -329,7 +334,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         else:
             name = unit.base
         share = None
-        if pick.strategy == "mps":
+        if pick.strategy is SharingStrategy.MPS:
             share = MpsShare(
                 active_thread_percentage=100 // entry.replicas,
                 pinned_memory_limit_mib=(
@@ -369,7 +374,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         layout_problem = single_layout_problem(sorted(inventory.gpus, key=lambda g: g.index))
     return Plan(
         resources=tuple(plans),
-        allocate=allocate_settings(config),
+        allocate=allocate_settings(config, host),
         mig_strategy=config.flags.mig_strategy,
         warnings=tuple(warnings),
         mig_strategy_warnings=tuple(strategy_warnings),

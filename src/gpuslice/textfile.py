@@ -1,5 +1,5 @@
-"""Reading a user's small text file (a config, a claims file) without letting the file
-decide how long the read takes or how much memory it uses.
+"""Reading a small file (a config, a claims file, a checkpoint, an MPS pid file) without
+letting the file decide how long the read takes or how much memory it uses.
 
 A path is opened non-blocking and read only if `fstat` on the open descriptor says it is a
 regular file: a FIFO would block the open or the read forever, `/dev/zero` (or a symlink to

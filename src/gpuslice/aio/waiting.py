@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from gpuslice.aio.races import first_of
+
 T = TypeVar("T")
 
 
@@ -16,15 +18,7 @@ async def unless_stopped(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T
         coro.close()
         return None
     work = asyncio.ensure_future(coro)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((work, stopper), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (work, stopper):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    await first_of(work, stop.wait())
     if work.cancelled() or not work.done():
         return None
     return work.result()

@@ -28,6 +28,12 @@ class Snapshot:
     though healthy. The device plugin lists them Unhealthy; DRA taints them."""
     noticed: Mapping[str, int] = field(default_factory=dict)
     """Physical UUID -> the last ignored XID seen on it (DRA's informational taints)."""
+    last_xid: Mapping[str, int | None] = field(default_factory=dict)
+    """GPU UUID -> the XID that made it unhealthy (None: lost); DRA's taints and health
+    stream carry it as NVIDIA's do. Published with the `unhealthy` set it explains."""
+    host_dev_root: str = "/"
+    """Where the device nodes are on the host for the config in force (`host.devroot`):
+    the prefix of the DRA CDI specs' device paths."""
 
     @property
     def out_of_service(self) -> frozenset[str]:
@@ -38,12 +44,18 @@ class Snapshot:
 class PlanState:
     """Holds the current `Snapshot` and wakes everyone waiting for a newer one."""
 
-    def __init__(self, plan: Plan, inventory: Inventory) -> None:
-        self._current = Snapshot(version=1, plan=plan, inventory=inventory)
+    def __init__(self, plan: Plan, inventory: Inventory, *, host_dev_root: str = "/") -> None:
+        self._current = Snapshot(
+            version=1, plan=plan, inventory=inventory, host_dev_root=host_dev_root
+        )
         self._changed = asyncio.Event()
 
     @property
     def current(self) -> Snapshot:
+        return self._current
+
+    def snapshot(self) -> Snapshot:
+        """`current` as a method: what readers that take a snapshot source are handed."""
         return self._current
 
     def publish(
@@ -54,6 +66,8 @@ class PlanState:
         unhealthy: frozenset[str] | None = None,
         cordoned: frozenset[str] | None = None,
         noticed: Mapping[str, int] | None = None,
+        last_xid: Mapping[str, int | None] | None = None,
+        host_dev_root: str | None = None,
     ) -> Snapshot:
         """Replace the given parts; the others are kept. Always bumps the version."""
         old = self._current
@@ -65,6 +79,8 @@ class PlanState:
             unhealthy=old.unhealthy if unhealthy is None else unhealthy,
             cordoned=old.cordoned if cordoned is None else cordoned,
             noticed=old.noticed if noticed is None else noticed,
+            last_xid=old.last_xid if last_xid is None else last_xid,
+            host_dev_root=old.host_dev_root if host_dev_root is None else host_dev_root,
         )
         # One event per version: waiters hold the old one, which stays set forever.
         changed, self._changed = self._changed, asyncio.Event()

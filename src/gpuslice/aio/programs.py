@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import IO
 
 
-class MpsError(Exception):
-    """A control command or helper program failed; the message says which and why."""
+class ProgramError(Exception):
+    """A control command or helper program failed; the message says which and why. The MPS
+    adapter and the nvidia-smi wrappers raise it (as `MpsError`, the name callers catch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ async def run_program(
     stdin_text: str | None,
     timeout_s: float,
 ) -> Completed:
-    """Run `argv` to its end; MpsError when it cannot start or outlives `timeout_s`."""
+    """Run `argv` to its end; ProgramError when it cannot start or outlives `timeout_s`."""
     shown = " ".join(argv)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
@@ -51,12 +52,12 @@ async def run_program(
                 env=dict(env),
             )
         except OSError as exc:
-            raise MpsError(f"cannot run `{shown}`: {exc}") from None
+            raise ProgramError(f"cannot run `{shown}`: {exc}") from None
         try:
             data = stdin_text.encode() if stdin_text is not None else None
             await asyncio.wait_for(proc.communicate(data), timeout_s)
         except TimeoutError:
-            raise MpsError(f"`{shown}` did not finish within {timeout_s:g} s") from None
+            raise ProgramError(f"`{shown}` did not finish within {timeout_s:g} s") from None
         finally:
             if proc.returncode is None:
                 proc.kill()

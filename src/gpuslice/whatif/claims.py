@@ -4,14 +4,15 @@
 this node each request gets, how it is shared, what its containers are told, and how much
 memory the memory guard lets each pod hold. Nothing here is estimated a second way: the
 node's slices come from the publisher's functions (`core.dra.publish`), each claim is
-allocated by the scheduler double (`dra_allocator.allocate`, the CEL and capacity rules),
+allocated by the scheduler's rules (`whatif.allocator.allocate`, the CEL and capacity rules),
 and what Prepare would do comes from the driver's core (`core.dra.claims.claim_work`,
 `core.dra.preparation`, `cdispec.claim_spec`, `claimplan.claims_plan`,
 `attribution.entitlement_of`). Claims are taken in file order and each allocation counts
 as in use for the next ones, as on a real node, so the fifth claim on a GPU shared four ways
 gets the scheduler's refusal.
 
-It lives in the emulator, not the core, because the allocator evaluates CEL (`celpy`).
+It lives beside the allocator (`whatif.allocator`), not in the core, because the allocator
+evaluates CEL (`celpy`); it is a product command's engine, so it is not in `emulator` either.
 `slice_devices` also summarises slices the running driver published (the DRA demo).
 """
 
@@ -22,7 +23,7 @@ import itertools
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config.parsing import load_documents
@@ -39,7 +40,6 @@ from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
-    MIB,
     REPLICAS,
     SHARES_CAPACITY,
     DraDevice,
@@ -49,12 +49,13 @@ from gpuslice.core.dra.publish import (
     share_offers,
     slice_specs,
 )
-from gpuslice.core.dra.sharing import INTERVALS, quantity_mib
+from gpuslice.core.dra.sharing import INTERVALS
 from gpuslice.core.errors import ConfigError, GpusliceError
-from gpuslice.core.sharing.model import Plan
-from gpuslice.emulator.dra_allocator import AllocationError, allocate
+from gpuslice.core.jsontypes import Json
+from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.units import MIB, quantity_mib
+from gpuslice.whatif.allocator import AllocationError, allocate
 
-Json = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 POOL = "node-1"
 """The pool (node name) the what-if publishes under: any name does, it only has to agree."""
@@ -396,7 +397,7 @@ def _uses_and_cdi(
     mps = {
         u.device: (u.thread_percentage, u.entitlement_mib)
         for u in prepared.uses
-        if u.strategy == "mps"
+        if u.strategy == SharingStrategy.MPS
     }
     return list(prepared.uses), list(prepared.cdi), mps
 
@@ -404,7 +405,7 @@ def _uses_and_cdi(
 def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[SharingKind, str]:
     share, sharing = dw.share, dw.sharing
     if share is not None:
-        how = "MPS" if share.strategy == "mps" else "time-slicing"
+        how = "MPS" if share.strategy == SharingStrategy.MPS else "time-slicing"
         if share.memory_mib:
             memory = f"{share.memory_mib} MiB"
         elif not dw.device.capacity.get("memory"):  # a unified-memory GPU: shares by count
@@ -412,9 +413,9 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
         else:
             memory = "no memory reserved"
         text = f"{share.shares} of {share.replicas} shares ({how}), {memory}"
-        if share.strategy != "mps" and share.memory_mib:
+        if share.strategy != SharingStrategy.MPS and share.memory_mib:
             text += " (not enforced by the GPU)"  # time-slicing: the memory reserved
-        if share.cores and share.strategy == "mps":
+        if share.cores and share.strategy == SharingStrategy.MPS:
             text += (
                 f", {share.cores}% of the SMs (cores: the MPS client's active thread percentage)"
             )
@@ -424,8 +425,8 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
                 "time-slicing does not limit a process to a share of the SMs, so it is "
                 "not enforced"
             )
-        return ("mps" if share.strategy == "mps" else "time-slicing"), text
-    if sharing.strategy == "MPS":
+        return ("mps" if share.strategy == SharingStrategy.MPS else "time-slicing"), text
+    if sharing.shares is SharingStrategy.MPS:
         pct, limit = mps or (None, None)
         mig = dw.device.kind == "mig"
         where = " on the MIG device (its own daemon sees only it)" if mig else ""
@@ -435,7 +436,7 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
             text += ", multi-user daemon (clients of any user ID)"
         return "mps", text
     shared_by = sharing.shared_by or 1
-    if sharing.strategy == "TimeSlicing" or shared_by > 1:
+    if sharing.shares is SharingStrategy.TIME_SLICING or shared_by > 1:
         interval = _INTERVAL_NAMES.get(sharing.interval) if sharing.interval is not None else None
         text = "time-slicing"
         text += f", interval {interval}" if interval else " (interval left as it is)"
@@ -469,7 +470,7 @@ def _outcomes(
         share = None
         if dw.share is not None and dw.share_id is not None:
             s = dw.share
-            share = ShareInfo(dw.share_id, s.shares, s.replicas, s.memory_mib, s.strategy)
+            share = ShareInfo(dw.share_id, s.shares, s.replicas, s.memory_mib, str(s.strategy))
         interval = None
         if dw.sharing.interval is not None:
             interval = _INTERVAL_NAMES.get(dw.sharing.interval)

@@ -1,4 +1,5 @@
-"""The scheduler's side of DRA (structured parameters), for tests and the demo.
+"""The scheduler's side of DRA (structured parameters): the scheduler double, the demo and
+`describe --claims`.
 
 `allocate` computes a ResourceClaim's `status.allocation` from DeviceClasses, the
 ResourceSlices and the allocations other claims already hold, as kube-scheduler's DRA
@@ -38,7 +39,8 @@ import celpy
 from celpy import celtypes
 from celpy.evaluation import CELEvalError, CELUnsupportedError
 
-Json = dict[str, Any]
+from gpuslice.core.jsontypes import Json
+from gpuslice.core.units import Quantity
 
 SEARCH_STEP_LIMIT = 200_000
 """Candidate tries per `allocate` call before giving up (a claim with many requests and
@@ -55,94 +57,6 @@ def _new_share_id() -> str:
 
 
 # -- values: Kubernetes quantities and semantic versions -----------------------------------
-
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
-)
-_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL_SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_SMALL_SUFFIXES = {"m": Fraction(1, 10**3), "u": Fraction(1, 10**6), "n": Fraction(1, 10**9)}
-
-
-class Quantity:
-    """A `resource.Quantity`: an exact value, and whether it was written with a binary
-    suffix (which decides how it is written back, as the API's canonical form does)."""
-
-    __slots__ = ("binary", "value")
-
-    def __init__(self, value: Fraction | int, binary: bool = False) -> None:
-        self.value = Fraction(value)
-        self.binary = binary
-
-    @classmethod
-    def parse(cls, text: object) -> Quantity:
-        if isinstance(text, Quantity):
-            return text
-        if isinstance(text, int) and not isinstance(text, bool):
-            return cls(text)
-        if not isinstance(text, str):
-            raise ValueError(f"not a quantity: {text!r}")
-        m = _QUANTITY.match(text.strip())
-        if m is None:
-            raise ValueError(f"not a quantity: {text!r}")
-        number, suffix = Fraction(m.group(1)), m.group(2) or ""
-        if suffix in _BINARY_SUFFIXES:
-            return cls(number * _BINARY_SUFFIXES[suffix], binary=True)
-        if suffix in _DECIMAL_SUFFIXES:
-            return cls(number * _DECIMAL_SUFFIXES[suffix])
-        if suffix in _SMALL_SUFFIXES:
-            return cls(number * _SMALL_SUFFIXES[suffix])
-        if suffix:
-            return cls(number * Fraction(10) ** int(suffix[1:]))
-        return cls(number)
-
-    def __str__(self) -> str:
-        """Canonical form: the largest suffix that keeps the value exact (binary suffixes for
-        a binary quantity, decimal ones otherwise); fractions in m/u/n, rounded up to 1n as
-        the API does."""
-        v = self.value
-        if v.denominator == 1:
-            n = int(v)
-            suffixes = _BINARY_SUFFIXES if self.binary else _DECIMAL_SUFFIXES
-            for suffix, mult in reversed(suffixes.items()):
-                if n and n % mult == 0:
-                    return f"{n // mult}{suffix}"
-            return str(n)
-        for suffix, div in (("m", 10**3), ("u", 10**6), ("n", 10**9)):
-            scaled = v * div
-            if scaled.denominator == 1:
-                return f"{scaled.numerator}{suffix}"
-        return f"{math.ceil(v * 10**9)}n"
-
-    def __repr__(self) -> str:
-        return f"Quantity({str(self)!r})"
-
-    def _other(self, other: object) -> Fraction:
-        if not isinstance(other, Quantity):
-            raise TypeError(f"no such overload: quantity and {type(other).__name__}")
-        return other.value
-
-    def __eq__(self, other: object) -> bool:
-        return self.value == self._other(other)
-
-    def __ne__(self, other: object) -> bool:
-        return self.value != self._other(other)
-
-    def __lt__(self, other: object) -> bool:
-        return self.value < self._other(other)
-
-    def __le__(self, other: object) -> bool:
-        return self.value <= self._other(other)
-
-    def __gt__(self, other: object) -> bool:
-        return self.value > self._other(other)
-
-    def __ge__(self, other: object) -> bool:
-        return self.value >= self._other(other)
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
 
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"

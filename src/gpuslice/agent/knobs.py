@@ -1,0 +1,113 @@
+"""A daemon setting is defined once: as a settings field carrying its knob.
+
+Each field of the settings dataclasses (`agent.settings`) that `gpuslice plugin` can be
+told is declared with `knob(...)`: its default (the field's, the only one), its flag names,
+its environment variable and its help. `cli.plugin` generates its command from these
+fields, and the docs-drift test compares the chart's defaults with them, so a new setting
+is one field and nothing else can fall out of step.
+
+Knobs without flags (`POD_NAME`, `DP_*` and the like, set by the downward API or NVIDIA's
+manifests) are read from the environment in one place, `settings_from_cli`'s caller in
+`cli.plugin`, through the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Final
+
+UNSET: Final = object()
+"""`cli_default` not given: the flag's default is the field's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    flags: tuple[str, ...]
+    """Flag names as click takes them (`--gpu-metrics/--no-gpu-metrics`, aliases); empty:
+    the setting is read from `env` only."""
+    env: str | None = None
+    help: str | None = None
+    type: Any = None
+    """The click parameter type (a range, a path, a choice) or None for click's guess."""
+    show_default: bool | None = None
+    is_flag: bool = False
+    hidden: bool = False
+    to_cli: Callable[[Any], Any] | None = None
+    """The field's default as the flag spells it (a tuple joined with commas)."""
+    from_cli: Callable[[Any], Any] | None = None
+    """The flag's value as the field holds it (a command line split into words)."""
+    cli_default: Any = UNSET
+    """A flag default that is no field value: None where a rule between settings decides
+    (`--kubelet-socket` defaults to a path under `--device-plugin-path`)."""
+    overrides: str | None = None
+    """The config path the flag overrides when set (NVIDIA's `flags.migStrategy`...)."""
+
+
+def knob(
+    default: Any = MISSING,
+    *flags: str,
+    factory: Callable[[], Any] | None = None,
+    env: str | None = None,
+    help: str | None = None,
+    type: Any = None,
+    show_default: bool | None = None,
+    is_flag: bool = False,
+    hidden: bool = False,
+    to_cli: Callable[[Any], Any] | None = None,
+    from_cli: Callable[[Any], Any] | None = None,
+    cli_default: Any = UNSET,
+    overrides: str | None = None,
+) -> Any:
+    """A dataclass field with its knob (`Knob`) in the metadata."""
+    meta = {
+        "knob": Knob(
+            flags,
+            env,
+            help,
+            type,
+            show_default,
+            is_flag,
+            hidden,
+            to_cli,
+            from_cli,
+            cli_default,
+            overrides,
+        )
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class KnobField:
+    name: str
+    knob: Knob
+    default: Any
+
+    @property
+    def cli_default(self) -> Any:
+        if self.knob.cli_default is not UNSET:
+            return self.knob.cli_default
+        return self.default if self.knob.to_cli is None else self.knob.to_cli(self.default)
+
+    def value(self, given: Any) -> Any:
+        """The field's value for what the flag (or its variable) gave."""
+        return given if self.knob.from_cli is None else self.knob.from_cli(given)
+
+
+def knobs(cls: type) -> Iterator[KnobField]:
+    """The fields of a settings dataclass that carry a knob, in declaration order."""
+    for f in dataclasses.fields(cls):
+        found = f.metadata.get("knob")
+        if found is None:
+            continue
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        yield KnobField(f.name, found, default)

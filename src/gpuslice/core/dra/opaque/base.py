@@ -1,0 +1,123 @@
+"""What every opaque config kind is made of, and what it contributes to.
+
+Below the kind modules and `core.dra.sharing`, so a kind imports nothing but this (and
+its API group's shared pieces), and the resolution walk imports the kinds through the
+registry only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.sharing.model import NvidiaSharingName, SharingStrategy
+
+DeviceKind = Literal["gpu", "mig"]
+INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+
+class ClaimConfigError(GpusliceError):
+    """A claim's config cannot be used; the message names the config entry and field."""
+
+
+class StrictModel(BaseModel):
+    """JSON's field names only (`mpsConfig`, never `mps_config`), as NVIDIA's strict decoder
+    reads them: a name it refuses as unknown is refused here too."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _json_number(value: object) -> object:
+    """A JSON number, as the API server's admission policy sees it: a string or a boolean is
+    not one (pydantic would read "50" and true as numbers; NVIDIA's decoder and CEL do not),
+    and a float with no fraction (`50.0`, `5e1`) is the integer the API server makes of it."""
+    if isinstance(value, bool | str):
+        raise ValueError("must be a number, not a string or a boolean")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _json_quantity(value: object) -> object:
+    """A quantity: a string, or a JSON number as `_json_number` reads it."""
+    return value if isinstance(value, str) else _json_number(value)
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonQuantity = Annotated[str | int, BeforeValidator(_json_quantity)]
+
+
+# -- what the driver acts on ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSettings:
+    active_thread_percentage: int | None = None
+    pinned_limit_mib: int | None = None
+    per_device_limit_mib: Mapping[str, int] = field(default_factory=dict)
+    """Key: a device UUID, or an index into the group's devices (as a string)."""
+    multi_user: bool = False
+
+    def limit_for(self, uuid: str, index: int) -> int | None:
+        for key in (uuid, str(index)):
+            if key in self.per_device_limit_mib:
+                return self.per_device_limit_mib[key]
+        return self.pinned_limit_mib
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """One resolved config: applied once to the group of devices that share it."""
+
+    kind: DeviceKind
+    strategy: NvidiaSharingName | None = None
+    """As the config spelled it (messages quote it); None: no sharing asked (the default
+    config): the devices are the claim's alone, shared only by the pods and containers that
+    reference the claim. Code asks `shares` instead."""
+    interval: int | None = None
+    """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
+    mps: MpsSettings | None = None
+    guard_mode: str | None = None
+    shared_by: int | None = None
+    """GuardConfig `sharedBy`: pods meant to share each device (None: not said, 1)."""
+    source: str = "default"
+    """Which config entry this came from, for messages (`config[2]` or `default`)."""
+
+    @property
+    def shares(self) -> SharingStrategy:
+        """`strategy` in the one vocabulary (`NONE` when no sharing was asked)."""
+        return SharingStrategy.from_nvidia(self.strategy)
+
+
+M = TypeVar("M", bound=StrictModel)
+
+
+def _no_check(parsed: Any, where: str) -> None:
+    """Most kinds need nothing past their model's own validation."""
+
+
+@dataclass(frozen=True)
+class OpaqueKind(Generic[M]):
+    """One opaque config kind, as `core.dra.sharing.resolve` uses it."""
+
+    api_version: str
+    kind: str
+    model: type[M]
+    """Strict: an unknown field is an error naming it."""
+    slot: str
+    """The aspect of a device the kind configures (`sharing`, `guard`): each device gets
+    at most one config per slot, the highest in NVIDIA's precedence that applies to it."""
+    fits: frozenset[DeviceKind]
+    """The devices it may configure. A config naming a request whose device it does not fit
+    is an error (NVIDIA's rule: no `GpuConfig` on a MIG device); one naming no request
+    passes such devices by."""
+    contribute: Callable[[M, Sharing, str], Sharing]
+    """The device's resolved `Sharing` with this config applied; `str` is the entry
+    (`config[2]`), for messages."""
+    check: Callable[[M, str], None] = _no_check
+    """Rules across fields that the model cannot say; ClaimConfigError naming `where`."""

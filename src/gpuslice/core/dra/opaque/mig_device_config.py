@@ -1,0 +1,40 @@
+"""NVIDIA's `MigDeviceConfig`: how a MIG device is shared (time-slicing, or MPS)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gpuslice.core.dra.opaque.base import OpaqueKind, Sharing, StrictModel
+from gpuslice.core.dra.opaque.nvidia import (
+    NVIDIA_API,
+    MigSharing,
+    check_sharing,
+    contribute_sharing,
+)
+
+
+class MigDeviceConfig(StrictModel):
+    api_version: Literal["resource.nvidia.com/v1beta1"] = Field(alias="apiVersion")
+    kind: Literal["MigDeviceConfig"]
+    sharing: MigSharing | None = None
+
+
+def _contribute(cfg: MigDeviceConfig, base: Sharing, source: str) -> Sharing:
+    return contribute_sharing(cfg.sharing, base, source)
+
+
+def _check(cfg: MigDeviceConfig, where: str) -> None:
+    check_sharing(cfg.sharing, where)
+
+
+KIND = OpaqueKind(
+    api_version=NVIDIA_API,
+    kind="MigDeviceConfig",
+    model=MigDeviceConfig,
+    slot="sharing",
+    fits=frozenset({"mig"}),
+    contribute=_contribute,
+    check=_check,
+)
