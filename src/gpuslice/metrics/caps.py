@@ -10,9 +10,10 @@ cgroup appearing and its limits confirmed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpuslice.core.caps import LIMIT_MAX, CapsView
 
@@ -64,3 +65,20 @@ def caps_families(view: CapsView, gpu_index: Mapping[str, int | None]) -> list[M
         for q in (0.5, 0.99, 1.0):
             window.add_metric([f"{q:g}"], ordered[min(len(ordered) - 1, int(q * len(ordered)))])
     return [protection, soft, hard, used, window]
+
+
+class CapsCollector(Collector):
+    """Reads the caps view on each scrape (plain data the caps loop keeps)."""
+
+    def __init__(
+        self, view: Callable[[], CapsView | None], gpu_index: Callable[[], Mapping[str, int | None]]
+    ) -> None:
+        self._view = view
+        self._index = gpu_index
+
+    def describe(self) -> Iterable[Metric]:
+        return caps_families(CapsView({}, {}), {})
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        return iter(()) if view is None else iter(caps_families(view, self._index()))
