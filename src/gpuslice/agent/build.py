@@ -365,7 +365,7 @@ def wire_caps(
     settings = agent.settings
     caps_settings = settings.memory_caps
     limiter = memory_limiter_of(agent.backend)
-    node = node_capability()
+    node = node_capability(settings.cgroup_root)
     inventory = agent.state.current.inventory
     capabilities = gpu_capabilities(inventory, limiter, node, caps_settings.mode)
     agent.caps_capabilities = capabilities
@@ -390,7 +390,7 @@ def wire_caps(
         }
 
     service = CapsService(
-        CapsApplier(limiter, capabilities),
+        CapsApplier(limiter, capabilities, cgroup_root=settings.cgroup_root),
         policy=caps_settings.policy,
         current_plan=plan,
         assignments=PodResourcesClient(
@@ -399,6 +399,7 @@ def wire_caps(
         ),
         pods=(lambda: pod_containers(pods.pods())) if pods is not None else None,
         pids=pids,
+        cgroup_root=settings.cgroup_root,
         proc_root=settings.proc_root,
         interval_s=settings.memory_guard.interval_s,
     )

@@ -582,6 +582,16 @@ class AgentSettings:
     )
     """Where `/proc/<pid>/cgroup` is read for per-pod attribution; the host's /proc under
     hostPID. Tests point it at a fake tree."""
+    cgroup_root: Path = knob(
+        Path("/sys/fs/cgroup"),
+        "--cgroup-root",
+        env="CGROUP_ROOT",
+        type=PATH,
+        show_default=True,
+        help="The host's cgroup filesystem (memory caps: containers' cgroups, cgroup v2).",
+    )
+    """Where memory caps find the containers' cgroups and tell cgroup v2 from v1 (NVML's
+    `nameSpace` is a path under it). Tests point it at a fake tree."""
     mps_control: tuple[str, ...] = knob(
         ("nvidia-cuda-mps-control",),
         "--mps-control",
