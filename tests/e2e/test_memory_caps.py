@@ -9,9 +9,13 @@ the guard stops the overrunning pod as before."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,8 +42,8 @@ def _tree(root: Path, uids: dict[str, str], cids: dict[str, str]) -> None:
         scope.mkdir(parents=True)
 
 
-async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None]:
-    """(the last scrape, the leaker's return code or None while it runs)."""
+async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None, dict[str, Any]]:
+    """(the last scrape, the leaker's return code or None while it runs, `/status`)."""
     children = {pod: sleeper() for pod in PODS}
     try:
         proc, cgroups = sock_dir / "proc", sock_dir / "cgroup"
@@ -89,12 +93,19 @@ async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None]:
                     # ten guard polls (0.2 s) after the snapshot showed it
                     stamp = _stamp(text)
                     text = await wait_scrape(port, lambda t: _stamp(t) >= stamp + 2.0, "2 s on")
-                    return text, children["leaker"].poll()
+                    status = await asyncio.to_thread(_status, port)
+                    return text, children["leaker"].poll(), status
     finally:
         for c in children.values():
             if c.poll() is None:
                 c.kill()
             c.wait()
+
+
+def _status(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
+        doc: dict[str, Any] = json.loads(response.read())
+    return doc
 
 
 def _over(text: str) -> bool:
@@ -109,7 +120,12 @@ def _stamp(text: str) -> float:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only as root (NVML needs it)")
 async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir: Path) -> None:
-    text, leaker = await _run(sock_dir, "615.20")
+    text, leaker, status = await _run(sock_dir, "615.20")
+    [gpu] = status["gpus"]
+    assert gpu["memory_protection"] == "capped"
+    assert {p["pod"]: p["memory_soft_limit_bytes"] for p in status["pods"]} == dict.fromkeys(
+        PODS, SHARE
+    )
     assert leaker is None  # the guard stepped back: its own allocation would fail instead
     protection = samples(text, "gpuslice_gpu_memory_protection")
     assert [(lbl["protection"], lbl["reason"]) for lbl, _ in protection] == [("capped", "")]
@@ -120,7 +136,8 @@ async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir
 
 
 async def test_an_old_driver_is_guarded_and_the_overrunning_pod_stopped(sock_dir: Path) -> None:
-    text, leaker = await _run(sock_dir, "580.95.05")
+    text, leaker, status = await _run(sock_dir, "580.95.05")
+    assert status["gpus"][0]["memory_protection"] == "guarded"
     assert leaker == -signal.SIGTERM
     protection = samples(text, "gpuslice_gpu_memory_protection")
     [(labels, _)] = protection

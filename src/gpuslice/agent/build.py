@@ -256,6 +256,7 @@ def wire_metrics(
             pod_resources_socket=str(settings.pod_resources_socket),
             pod_resources_present=settings.pod_resources_socket.exists(),
             ready=agent.readiness(),
+            caps=caps_view_of(agent, caps),
         )
 
     server = MetricsServer(
