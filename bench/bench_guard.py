@@ -17,7 +17,12 @@ Figures, all in one run:
   observe, and enforce (grace 0 and the default grace);
 * reaction time from free memory crossing the reserve to the signal, p50/p99, as a ratio
   to the poll interval;
-* per leak rate (x reserve/interval) the well-behaved losses, and the largest rate with none.
+* per leak rate (x reserve/interval) the well-behaved losses, and the largest rate with none;
+* caps (`core.caps`): the driver holding each pod to soft = its share and a hard limit
+  (`strict`: the share; `borrow`: the whole GPU) from its start, the guard stepped back, on
+  the same scenarios: well-behaved pods lost, pods stopped by the agent, and leakers whose
+  own allocation failed. The driver's limits are the simulator's model of NVIDIA's
+  documented semantics (`core.gpumemory`), not measured on a GPU.
 
     .venv/bin/python bench/bench_guard.py            # 40 scenarios per rate (~1 min)
     .venv/bin/python bench/bench_guard.py --quick    # 4 per rate (a smoke run)
@@ -31,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 from gpuslice.backends.simulated.memory import Allocation
+from gpuslice.core.caps import CapPolicy
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.demo.guardsim import SimPod, SimResult, simulate
 
@@ -91,9 +97,16 @@ def scenario(rng: random.Random, multiple: float) -> Scenario:
     return Scenario(total, n, tuple(pods))
 
 
-def run(s: Scenario, mode: str, grace_s: float, phase: float, lookahead_s: float) -> SimResult:
+def run(
+    s: Scenario,
+    mode: str,
+    grace_s: float,
+    phase: float,
+    lookahead_s: float,
+    caps: CapPolicy | None = None,
+) -> SimResult:
     params = GuardParams(
-        mode=mode,  # type: ignore[arg-type]
+        mode="off" if caps is not None else mode,  # type: ignore[arg-type]
         reserve=RESERVE,
         grace_s=grace_s,
         lookahead_s=lookahead_s,
@@ -107,6 +120,7 @@ def run(s: Scenario, mode: str, grace_s: float, phase: float, lookahead_s: float
         until_s=UNTIL_S,
         exit_s=EXIT_S,
         first_poll_s=phase,
+        caps=caps,
     )
 
 
@@ -125,13 +139,16 @@ def main() -> None:
     args = ap.parse_args()
     per_rate = 4 if args.quick else args.per_rate
     g = f"grace {DEFAULT_GRACE_S:g} s"
-    modes = (  # label, mode, grace, lookahead (the agent's: poll interval + 0.25 s)
-        ("off", "off", 0.0, 0.0),
-        ("observe", "observe", 0.0, 0.0),
-        ("enforce, grace 0, no projection", "enforce", 0.0, 0.0),
-        (f"enforce, {g}, no projection", "enforce", DEFAULT_GRACE_S, 0.0),
-        ("enforce, grace 0", "enforce", 0.0, LOOKAHEAD_S),
-        (f"enforce, {g}", "enforce", DEFAULT_GRACE_S, LOOKAHEAD_S),
+    modes: tuple[tuple[str, str, float, float, CapPolicy | None], ...] = (
+        # label, mode, grace, lookahead (the agent's: poll interval + 0.25 s), caps
+        ("off", "off", 0.0, 0.0, None),
+        ("observe", "observe", 0.0, 0.0, None),
+        ("enforce, grace 0, no projection", "enforce", 0.0, 0.0, None),
+        (f"enforce, {g}, no projection", "enforce", DEFAULT_GRACE_S, 0.0, None),
+        ("enforce, grace 0", "enforce", 0.0, LOOKAHEAD_S, None),
+        (f"enforce, {g}", "enforce", DEFAULT_GRACE_S, LOOKAHEAD_S, None),
+        ("caps, strict (hard = share)", "caps", 0.0, 0.0, "strict"),
+        ("caps, borrow (hard = GPU)", "caps", 0.0, 0.0, "borrow"),
     )
     rng = random.Random(args.seed)
     started = time.perf_counter()
@@ -139,6 +156,8 @@ def main() -> None:
     total_wb = dict.fromkeys(MULTIPLES, 0)
     reactions: dict[str, list[float]] = {label: [] for label, *_ in modes}
     leakers_stopped = {label: 0 for label, *_ in modes}
+    stopped = {label: dict.fromkeys(MULTIPLES, 0) for label, *_ in modes}
+    leakers_capped = {label: 0 for label, *_ in modes}
     leakers_total = 0
     for multiple in MULTIPLES:
         for _ in range(per_rate):
@@ -147,9 +166,13 @@ def main() -> None:
             wb = sum(1 for p in s.pods if p.well_behaved)
             total_wb[multiple] += wb
             leakers_total += len(s.pods) - wb
-            for label, mode, grace, lookahead in modes:
-                r = run(s, mode, grace, phase, lookahead)
+            for label, mode, grace, lookahead, caps in modes:
+                r = run(s, mode, grace, phase, lookahead, caps)
                 lost[label][multiple] += len(r.lost(s.pods))
+                stopped[label][multiple] += r.stopped()
+                leakers_capped[label] += sum(
+                    1 for p in s.pods if not p.well_behaved and r.fates[p.name] in ("capped", "oom")
+                )
                 reactions[label].extend(x / INTERVAL_S for x in r.reactions_s)
                 leakers_stopped[label] += sum(
                     1 for p in s.pods if not p.well_behaved and r.fates[p.name] == "reclaimed"
@@ -166,10 +189,12 @@ def main() -> None:
     print("well-behaved pods lost to OOM (all rates together):")
     for label, *_ in modes:
         n = sum(lost[label].values())
-        stopped = leakers_stopped[label]
+        n_stopped = sum(stopped[label].values())
         print(
             f"  {label:<34} {n:>5} / {all_wb} = {n / all_wb:6.1%}   "
-            f"leakers stopped by the guard: {stopped}/{leakers_total}"
+            f"pods stopped by the agent: {n_stopped:>4}   "
+            f"leakers stopped: {leakers_stopped[label]}/{leakers_total}, "
+            f"own allocation failed: {leakers_capped[label]}/{leakers_total}"
         )
     print()
     print(
@@ -190,9 +215,12 @@ def main() -> None:
     for label, *_ in modes:
         row = "".join(f"{lost[label][m] / total_wb[m]:>7.1%}" for m in MULTIPLES)
         print(f"  lost, {label:<36}{row}")
+    for label, *_ in modes:
+        row = "".join(f"{stopped[label][m]:>7d}" for m in MULTIPLES)
+        print(f"  stopped, {label:<33}{row}")
     print()
     for label, mode, *_ in modes:
-        if mode != "enforce":
+        if mode not in ("enforce", "caps"):
             continue
         safe = [m for m in MULTIPLES if all(lost[label][x] == 0 for x in MULTIPLES if x <= m)]
         print(
@@ -206,14 +234,26 @@ def main() -> None:
         f"the borrowers' growth {LOOKAHEAD_S:g} s beyond the grace ahead of the crossing; "
         "well-behaved pods ramp at up to 0.05 x each)"
     )
+    caps_rows = [label for label, mode, *_ in modes if mode == "caps"]
+    for label in caps_rows:
+        print(
+            f"caps: {label}: {sum(lost[label].values())} well-behaved pods lost, "
+            f"{sum(stopped[label].values())} pods stopped by the agent, "
+            f"{leakers_capped[label]}/{leakers_total} leakers failed their own allocation"
+        )
     off = sum(lost["off"].values())
-    default, *_ = modes[-1]
+    default = f"enforce, {g}"
     kept = sum(lost[default].values())
     share = f"{kept / off:.2f}x" if off else "n/a (none lost with it off)"
+    strict = caps_rows[0]
+    capped = sum(lost[strict].values())
+    caps_share = f"{capped / off:.2f}x" if off else "n/a"
     print(
         f"Closing note: with the guard enforcing ({default}), {kept} well-behaved pods were "
         f"lost to OOM against {off} with it off: {share} the guard-off losses; it reacted in "
-        f"{pct(reactions[default], 0.5):.2f}x the poll interval at p50."
+        f"{pct(reactions[default], 0.5):.2f}x the poll interval at p50; with caps "
+        f"({strict}) {capped} were lost ({caps_share}) and "
+        f"{sum(stopped[strict].values())} pods stopped."
     )
 
 

@@ -40,3 +40,16 @@ def test_the_command_prints_both_runs() -> None:
     assert "CUDA error: out of memory" in result.output
     assert "stopped by the guard" in result.output
     assert "gone: stress-2 (reclaimed)" in result.output
+
+
+def test_with_caps_the_leaker_fails_its_own_allocation_and_nobody_is_stopped() -> None:
+    demo = run_guard_demo()
+    gone = {n: f for n, f in demo.caps.fates.items() if f != "running"}
+    assert gone == {"stress-2": "capped"}
+    [capped] = [e for e in demo.caps.events if e.what == "capped"]
+    assert capped.used_mib > demo.share_mib  # it asked past its share
+    assert capped.free_mib > 0  # with memory still free: its cap, not the card
+    assert demo.caps.lost(demo.pods) == []
+    assert demo.caps.stopped() == 0
+    result = CliRunner().invoke(main, ["demo", "--scenario", "guard"], env={"COLUMNS": "140"})
+    assert "its own allocation failed at its hard limit" in result.output

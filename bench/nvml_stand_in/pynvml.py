@@ -25,7 +25,9 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_DEVICE_MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
 NVML_NVLINK_MAX_LINKS = 36
 
 _MESSAGES = {
@@ -33,6 +35,7 @@ _MESSAGES = {
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
 }
 
@@ -72,6 +75,9 @@ NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_S
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
 NVMLError_Timeout = _error_class("NVMLError_Timeout", NVML_ERROR_TIMEOUT)
 NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+NVMLError_FunctionNotFound = _error_class(
+    "NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND
+)
 
 _COUNT = 8
 _BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # a DGX H100's GPU buses
@@ -248,6 +254,59 @@ def nvmlDeviceGetTemperature(handle: Any, sensor: int) -> int:
 def nvmlDeviceGetPowerUsage(handle: Any) -> int:
     _device(handle)
     return 69_000  # milliwatts
+
+
+# -- per-cgroup memory limits (r615+), with the field names of pynvml's structs --------
+# The stand-in's driver is 550.54.15, which has no such call: like pynvml over that
+# driver, both functions raise FUNCTION_NOT_FOUND. `GPUSLICE_STAND_IN_LIMITS=1` models an
+# r615 driver instead (the limits kept per handle and cgroup path, usage 0).
+
+_LIMITS: dict[tuple[int, str], tuple[int, int]] = {}
+
+
+class c_nvmlSetMemoryLimits_v1_t:
+    nameSpace: bytes | str = b""
+    softLimit: int = 0
+    hardLimit: int = 0
+
+
+class c_nvmlGetMemoryLimits_v1_t(c_nvmlSetMemoryLimits_v1_t):
+    currentUsed: int = 0
+
+
+def _limits_call() -> None:
+    import os
+
+    if os.environ.get("GPUSLICE_STAND_IN_LIMITS") != "1":
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def _namespace(limits: Any) -> str:
+    ns = limits.nameSpace
+    return ns.decode() if isinstance(ns, bytes) else str(ns)
+
+
+def nvmlDeviceSetMemoryLimits_v1(handle: Any, limits: Any) -> None:
+    _limits_call()
+    key = (_device(handle), _namespace(limits))
+    if limits.softLimit == 0 and limits.hardLimit == NVML_DEVICE_MEMORY_LIMIT_MAX:
+        _LIMITS.pop(key, None)
+    else:
+        _LIMITS[key] = (int(limits.softLimit), int(limits.hardLimit))
+
+
+def nvmlDeviceGetMemoryLimits_v1(handle: Any, limits: Any) -> None:
+    _limits_call()
+    key = (_device(handle), _namespace(limits))
+    limits.softLimit, limits.hardLimit = _LIMITS.get(key, (0, NVML_DEVICE_MEMORY_LIMIT_MAX))
+    limits.currentUsed = 0
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str) -> _Handle:
+    for handle in _HANDLES:
+        if nvmlDeviceGetUUID(handle) == uuid:
+            return handle
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
 def nvmlDeviceGetSupportedEventTypes(handle: Any) -> int:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.health import HealthEvent
@@ -215,6 +216,34 @@ class DraExpired(Exception):
 
 class DraConflict(Exception):
     """A write lost a race (HTTP 409): re-read and plan again."""
+
+
+class MemoryLimitsError(Exception):
+    """Setting or reading a cgroup's memory limits failed. `refusal` says why in the words
+    of `core.caps.Refusal` (`driver-without-call`, `mig`, `nvml-error`), or `gone` for a
+    cgroup that no longer exists (its container ended: nothing to cap)."""
+
+    def __init__(self, refusal: str, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class MemoryLimiter(Protocol):
+    """Per-cgroup GPU memory limits (`nvmlDeviceSetMemoryLimits_v1` and its getter): the
+    NVML backend's, or the simulator's. Calls may block (NVML does)."""
+
+    def memory_limits_supported(self) -> bool:
+        """Whether the driver has the calls at all (r615+); asked once at start."""
+        ...
+
+    def set_memory_limits(self, gpu_uuid: str, cgroup_path: str, limits: MemoryLimits) -> None:
+        """Set `limits` (soft and hard) for the cgroup at `cgroup_path` (its full sysfs
+        path) on the GPU; `core.caps.CLEARED` clears them. MemoryLimitsError on failure."""
+        ...
+
+    def get_memory_limits(self, gpu_uuid: str, cgroup_path: str) -> MemoryLimits:
+        """The cgroup's limits on the GPU and the memory it uses there (`used_bytes`)."""
+        ...
 
 
 ComputeMode = Literal["DEFAULT", "EXCLUSIVE_PROCESS"]

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent.knobs import knobs
-from gpuslice.agent.settings import AgentSettings, ConfigFlags, DraSettings, GuardSettings
+from gpuslice.agent.settings import (
+    AgentSettings,
+    CapsSettings,
+    ConfigFlags,
+    DraSettings,
+    GuardSettings,
+)
 from gpuslice.cli.plugin import FIELDS, GROUPS, plugin, settings_from_cli
 
 FLAGS_BEFORE = {
@@ -157,21 +163,26 @@ ENV_BEFORE = {
 }
 
 
+FLAGS_ADDED = {"--memory-caps", "--memory-caps-policy", "--memory-caps-hook-path", "--cgroup-root"}
+"""Since: memory caps (issue 32)."""
+ENV_ADDED = {"MEMORY_CAPS", "MEMORY_CAPS_POLICY", "MEMORY_CAPS_HOOK_PATH", "CGROUP_ROOT"}
+
+
 def test_the_flags_and_variables_are_those_of_the_hand_written_command() -> None:
     flags = {f for p in plugin.params for f in (*p.opts, *p.secondary_opts)}
     envs = {str(p.envvar) for p in plugin.params if p.envvar}
-    assert flags == FLAGS_BEFORE
-    assert envs == ENV_BEFORE
+    assert flags == FLAGS_BEFORE | FLAGS_ADDED
+    assert envs == ENV_BEFORE | ENV_ADDED
 
 
-COMPOSED = {"overrides", "memory_guard", "dra"}
+COMPOSED = {"overrides", "memory_guard", "memory_caps", "dra"}
 """Built from other knobs' groups (`ConfigFlags`, `GuardSettings`, `DraSettings`)."""
 TUNED_BY_CODE = {"config_rescan_s", "health_poll_s", "initial_label_wait_s"}
 """Timings the daemon never took as flags (tests and the demo shorten them)."""
 
 
 def test_every_setting_is_a_knob_or_says_why_not() -> None:
-    for group in (AgentSettings, GuardSettings, DraSettings):
+    for group in (AgentSettings, GuardSettings, CapsSettings, DraSettings):
         plain = {f.name for f in group.__dataclass_fields__.values()} - {
             k.name for k in knobs(group)
         }

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuslice.agent.dra_driver import DraDriver, DriverSettings
+from gpuslice.agent.caps import (
+    CapsApplier,
+    CapsService,
+    cdi_hook,
+    gpu_capabilities,
+    node_capability,
+    pod_containers,
+)
+from gpuslice.agent.dra_driver import DraCaps, DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
@@ -30,11 +38,13 @@ from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks, FirstPlan, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
-from gpuslice.backends import open_backend
+from gpuslice.backends import memory_limiter_of, open_backend
+from gpuslice.core.caps import CapsView, caps_view
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import mps_specs
 from gpuslice.core.sharing.model import Plan, SharingStrategy
@@ -50,6 +60,7 @@ from gpuslice.host.checkpoint_file import (
 from gpuslice.host.labelfile import LabelFile
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer, SnapshotRefresher, exporter_registry
+from gpuslice.metrics.caps import CapsCollector
 from gpuslice.metrics.server import ServerLimits
 from gpuslice.metrics.status import build_status
 from gpuslice.mps import (
@@ -240,6 +251,7 @@ def wire_metrics(
     gpu_metrics: bool = True,
     refresher: SnapshotRefresher | None = None,
     limits: ServerLimits | None = None,
+    caps: CapsService | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -253,6 +265,13 @@ def wire_metrics(
     if refresher is None:
         refresher = snapshot_refresher(settings, agent.backend, agent.front_end, pods)
     registry, counters = exporter_registry(refresher.read_latest if gpu_metrics else _nothing)
+    if gpu_metrics:
+        registry.register(
+            CapsCollector(
+                lambda: caps_view_of(agent, caps),
+                lambda: {g.uuid: g.index for g in agent.state.current.inventory.gpus},
+            )
+        )
 
     def status() -> dict[str, object]:
         return build_status(
@@ -264,6 +283,7 @@ def wire_metrics(
             pod_resources_socket=str(settings.pod_resources_socket),
             pod_resources_present=settings.pod_resources_socket.exists(),
             ready=agent.readiness(),
+            caps=caps_view_of(agent, caps),
         )
 
     server = MetricsServer(
@@ -289,6 +309,19 @@ def wire_metrics(
     if guard is not None:
         guard.on_decision = counters.record_decision
     return server
+
+
+def caps_view_of(agent: Agent, caps: CapsService | None) -> CapsView | None:
+    """The caps view the metrics, `/status` and `top` show: each GPU's protection (even on
+    a node where nothing is capped) and each capped container's limits."""
+    capabilities = agent.caps_capabilities
+    if capabilities is None:
+        return None
+    guard = agent.settings.memory_guard.mode
+    if caps is None:
+        return caps_view(capabilities, guard, {})
+    applier = caps.applier
+    return caps_view(applier.capabilities, guard, applier.readings(), applier.windows_s)
 
 
 def _nothing() -> None:
@@ -349,6 +382,59 @@ def agent_pod(settings: AgentSettings) -> AgentPod | None:
     return AgentPod(settings.namespace, settings.pod_name, str(uid) if uid else None)
 
 
+def wire_caps(
+    agent: Agent, *, pods: NodePods | None = None, refresher: SnapshotRefresher | None = None
+) -> CapsService | None:
+    """Memory caps (docs/memory-guard.md): what the node and each GPU allow, found once
+    (each refusal logged once); in DRA mode the claims' CDI specs carry the limits (and the
+    toolkit's hook where it can work); in both modes the caps loop applies, checks and
+    repairs each shared container's limits. None when caps are off or no GPU is capable:
+    the guard then covers every GPU as before."""
+    settings = agent.settings
+    caps_settings = settings.memory_caps
+    limiter = memory_limiter_of(agent.backend)
+    node = node_capability(settings.cgroup_root)
+    inventory = agent.state.current.inventory
+    capabilities = gpu_capabilities(inventory, limiter, node, caps_settings.mode)
+    agent.caps_capabilities = capabilities
+    capable = any(c.capable for c in capabilities.values())
+    if isinstance(agent.front_end, DraFrontEnd):
+        driver_root = agent.loaded.config.flags.nvidia_driver_root
+        hook = cdi_hook(caps_settings.hook_path, driver_root, node, capable)
+        agent.front_end.driver.caps = DraCaps(capabilities, caps_settings.policy, hook)
+    if limiter is None or not capable:
+        return None
+
+    def plan() -> Plan | None:
+        current = agent.front_end.attributed_plan()
+        return None if current is None else current[0]
+
+    def pids() -> dict[ContainerKey, tuple[int, ...]]:
+        snap = refresher.latest if refresher is not None else None
+        if snap is None:
+            return {}
+        return {
+            ContainerKey(u.namespace, u.pod, u.container): u.pids for u in snap.attribution.usages
+        }
+
+    service = CapsService(
+        CapsApplier(limiter, capabilities, cgroup_root=settings.cgroup_root),
+        policy=caps_settings.policy,
+        current_plan=plan,
+        assignments=PodResourcesClient(
+            settings.pod_resources_socket,
+            dra_driver=None if settings.dra is None else settings.dra.driver_name,
+        ),
+        pods=(lambda: pod_containers(pods.pods())) if pods is not None else None,
+        pids=pids,
+        cgroup_root=settings.cgroup_root,
+        proc_root=settings.proc_root,
+        interval_s=settings.memory_guard.interval_s,
+    )
+    agent.hooks.services.append(service.run)
+    return service
+
+
 def wire_guard(
     settings: AgentSettings,
     backend: GpuBackend,
@@ -359,6 +445,7 @@ def wire_guard(
     client: AsyncClient | None = None,
     run_pods: bool = False,
     refresher: SnapshotRefresher | None = None,
+    caps: CapsService | None = None,
 ) -> MemoryGuard | None:
     """The memory guard (docs/memory-guard.md): refreshes the attribution snapshot it shares
     with the exporter at its own interval (NVML and /proc only while the plan shares a GPU
@@ -380,6 +467,7 @@ def wire_guard(
         shared,
         settings.proc_root,
         mode_of=mode_of,
+        capped=None if caps is None else caps.applier.capped,
     )
 
     guard = MemoryGuard(
@@ -604,6 +692,7 @@ async def _wire(
 
         node_pods = NodePods(client, settings.node_name)
     refresher = snapshot_refresher(settings, backend, front, node_pods)
+    caps = wire_caps(agent, pods=node_pods, refresher=refresher)
     guard = wire_guard(
         settings,
         backend,
@@ -613,7 +702,11 @@ async def _wire(
         client=client,
         run_pods=not (metrics_on and settings.gpu_metrics),
         refresher=refresher,
+        caps=caps,
     )
+    pods_running = (metrics_on and settings.gpu_metrics) or guard is not None
+    if caps is not None and node_pods is not None and not pods_running:
+        agent.hooks.services.append(node_pods.run)  # the caps loop reads the pod watch
     if settings.metrics_port is not None:
         wire_metrics(
             agent,
@@ -621,6 +714,7 @@ async def _wire(
             host=settings.metrics_address,
             pods=node_pods,
             guard=guard,
+            caps=caps,
             gpu_metrics=settings.gpu_metrics,
             refresher=refresher,
             limits=ServerLimits(

@@ -39,8 +39,10 @@ from pathlib import Path
 from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
+from gpuslice.core.caps import CapPolicy, GpuCapability
 from gpuslice.core.devices import Inventory, MigDevice
-from gpuslice.core.dra.cdispec import cdi_id, claim_spec
+from gpuslice.core.dra.caps import CdiCaps, claim_limits
+from gpuslice.core.dra.cdispec import CdiDevice, cdi_id, claim_spec, with_limits
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
@@ -65,7 +67,7 @@ from gpuslice.core.dra.publish import (
 )
 from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import PhysicalDevice, Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
 from gpuslice.logs import get_logger
@@ -138,6 +140,25 @@ class _InFlight:
     sharing: list[AppliedSharing]
 
 
+@dataclass(frozen=True, slots=True)
+class DraCaps:
+    """What Prepare needs of memory caps: each GPU's capability, the policy, and how to
+    call the toolkit's hook (None: the agent applies the limits after the container starts)."""
+
+    capabilities: Mapping[str, GpuCapability]
+    policy: CapPolicy
+    hook: CdiCaps | None
+
+    def cdi(
+        self, devices: Sequence[CdiDevice], uses: Sequence[DeviceUse], inventory: Inventory
+    ) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
+        physicals: dict[str, PhysicalDevice] = {
+            g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
+        }
+        limits = claim_limits(uses, physicals, self.capabilities, self.policy)
+        return with_limits(devices, limits), self.hook
+
+
 class DraDriver:
     def __init__(
         self,
@@ -184,6 +205,9 @@ class DraDriver:
         """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
         self._gpu_locks = KeyedLocks()
         """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
+        self.caps: DraCaps | None = None
+        """Memory caps for the claims' CDI specs (`agent.caps`), set by the builder where
+        the node can take them; None: no caps in the specs."""
         self._record_lock = asyncio.Lock()
         """Checkpoint writes, one at a time."""
         self._dynamic_mig = dynamic_mig
@@ -558,7 +582,10 @@ class DraDriver:
             devices = self._prepared_devices(work)
             snap = self._snapshot()
             dev_root = "/" if snap is None else snap.host_dev_root
-            spec = claim_spec(ref.uid, prepared.cdi, host_dev_root=dev_root)
+            cdi, hook = prepared.cdi, None
+            if self.caps is not None and snap is not None:
+                cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory)
+            spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
             self._claims[ref.uid] = replace(

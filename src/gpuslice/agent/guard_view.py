@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from pathlib import Path
 from typing import cast, get_args
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.aio.waiting import unless_stopped
-from gpuslice.core.guard import GpuMemory, tenants_from
+from gpuslice.core.caps import guarded
+from gpuslice.core.guard import ContainerKey, GpuMemory, tenants_from
 from gpuslice.core.guard.model import ClaimOverride, GuardMode, claim_mode
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.units import MIB
@@ -47,13 +48,16 @@ def guard_view_reader(
     proc_root: Path,
     *,
     mode_of: Callable[[str], GuardMode | None] | None = None,
+    capped: Callable[[], Set[tuple[ContainerKey, str]]] | None = None,
 ) -> ReadView:
     """The guard's `read`: None while the plan shares no GPU by time-slicing or MPS (MIG
     and exclusive GPUs are exempt), `IDLE_VIEW` while no GPU has a process, otherwise the
     GPUs' memory and the attributed tenants from a fresh shared snapshot.
 
     `mode_of` (DRA mode) gives a resource's own guard mode, e.g. claim `claim:<ns>/<name>`
-    -> its GuardConfig `mode`, None when it has none; it can only lower the node's mode."""
+    -> its GuardConfig `mode`, None when it has none; it can only lower the node's mode.
+    `capped` gives the (container, GPU) pairs the driver caps (`agent.caps`): the guard
+    steps back for them, their overrun fails their own allocation (`core.caps.guarded`)."""
     told_unified: set[str] = set()
 
     async def read() -> GuardView | None:
@@ -64,6 +68,8 @@ def guard_view_reader(
             return IDLE_VIEW
         snap = await shared.refresh()
         tenants = tenants_from(snap.attribution, mode_of)
+        if capped is not None:
+            tenants = tuple(guarded(tenants, capped()))
         pids = [p for t in tenants for p in t.pids]
         identities = await asyncio.to_thread(cgroup_identities, pids, proc_root) if pids else {}
         gpus = []

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from gpuslice.agent.knobs import knob
+from gpuslice.core.caps import DEFAULT_HOOK_PATH, CapPolicy, CapsMode
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.core.guard.model import ClaimOverride, GuardAction, GuardMode
@@ -149,6 +150,42 @@ class GuardSettings:
             strict=self.strict,
             lookahead_s=lookahead_for(self.interval_s),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CapsSettings:
+    """Memory caps (docs/memory-guard.md): the driver's per-container GPU memory limits
+    (`nvmlDeviceSetMemoryLimits_v1`, driver r615+); the guard covers the GPUs they cannot."""
+
+    mode: CapsMode = knob(
+        "auto",
+        "--memory-caps",
+        env="MEMORY_CAPS",
+        type=click.Choice(["auto", "off"]),
+        show_default=True,
+        help="Cap each time-sliced container's GPU memory where the driver can (r615+).",
+    )
+    """`MEMORY_CAPS`: `auto` caps wherever the GPU, driver and node allow it (a node that
+    cannot is left to the guard, the reason logged once); `off` never."""
+    policy: CapPolicy = knob(
+        "strict",
+        "--memory-caps-policy",
+        env="MEMORY_CAPS_POLICY",
+        type=click.Choice(["strict", "borrow"]),
+        show_default=True,
+        help="Hard limit: strict (the container's share) or borrow (the whole GPU).",
+    )
+    """`MEMORY_CAPS_POLICY`: soft limit = the entitlement always; hard = it too (`strict`)
+    or the GPU (`borrow`: it may use what the others' soft limits do not hold back)."""
+    hook_path: str = knob(
+        DEFAULT_HOOK_PATH,
+        "--memory-caps-hook-path",
+        env="MEMORY_CAPS_HOOK_PATH",
+        show_default=True,
+        help="The NVIDIA Container Toolkit's nvidia-cdi-hook, for DRA claim specs ('' none).",
+    )
+    """`MEMORY_CAPS_HOOK_PATH`: written into DRA claims' CDI specs only where it can work
+    (cgroup v2, a capable GPU, the program there as the agent sees it); '' never."""
 
 
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
@@ -558,6 +595,16 @@ class AgentSettings:
     )
     """Where `/proc/<pid>/cgroup` is read for per-pod attribution; the host's /proc under
     hostPID. Tests point it at a fake tree."""
+    cgroup_root: Path = knob(
+        Path("/sys/fs/cgroup"),
+        "--cgroup-root",
+        env="CGROUP_ROOT",
+        type=PATH,
+        show_default=True,
+        help="The host's cgroup filesystem (memory caps: containers' cgroups, cgroup v2).",
+    )
+    """Where memory caps find the containers' cgroups and tell cgroup v2 from v1 (NVML's
+    `nameSpace` is a path under it). Tests point it at a fake tree."""
     mps_control: tuple[str, ...] = knob(
         ("nvidia-cuda-mps-control",),
         "--mps-control",
@@ -602,6 +649,7 @@ class AgentSettings:
     interval (`compute-policy --set-timeslice`, DRA mode)."""
     kubeconfig: Path | None = knob(None, "--kubeconfig", env="KUBECONFIG", type=PATH)
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
+    memory_caps: CapsSettings = field(default_factory=CapsSettings)
     node_lock_wait_s: float | None = knob(
         None,
         "--node-lock-wait",

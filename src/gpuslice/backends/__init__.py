@@ -22,9 +22,9 @@ from gpuslice.backends.simulated import (
     parse_spec,
 )
 from gpuslice.backends.simulated.models import known_models
-from gpuslice.ports import BackendError, GpuBackend
+from gpuslice.ports import BackendError, GpuBackend, MemoryLimiter
 
-__all__ = ["BackendError", "open_backend"]
+__all__ = ["BackendError", "memory_limiter_of", "open_backend"]
 
 _ACCEPTED = (
     "use 'nvml', 'sim:COUNTxMODEL[/mig=LAYOUT][,...]' (e.g. sim:2xt4, "
@@ -50,6 +50,18 @@ def open_backend(spec: str, *, control_dir: Path | None = None) -> GpuBackend:
         raise BackendError(f"unknown backend {spec!r}; " + _accepted())
     node = load_node_file(Path(path_text).expanduser())
     return SimulatedBackend(node, control_dir=control_dir)
+
+
+def memory_limiter_of(backend: GpuBackend) -> MemoryLimiter | None:
+    """The per-cgroup memory limits of a backend: NVML's (sharing its session) or the
+    simulator's own; None for a backend without them (a test double)."""
+    if isinstance(backend, SimulatedBackend):
+        return backend
+    make = getattr(backend, "memory_limiter", None)
+    if callable(make):
+        limiter: MemoryLimiter = make()
+        return limiter
+    return None
 
 
 def _looks_like_path(text: str) -> bool:

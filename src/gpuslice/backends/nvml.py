@@ -42,6 +42,7 @@ from typing import Any
 
 from gpuslice.backends import nvml_mig
 from gpuslice.backends.mignames import mig_profile_name
+from gpuslice.backends.nvml_limits import NvmlMemoryLimiter
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
 from gpuslice.core.gpumodels import MigGeometry
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
@@ -330,6 +331,15 @@ class NvmlBackend:
                 )
             )
         return tuple(out)
+
+    def memory_limiter(self) -> NvmlMemoryLimiter:
+        """Per-cgroup memory limits on these GPUs (`backends.nvml_limits`), sharing this
+        backend's NVML session."""
+        return NvmlMemoryLimiter(self._nv, self._limits_handle)
+
+    def _limits_handle(self, gpu_uuid: str) -> tuple[Any, bool]:
+        handle = self._nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        return handle, self._mig_mode(handle)[0]
 
     def close(self) -> None:
         with self._arrived:

@@ -83,6 +83,8 @@ def _replay_rows(table: Table, label: str, r: ReplayOutcome | None) -> None:
         _names(r.oom_without_guard),
         _names(r.stopped_by_guard),
         _names(r.oom_with_guard),
+        _names(r.capped_with_caps),
+        _names(r.oom_with_caps),
     )
 
 
@@ -111,6 +113,12 @@ def render_model(m: ModelAdvice, history: History, console: Console) -> None:
                 f"replicas {m.mps.replicas}\nlimit {m.mps.pinned_limit_mib} MiB\n"
                 f"{m.mps.active_thread_percentage}% threads",
                 _plain("\n".join(m.mps.why)),
+            )
+        if m.caps is not None:
+            plan.add_row(
+                "memory caps (r615+)",
+                f"soft {m.caps.soft_mib} MiB\nhard {m.caps.hard_mib} MiB\n{m.caps.policy}",
+                _plain("\n".join(m.caps.why)),
             )
         if m.mig is not None:
             plan.add_row("MIG", "\n".join(m.mig.layouts), _plain("\n".join(m.mig.why)))
@@ -142,12 +150,15 @@ def render_model(m: ModelAdvice, history: History, console: Console) -> None:
     console.print(pods)
     if m.replay_recommended is not None or m.replay_current is not None:
         replay = Table(
-            title="replay (the simulator's memory model; the guard policy off, then enforcing)",
+            title="replay (the simulator's memory model; the guard policy off, then enforcing; "
+            "then the driver's caps, strict, the guard stepped back)",
             title_justify="left",
         )
         for name in ("size", "replicas", "GPUs", "OOM without guard", "stopped by guard"):
             replay.add_column(name)
         replay.add_column("OOM with guard")
+        replay.add_column("failed at own cap")
+        replay.add_column("OOM with caps")
         _replay_rows(replay, "recommended", m.replay_recommended)
         _replay_rows(replay, "current", m.replay_current)
         console.print(replay)

@@ -1,4 +1,5 @@
-"""`gpuslice demo --scenario guard`: seed 001 with the memory guard off, then enforcing."""
+"""`gpuslice demo --scenario guard`: seed 001 with the memory guard off, then enforcing,
+then with the driver's memory caps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from gpuslice.demo.guardsim import SimResult
 
 _WHAT = {
     "oom": "[red]CUDA error: out of memory[/red] (asked {used} MiB, {free} MiB free)",
+    "capped": "[bold]its own allocation failed at its hard limit[/bold] (asked {used} MiB, "
+    "{free} MiB still free for the others)",
     "over-share": "[yellow]over its share[/yellow], borrowing ({used} MiB, {free} MiB free)",
     "reclaim": "[bold]stopped by the guard[/bold] (SIGTERM; {used} MiB, {free} MiB free)",
     "exited": "exited, memory back: {free} MiB free",
@@ -55,3 +58,9 @@ def render_guard(demo: GuardDemo, console: Console) -> None:
     )
     console.print(_timeline(demo.enforce))
     console.print(_fates(demo, demo.enforce))
+    console.rule(
+        f"[bold]3. memory caps (driver r615+: soft = hard = {demo.share_mib} MiB per pod, "
+        "the guard stepped back)"
+    )
+    console.print(_timeline(demo.caps))
+    console.print(_fates(demo, demo.caps))

@@ -7,6 +7,7 @@ file would be allocated and what Prepare would give its containers
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -17,13 +18,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from gpuslice.agent.caps import node_capability
+from gpuslice.backends import memory_limiter_of, open_backend
 from gpuslice.cli.common import NodeView, console, plan_for
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
+from gpuslice.core.caps import CapsMode, GpuCapability, caps_view, gpu_capability
 from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
+from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.host.configfiles import MAX_BYTES
+from gpuslice.ports import GpuBackend
 from gpuslice.textfile import read_text
 
 if TYPE_CHECKING:
@@ -61,9 +67,13 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     gpus.add_column("replicas", justify="right")
     gpus.add_column("per replica")
     for g in report.devices:
+        protected = _PROTECTION_WORDS.get(g.protection, "")
+        if protected and g.protection_reason:
+            protected += f" ({g.protection_reason})"
         gpus.add_row(
             str(g.index),
-            f"{g.product}\n[dim]{g.uuid}[/dim]",
+            f"{g.product}\n[dim]{g.uuid}[/dim]"
+            + (f"\n[dim]{protected}[/dim]" if protected else ""),
             f"{gib(g.memory_mib)} GiB" if g.memory_mib else "n/a (unified)",
             str(g.multiprocessors),
             "",
@@ -90,6 +100,37 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
     console.print(gpus)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _protection(backend: GpuBackend, inventory: Inventory) -> dict[str, tuple[str, str]]:
+    """Each GPU's memory protection as the agent on this node would find it: the driver's
+    limits call, MIG, cgroup v2 and root here; the caps and guard modes from the agent's
+    environment variables where set (`MEMORY_CAPS`, `MEMORY_GUARD`), else their defaults."""
+    caps_mode: CapsMode = "off" if os.environ.get("MEMORY_CAPS") == "off" else "auto"
+    guard_mode = os.environ.get("MEMORY_GUARD") or "observe"
+    limiter = memory_limiter_of(backend)
+    has_call = False
+    if limiter is not None and caps_mode != "off":
+        try:
+            has_call = limiter.memory_limits_supported()
+        except Exception:  # a probe must not fail describe
+            has_call = False
+    node = node_capability()
+    capabilities: dict[str, GpuCapability] = {
+        g.uuid: gpu_capability(
+            g.uuid, mode=caps_mode, mig_enabled=g.mig_enabled,
+            memory_reported=g.memory_reported, driver_has_call=has_call, node=node,
+        )
+        for g in inventory.gpus
+    }  # fmt: skip
+    return dict(caps_view(capabilities, guard_mode, {}).protection)
+
+
+_PROTECTION_WORDS = {
+    "capped": "memory: capped by the driver",
+    "guarded": "memory: guarded by the memory guard",
+    "none": "memory: no protection",
+}
 
 
 @click.command("describe")
@@ -155,11 +196,16 @@ def describe_command(
         mode = SharesMode.parse(shares)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--consumable-shares'") from None
-    view = plan_for(node, config_file, config_name)
+    backend = open_backend(node)
+    try:
+        view = plan_for(node, config_file, config_name, backend)
+        protection = _protection(backend, view.inventory)
+    finally:
+        backend.close()
     if claims_file is not None:
         _describe_claims(view, claims_file, classes_file, output, mode)
         return
-    report = describe_plan(view.plan, view.inventory)
+    report = describe_plan(view.plan, view.inventory, protection)
     if output == "table":
         _render_table(view, report, console())
     else:

@@ -21,7 +21,13 @@ from gpuslice.agent.configs import load_config
 from gpuslice.agent.knobs import KnobField, knob, knobs
 from gpuslice.agent.node_lock import holding_the_node
 from gpuslice.agent.runner import Agent
-from gpuslice.agent.settings import AgentSettings, ConfigFlags, DraSettings, GuardSettings
+from gpuslice.agent.settings import (
+    AgentSettings,
+    CapsSettings,
+    ConfigFlags,
+    DraSettings,
+    GuardSettings,
+)
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.logsetup import setup_logging
@@ -65,7 +71,14 @@ class DaemonFlags:
     )
 
 
-GROUPS: tuple[type, ...] = (AgentSettings, ConfigFlags, GuardSettings, DraSettings, DaemonFlags)
+GROUPS: tuple[type, ...] = (
+    AgentSettings,
+    ConfigFlags,
+    GuardSettings,
+    CapsSettings,
+    DraSettings,
+    DaemonFlags,
+)
 """Every settings group whose knobs make up `gpuslice plugin`'s options."""
 
 
@@ -167,6 +180,7 @@ def settings_from_cli(ctx: click.Context) -> tuple[AgentSettings, DaemonFlags]:
     else:
         values["kubelet_socket"] = Path(socket) if socket else None
     values["memory_guard"] = _guard_settings(params)
+    values["memory_caps"] = CapsSettings(**_values(CapsSettings, params))
     values["dra"] = DraSettings(**_values(DraSettings, params)) if daemon.dra else None
     values["overrides"] = _overrides(ctx)
     settings = AgentSettings(**values)

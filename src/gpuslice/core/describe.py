@@ -10,6 +10,7 @@ The data is plain and frozen; `report_to_dict` gives JSON/YAML, the CLI renders 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +74,11 @@ class GpuReport:
     mig_enabled: bool
     mig_devices: tuple[MigReport, ...]
     shares: tuple[ShareReport, ...]
+    protection: str = ""
+    """What holds this GPU's shared tenants to their memory: `capped` (the driver's limits),
+    `guarded` (the memory guard), `none`; "" when not asked (`core.caps.Protection`)."""
+    protection_reason: str = ""
+    """Why it is not capped, in words; "" when it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +197,13 @@ def _shares(resource: ResourcePlan, gpu: Gpu) -> list[ShareReport]:
     return out
 
 
-def describe(plan: Plan, inventory: Inventory) -> DescribeReport:
+def describe(
+    plan: Plan,
+    inventory: Inventory,
+    protection: Mapping[str, tuple[str, str]] | None = None,
+) -> DescribeReport:
+    """`protection`: GPU UUID -> (protection, why not capped), `core.caps.caps_view`'s."""
+    guarded = protection or {}
     gpus = tuple(
         GpuReport(
             index=gpu.index,
@@ -205,6 +217,8 @@ def describe(plan: Plan, inventory: Inventory) -> DescribeReport:
                 for m in gpu.mig_devices
             ),
             shares=tuple(s for r in plan.resources for s in _shares(r, gpu)),
+            protection=guarded.get(gpu.uuid, ("", ""))[0],
+            protection_reason=guarded.get(gpu.uuid, ("", ""))[1],
         )
         for gpu in sorted(inventory.gpus, key=lambda g: g.index)
     )
@@ -235,6 +249,8 @@ def report_to_dict(report: DescribeReport) -> dict[str, object]:
                 "memory": f"{gib(g.memory_mib)} GiB",
                 "multiprocessors": g.multiprocessors,
                 "mig_enabled": g.mig_enabled,
+                "memory_protection": g.protection or None,
+                "memory_protection_reason": g.protection_reason or None,
                 "mig_devices": [
                     {
                         "uuid": m.uuid,

@@ -11,6 +11,17 @@ with wall-clock time, the benchmark and `gpuslice demo --scenario guard` with si
 time, `gpuslice advise` with recorded history (`RecordedDemand`). Time advances in steps
 of `step_s`; within a step processes allocate in the order they started (a late starter
 meets a full card).
+
+**Memory limits per cgroup** (`set_limits`), as NVML's `nvmlDeviceSetMemoryLimits_v1`
+documents them: a process allocating past its cgroup's hard limit fails, that process
+alone, whatever the free memory (`OomDeath.reason` `hard-limit`); memory under a cgroup's
+soft limit is "guaranteed before allocations may fail due to memory pressure", which the
+model reads as memory held back for that cgroup: nobody else can allocate into the part of
+another cgroup's soft limit it does not use yet. NVIDIA does not say how the driver keeps
+that guarantee (holding memory back, or taking it from a borrower); holding it back is the
+reading that needs no reclaim, and it cannot give back memory a borrower already held when
+the limit was set (a late cgroup then finds less than its soft limit). Clearing (soft 0,
+hard max) or removing the cgroup (`clear_limits`) lifts both.
 """
 
 from __future__ import annotations
@@ -91,6 +102,17 @@ class OomDeath:
     """What it tried to hold when the allocation failed."""
     free_mib: int
     """Free memory on the GPU at that moment."""
+    reason: str = "out-of-memory"
+    """`out-of-memory` (the card, or the part not held back for others, was full) or
+    `hard-limit` (its own cgroup's hard limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLimits:
+    """A cgroup's memory limits on this GPU, in MiB (`None` hard: no hard limit)."""
+
+    soft_mib: int = 0
+    hard_mib: int | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +120,7 @@ class _Proc:
     allocation: Demand
     started_at: float
     used_mib: int = 0
+    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -116,6 +139,36 @@ class GpuMemoryModel:
     memory millions of times."""
     _order: list[int] | None = field(default=None, init=False, repr=False)
     """`procs` in allocation order, until a process starts or ends."""
+    limits: dict[str, GroupLimits] = field(default_factory=dict)
+    """cgroup -> its limits on this GPU (`set_limits`); empty: no limits, the fast path."""
+
+    def set_limits(self, group: str, soft_mib: int, hard_mib: int | None) -> None:
+        """Set (or replace) a cgroup's limits; soft 0 and no hard limit clears them."""
+        if soft_mib < 0 or (hard_mib is not None and hard_mib < 0):
+            raise ValueError(f"negative memory limits for {group}: {soft_mib}, {hard_mib}")
+        if soft_mib == 0 and hard_mib is None:
+            self.limits.pop(group, None)
+        else:
+            self.limits[group] = GroupLimits(soft_mib, hard_mib)
+
+    def clear_limits(self, group: str) -> None:
+        """The cgroup was removed (or its limits cleared)."""
+        self.limits.pop(group, None)
+
+    def group_used_mib(self, group: str) -> int:
+        return sum(p.used_mib for p in self.procs.values() if p.group == group)
+
+    def held_back_mib(self, besides: str | None = None) -> int:
+        """Memory held for cgroups below their soft limit, other than `besides`."""
+        if not self.limits:
+            return 0
+        used: dict[str, int] = {}
+        for p in self.procs.values():
+            if p.group is not None:
+                used[p.group] = used.get(p.group, 0) + p.used_mib
+        return sum(
+            max(0, lim.soft_mib - used.get(g, 0)) for g, lim in self.limits.items() if g != besides
+        )
 
     @property
     def used_mib(self) -> int:
@@ -125,11 +178,14 @@ class GpuMemoryModel:
     def free_mib(self) -> int:
         return max(0, self.total_mib - self.used_mib)
 
-    def start(self, pid: int, allocation: Demand, now: float) -> OomDeath | None:
-        """A process starts: its initial allocation succeeds, or it dies at once."""
+    def start(
+        self, pid: int, allocation: Demand, now: float, group: str | None = None
+    ) -> OomDeath | None:
+        """A process starts (in cgroup `group`, for the limits): its initial allocation
+        succeeds, or it dies at once."""
         self.advance(now)
         self.stop(pid)
-        self.procs[pid] = _Proc(allocation, now)
+        self.procs[pid] = _Proc(allocation, now, group=group)
         self._order = None
         return self._allocate(pid, now)
 
@@ -171,9 +227,20 @@ class GpuMemoryModel:
             self._procs_mib += delta
             return None
         free = self.free_mib
+        reason = "out-of-memory"
+        if self.limits:
+            lim = self.limits.get(proc.group) if proc.group is not None else None
+            if (
+                lim is not None
+                and lim.hard_mib is not None
+                and self.group_used_mib(proc.group or "") + delta > lim.hard_mib
+            ):
+                free, reason = 0, "hard-limit"
+            if reason == "out-of-memory":
+                free = max(0, free - self.held_back_mib(besides=proc.group))
         if delta > free:
             self.stop(pid)
-            death = OomDeath(pid, t, wanted, free)
+            death = OomDeath(pid, t, wanted, self.free_mib, reason)
             self.deaths.append(death)
             return death
         proc.used_mib = wanted

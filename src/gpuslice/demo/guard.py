@@ -53,6 +53,8 @@ class GuardDemo:
     pods: tuple[SimPod, ...]
     off: SimResult
     enforce: SimResult
+    caps: SimResult
+    """The driver's caps (r615+, strict: soft = hard = the share), the guard stepped back."""
 
 
 def pods() -> tuple[SimPod, ...]:
@@ -96,6 +98,15 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
         )
         for mode in ("off", "enforce")
     }
+    capped = simulate(
+        total,
+        device.replicas,
+        story,
+        GuardParams(mode="off"),
+        interval_s=interval_s,
+        until_s=UNTIL_S,
+        caps="strict",
+    )
     return GuardDemo(
         gpu=inventory.gpus[0].product_name,
         total_mib=total,
@@ -105,4 +116,5 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
         pods=story,
         off=results["off"],
         enforce=results["enforce"],
+        caps=capped,
     )

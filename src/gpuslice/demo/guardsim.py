@@ -6,6 +6,11 @@ of OOM when the card is full, as CUDA does) and the decisions are the real polic
 polls every `interval_s`, a signalled process lets go of its memory `exit_s` later. That
 makes `gpuslice demo --scenario guard` and `bench/bench_guard.py` fast and deterministic;
 the daemon test (`tests/e2e/test_memory_guard.py`) covers the real signals and Events.
+
+With `caps` the GPU is capped by the driver instead (`core.caps`): each pod's cgroup gets
+soft = its share and a hard limit by policy when it starts (the CDI hook's moment), the
+model enforces them (`core.gpumemory` limits), and the guard steps back on the capped GPU,
+as the agent's does: nobody is signalled, an overrunning pod's own allocation fails.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
+from gpuslice.core.caps import CapPolicy
 from gpuslice.core.guard import ContainerKey, GpuMemory, GuardParams, GuardState, Tenant, evaluate
 from gpuslice.core.units import MIB
 
 GPU_UUID = "GPU-sim-0"
 
-Fate = Literal["running", "oom", "reclaimed"]
+Fate = Literal["running", "oom", "capped", "reclaimed"]
+"""`oom`: an allocation failed for want of free memory; `capped`: one failed at its own
+cgroup's hard limit; `reclaimed`: the guard stopped it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +61,14 @@ class SimResult:
     peak_used_mib: dict[str, int] = field(default_factory=dict)
 
     def lost(self, pods: Sequence[SimPod]) -> list[str]:
-        """Well-behaved pods that died of OOM."""
-        return [p.name for p in pods if p.well_behaved and self.fates.get(p.name) == "oom"]
+        """Well-behaved pods that died of a failed allocation (OOM or their own cap)."""
+        return [
+            p.name for p in pods if p.well_behaved and self.fates.get(p.name) in ("oom", "capped")
+        ]
+
+    def stopped(self) -> int:
+        """Pods the guard stopped."""
+        return sum(1 for f in self.fates.values() if f == "reclaimed")
 
 
 def simulate(
@@ -68,8 +82,10 @@ def simulate(
     step_s: float = 0.05,
     exit_s: float = 0.2,
     first_poll_s: float = 0.0,
+    caps: CapPolicy | None = None,
 ) -> SimResult:
-    """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling."""
+    """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling, or the
+    driver capping each pod (`caps`: the hard limit's policy) with the guard stepped back."""
     model = GpuMemoryModel(total_mib, step_s=step_s)
     result = SimResult()
     pid_of = {p.name: 1000 + i for i, p in enumerate(pods)}
@@ -92,13 +108,19 @@ def simulate(
     def record_deaths(deaths: Sequence[OomDeath]) -> None:
         for d in deaths:
             name = by_pid[d.pid]
-            result.fates[name] = "oom"
-            result.events.append(SimEvent(d.at, name, "oom", d.wanted_mib, d.free_mib))
+            what: Fate = "capped" if d.reason == "hard-limit" else "oom"
+            result.fates[name] = what
+            result.events.append(SimEvent(d.at, name, what, d.wanted_mib, d.free_mib))
 
     while t <= until_s + 1e-9:
         while pending_start and pending_start[0].start_s <= t + 1e-9:
             pod = pending_start.pop(0)
-            death = model.start(pid_of[pod.name], pod.allocation, t)
+            group = None
+            if caps is not None:
+                group = f"/sys/fs/cgroup/kubepods.slice/{pod.name}"
+                soft = share[pod.name] // MIB
+                model.set_limits(group, soft, soft if caps == "strict" else total_mib)
+            death = model.start(pid_of[pod.name], pod.allocation, t, group=group)
             result.fates[pod.name] = "running"
             if death is None:
                 note(t, pod.name, "started")
@@ -121,7 +143,7 @@ def simulate(
                 below_since, reacted = t, False
         elif below_since is not None and not exiting:
             below_since = None
-        if t + 1e-9 >= next_poll:
+        if t + 1e-9 >= next_poll and caps is None:
             next_poll += interval_s
             tenants = [
                 Tenant(

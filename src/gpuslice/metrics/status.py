@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice.core.caps import LIMIT_MAX, CapsView
 from gpuslice.core.dra.claimplan import CLAIM_PREFIX
+from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.sharing.model import Plan
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
@@ -61,6 +63,7 @@ def build_status(
     pod_resources_socket: str,
     pod_resources_present: bool,
     ready: tuple[bool, str],
+    caps: CapsView | None = None,
 ) -> dict[str, Any]:
     """The JSON document of `/status` (version 1; fields are only ever added)."""
     pods: list[dict[str, Any]] = []
@@ -80,12 +83,21 @@ def build_status(
                 "temperature_c": g.status.temperature_c,
                 "power_w": g.status.power_w,
                 "last_xid": g.status.last_xid,
+                "memory_protection": None
+                if caps is None or g.uuid not in caps.protection
+                else caps.protection[g.uuid][0],
+                "memory_protection_reason": None
+                if caps is None or g.uuid not in caps.protection
+                else caps.protection[g.uuid][1] or None,
             }
             for g in snapshot.gpus
         ]
         for u in snapshot.attribution.usages:
             ent = u.entitlement
             share = None if ent.memory_bytes <= 0 else u.memory_used_bytes / ent.memory_bytes
+            cap = None
+            if caps is not None:
+                cap = caps.limits.get((ContainerKey(u.namespace, u.pod, u.container), u.gpu_uuid))
             pods.append(
                 {
                     "namespace": u.namespace,
@@ -107,6 +119,10 @@ def build_status(
                     "sm_util_percent": u.sm_util_percent,
                     "sm_share": ent.sm_fraction,
                     "pids": list(u.pids),
+                    "memory_soft_limit_bytes": None if cap is None else cap.soft_bytes,
+                    "memory_hard_limit_bytes": None
+                    if cap is None or cap.hard_bytes == LIMIT_MAX
+                    else cap.hard_bytes,
                 }
             )
         unattributed = [

@@ -146,7 +146,17 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
     parts.append(resources)
 
     gpus = Table(title="GPUs", title_justify="left")
-    for col in ("GPU", "UUID", "MODEL", "MEMORY", "UTIL", "TEMP", "POWER", "LAST XID"):
+    for col in (
+        "GPU",
+        "UUID",
+        "MODEL",
+        "MEMORY",
+        "UTIL",
+        "TEMP",
+        "POWER",
+        "LAST XID",
+        "PROTECTION",
+    ):
         gpus.add_column(col)
     for g in doc.get("gpus", []):
         gpus.add_row(
@@ -162,6 +172,7 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             "-" if g.get("temperature_c") is None else f"{g['temperature_c']}C",
             "-" if g.get("power_w") is None else f"{g['power_w']:.0f}W",
             str(g["last_xid"]) if g.get("last_xid") else "-",
+            g.get("memory_protection") or "-",
         )
     parts.append(gpus)
 

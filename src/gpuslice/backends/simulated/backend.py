@@ -23,11 +23,12 @@ from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDe
 from gpuslice.backends.simulated.node import build_inventory, rebuild_gpu
 from gpuslice.backends.simulated.nodespec import NodeSpec, ProcessSpec
 from gpuslice.backends.simulated.partition import created, without
+from gpuslice.core.caps import CLEARED, LIMIT_MAX, MemoryLimits
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
 from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
-from gpuslice.ports import BackendError, GpuProcess, GpuStatus
+from gpuslice.ports import BackendError, GpuProcess, GpuStatus, MemoryLimitsError
 
 log = get_logger(__name__)
 
@@ -52,7 +53,10 @@ class SimulatedBackend:
         control_dir: Path | None = None,
         poll_interval_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
+        cgroup_exists: Callable[[str], bool] | None = None,
     ) -> None:
+        """`cgroup_exists` tells whether a cgroup path names a live cgroup, for the limits
+        calls (None: every path does); tests on a real node pass `os.path.isdir`."""
         self._node = node
         self._inventory = build_inventory(node)
         self._lock = threading.Lock()
@@ -71,6 +75,12 @@ class SimulatedBackend:
         """MIG devices created so far: each new one gets a UUID never used before."""
         self.mig_calls: list[tuple[str, str, str]] = []
         """(create | destroy, GPU UUID, MIG UUID) in order, for tests: what was done."""
+        self._limits: dict[tuple[str, str], MemoryLimits] = {}
+        """(GPU UUID, cgroup path) -> the limits set there (`set_memory_limits`)."""
+        self._limits_failure: dict[str, str] = {}
+        """GPU UUID -> the NVML error its limit calls fail with (`fail_memory_limits`)."""
+        self._limit_calls = 0
+        self._cgroup_exists = cgroup_exists
         control = control_dir if control_dir is not None else node.control_dir
         self._events_dir: Path | None = None
         if control is not None:
@@ -216,9 +226,12 @@ class SimulatedBackend:
             for model in self._memory.values():
                 model.stop(pid)
 
-    def start_growing(self, pid: int, gpu_uuid: str, allocation: Allocation) -> None:
+    def start_growing(
+        self, pid: int, gpu_uuid: str, allocation: Allocation, cgroup: str | None = None
+    ) -> None:
         """A process whose memory follows `allocation` over time, and which dies of OOM (is
-        removed, and listed by `oom_deaths`) when the GPU cannot hold what it asks for."""
+        removed, and listed by `oom_deaths`) when the GPU cannot hold what it asks for, or
+        its cgroup's hard limit (`set_memory_limits`; `cgroup` its full sysfs path)."""
         gpu = self._gpu(gpu_uuid)
         if gpu.mig_enabled:
             raise BackendError(f"process {pid}: growing memory is not simulated on MIG GPUs")
@@ -232,12 +245,82 @@ class SimulatedBackend:
             self._advance_memory()
             model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
             model.fixed_mib = self._fixed_mib(gpu.uuid)
-            death = model.start(pid, allocation, self._clock())
+            death = model.start(pid, allocation, self._clock(), group=cgroup)
             if death is not None:
                 self._record_deaths(gpu.uuid, [death])
                 return
             used = model.usage(pid) or 0
             self._processes.append(GpuProcess(pid, gpu.uuid, used * MIB, sm_util_percent=0))
+
+    # -- memory limits (ports.MemoryLimiter) ---------------------------------------------
+
+    def memory_limits_supported(self) -> bool:
+        """A simulated driver of branch r615 or later has the calls, as NVIDIA's does."""
+        return _driver_branch(self._node.driver_version) >= LIMITS_BRANCH
+
+    def set_memory_limits(self, gpu_uuid: str, cgroup_path: str, limits: MemoryLimits) -> None:
+        gpu = self._limits_gpu(gpu_uuid, cgroup_path)
+        with self._lock:
+            self._limit_calls += 1
+            self._advance_memory()
+            key = (gpu.uuid, cgroup_path)
+            if limits.cleared:
+                self._limits.pop(key, None)
+            else:
+                self._limits[key] = limits
+            model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
+            hard = None if limits.hard_bytes == LIMIT_MAX else limits.hard_bytes // MIB
+            model.set_limits(cgroup_path, limits.soft_bytes // MIB, hard)
+
+    def get_memory_limits(self, gpu_uuid: str, cgroup_path: str) -> MemoryLimits:
+        gpu = self._limits_gpu(gpu_uuid, cgroup_path)
+        with self._lock:
+            self._limit_calls += 1
+            self._advance_memory()
+            set_ = self._limits.get((gpu.uuid, cgroup_path), CLEARED)
+            model = self._memory.get(gpu.uuid)
+            used = 0 if model is None else model.group_used_mib(cgroup_path)
+            return MemoryLimits(set_.soft_bytes, set_.hard_bytes, used_bytes=used * MIB)
+
+    def remove_cgroup(self, cgroup_path: str) -> None:
+        """The cgroup was removed: the driver drops its limits on every GPU."""
+        with self._lock:
+            for key in [k for k in self._limits if k[1] == cgroup_path]:
+                del self._limits[key]
+            for model in self._memory.values():
+                model.clear_limits(cgroup_path)
+
+    def fail_memory_limits(self, gpu_uuid: str, error: str | None) -> None:
+        """Make the limit calls on one GPU fail with an NVML error text (None: succeed)."""
+        gpu = self._gpu(gpu_uuid)
+        with self._lock:
+            if error is None:
+                self._limits_failure.pop(gpu.uuid, None)
+            else:
+                self._limits_failure[gpu.uuid] = error
+
+    @property
+    def memory_limit_calls(self) -> int:
+        """How many limit calls were made (a test's count of NVML calls)."""
+        with self._lock:
+            return self._limit_calls
+
+    def _limits_gpu(self, gpu_uuid: str, cgroup_path: str) -> Gpu:
+        gpu = self._gpu(gpu_uuid)
+        if not self.memory_limits_supported():
+            raise MemoryLimitsError(
+                "driver-without-call",
+                f"simulated driver {self._node.driver_version} has no memory limits call",
+            )
+        if gpu.mig_enabled:
+            raise MemoryLimitsError("mig", f"GPU {gpu.uuid} is in MIG mode: no memory limits")
+        with self._lock:
+            failure = self._limits_failure.get(gpu.uuid)
+        if failure is not None:
+            raise MemoryLimitsError("nvml-error", f"GPU {gpu.uuid}: {failure}")
+        if self._cgroup_exists is not None and not self._cgroup_exists(cgroup_path):
+            raise MemoryLimitsError("gone", f"GPU {gpu.uuid}: no cgroup {cgroup_path}")
+        return gpu
 
     def oom_deaths(self) -> tuple[tuple[str, OomDeath], ...]:
         """(GPU UUID, death) for every simulated process that died of out-of-memory."""
@@ -277,6 +360,7 @@ class SimulatedBackend:
                 gpu=uuid,
                 wanted_mib=death.wanted_mib,
                 free_mib=death.free_mib,
+                reason=death.reason,
             )
             self._oom.append((uuid, death))
         dead = {d.pid for d in died}
@@ -486,6 +570,15 @@ class SimulatedBackend:
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
                 "grow_process, remove_process, set_status, mig, create_mig, destroy_mig"
             )
+
+
+LIMITS_BRANCH = 615
+"""The first driver branch with `nvmlDeviceSetMemoryLimits_v1` (CUDA 13.4)."""
+
+
+def _driver_branch(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def _bool(command: dict[str, Any], key: str) -> bool:

@@ -16,9 +16,11 @@ from gpuslice.core.advise.history import History, model_key
 from gpuslice.core.advise.migfit import MigPlan, plan_mig
 from gpuslice.core.advise.replay import ReplayOutcome, replay
 from gpuslice.core.advise.sizing import (
+    CapsPlan,
     DraRequest,
     MpsPlan,
     TimeSlicing,
+    caps_plan,
     dra_requests,
     mps,
     time_slicing,
@@ -43,6 +45,8 @@ class ModelAdvice:
     mig: MigPlan | None
     """None when the model has no MIG (or nothing is sized)."""
     dra: tuple[DraRequest, ...]
+    caps: CapsPlan | None
+    """Soft and hard memory caps for the recommended replicas (drivers r615+)."""
     replay_recommended: ReplayOutcome | None
     replay_current: ReplayOutcome | None
     notes: tuple[str, ...]
@@ -175,6 +179,9 @@ def _advise_model(
         mps=None if ts is None else mps(ts, memory_mib),
         mig=mig,
         dra=dra_requests(sized, headroom),
+        caps=None
+        if ts is None
+        else caps_plan(ts, memory_mib, [s.name for s in stats if s.leak is not None]),
         replay_recommended=rec,
         replay_current=cur,
         notes=tuple(notes),

@@ -6,8 +6,10 @@ it was scraped using (`RecordedDemand`), and the guard is the agent's own policy
 (`core.guard.evaluate`), polled once per scrape. Pods are placed as the scheduler would
 place `nvidia.com/gpu: 1` on replicas: at its first sample, on the first GPU with a free
 replica, a new GPU when none has one; a pod leaves at its last sample (or when it dies or
-is stopped). Run once with the guard off (who dies of OOM, as with NVIDIA's plugin) and
-once enforcing (who the guard stops, and who still dies).
+is stopped). Run once with the guard off (who dies of OOM, as with NVIDIA's plugin), once
+enforcing (who the guard stops, and who still dies), and once capped by the driver
+(`core.caps`, strict: soft = hard = the share, from the pod's first sample, the guard
+stepped back): whose own allocation fails at its cap, and who still dies of OOM.
 
 What it cannot know: a pod killed here would have been restarted by the kubelet and
 its work redone; the replay counts it once and lets it go. Pods kept their recorded
@@ -43,6 +45,10 @@ class ReplayOutcome:
     oom_without_guard: tuple[str, ...]
     stopped_by_guard: tuple[str, ...]
     oom_with_guard: tuple[str, ...]
+    capped_with_caps: tuple[str, ...] = ()
+    """Pods whose own allocation failed at their hard limit, with caps."""
+    oom_with_caps: tuple[str, ...] = ()
+    """Pods that still died for want of free memory, with caps."""
 
     @property
     def gpus_saved(self) -> int:
@@ -69,13 +75,17 @@ def replay(
     gpus, oom_off, _ = _run(ordered, memory_mib, replicas, step_s, None, skip_quiet)
     params = replay_params(step_s)
     _, oom_on, stopped = _run(ordered, memory_mib, replicas, step_s, params, skip_quiet)
+    _, died_capped, _ = _run(ordered, memory_mib, replicas, step_s, None, skip_quiet, caps=True)
+    at_cap = {pid for pid, reason in died_capped.items() if reason == "hard-limit"}
     return ReplayOutcome(
         replicas=replicas,
         gpus=gpus,
         whole_gpus=most_at_once(ordered),
-        oom_without_guard=_names(ordered, oom_off),
+        oom_without_guard=_names(ordered, set(oom_off)),
         stopped_by_guard=_names(ordered, stopped),
-        oom_with_guard=_names(ordered, oom_on),
+        oom_with_guard=_names(ordered, set(oom_on)),
+        capped_with_caps=_names(ordered, at_cap),
+        oom_with_caps=_names(ordered, set(died_capped) - at_cap),
     )
 
 
@@ -114,13 +124,16 @@ def _run(
     step_s: float,
     params: GuardParams | None,
     skip_quiet: bool,
-) -> tuple[int, set[int], set[int]]:
-    """(GPUs opened, pids dead of OOM, pids stopped by the guard); a pid is an index
-    into `traces`."""
+    *,
+    caps: bool = False,
+) -> tuple[int, dict[int, str], set[int]]:
+    """(GPUs opened, pids whose allocation failed -> why, pids stopped by the guard); a pid
+    is an index into `traces`. With `caps`, each pod's cgroup gets soft = hard = the share
+    when it starts (and loses them when it leaves)."""
     models: list[GpuMemoryModel] = []
     holders: list[set[int]] = []
     where: dict[int, int] = {}
-    dead: set[int] = set()
+    dead: dict[int, str] = {}
     stopped: set[int] = set()
     share = memory_mib * MIB // replicas
     state = GuardState()
@@ -142,6 +155,7 @@ def _run(
     def leave(pid: int) -> None:
         gpu = where.pop(pid)
         models[gpu].stop(pid)
+        models[gpu].clear_limits(str(pid))
         holders[gpu].discard(pid)
 
     for k in range(begin, end + 2):
@@ -151,7 +165,8 @@ def _run(
                 leave(pid)
         for gpu, model in enumerate(models):
             for death in model.advance(now):
-                dead.add(death.pid)
+                dead[death.pid] = death.reason
+                model.clear_limits(str(death.pid))
                 where.pop(death.pid, None)
                 holders[gpu].discard(death.pid)
         while pending < len(traces) and traces[pending].first <= k:
@@ -164,9 +179,15 @@ def _run(
                 holders.append(set())
             holders[gpu].add(pid)
             where[pid] = gpu
-            failed = models[gpu].start(pid, RecordedDemand(traces[pid].memory_mib, step_s), now)
+            group = None
+            if caps:
+                group = str(pid)
+                models[gpu].set_limits(group, share // MIB, share // MIB)
+            demand = RecordedDemand(traces[pid].memory_mib, step_s)
+            failed = models[gpu].start(pid, demand, now, group=group)
             if failed is not None:
-                dead.add(pid)
+                dead[pid] = failed.reason
+                models[gpu].clear_limits(str(pid))
                 where.pop(pid, None)
                 holders[gpu].discard(pid)
         if params is None or not where:

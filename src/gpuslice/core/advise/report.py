@@ -58,6 +58,14 @@ def _model(m: ModelAdvice) -> dict[str, object]:
             {"pod": d.pod, "container": d.container, "memory": d.quantity, "why": d.why}
             for d in m.dra
         ],
+        "caps": None
+        if m.caps is None
+        else {
+            "soft_limit_mib": m.caps.soft_mib,
+            "hard_limit_mib": m.caps.hard_mib,
+            "policy": m.caps.policy,
+            "why": list(m.caps.why),
+        },
         "replay": {
             "recommended": _replay(m.replay_recommended),
             "current": _replay(m.replay_current),
@@ -78,6 +86,8 @@ def _replay(r: ReplayOutcome | None) -> dict[str, object] | None:
         "oom_without_guard": list(r.oom_without_guard),
         "stopped_by_guard": list(r.stopped_by_guard),
         "oom_with_guard": list(r.oom_with_guard),
+        "capped_with_caps": list(r.capped_with_caps),
+        "oom_with_caps": list(r.oom_with_caps),
     }
 
 

@@ -104,6 +104,36 @@ def mps(ts: TimeSlicing, memory_mib: int) -> MpsPlan:
     return MpsPlan(ts.replicas, limit, pct, why)
 
 
+@dataclass(frozen=True, slots=True)
+class CapsPlan:
+    """The driver's memory caps for the recommended replicas (`core.caps`, r615+)."""
+
+    soft_mib: int
+    hard_mib: int
+    policy: str
+    """`strict` or `borrow`: `--memory-caps-policy`."""
+    why: tuple[str, ...]
+
+
+def caps_plan(ts: TimeSlicing, memory_mib: int, leakers: Sequence[str]) -> CapsPlan:
+    """Soft = the share (the entitlement the agent gives each replica); hard = the share
+    too (`strict`): the replicas were counted so that the share holds every sized pod's
+    peak plus the headroom, so no pod sized needs to borrow, and a leaker's growth then
+    fails its own allocation instead of a neighbour's."""
+    why = [
+        f"soft limit = the share, {memory_mib} MiB / {ts.replicas} = {ts.share_mib} MiB: "
+        "what each replica is entitled to, guaranteed by the driver",
+        f"hard limit = the share too (strict): it holds the largest need, {ts.need_mib} MiB "
+        f"({ts.sized_by}), so no sized pod had to borrow",
+    ]
+    if leakers:
+        why.append(
+            f"leakers ({', '.join(leakers)}) would fail their own allocation at "
+            f"{ts.share_mib} MiB instead of a neighbour's"
+        )
+    return CapsPlan(ts.share_mib, ts.share_mib, "strict", tuple(why))
+
+
 def dra_requests(sized: Sequence[PodStats], headroom_percent: float) -> tuple[DraRequest, ...]:
     """Per sized pod: the memory its claim should consume from a shared GPU."""
     out = []

@@ -24,7 +24,13 @@ container sees are exactly the nodes it got. gpuslice's edits per device:
   unit a container references (the whole claim, or one of its requests), so the list never
   names a GPU the container did not get; of two requests or two claims, the last applied
   names its own (an environment variable cannot add up);
-- for an MPS claim, the daemon's pipe and shm directories; a share's hints.
+- for an MPS claim, the daemon's pipe and shm directories; a share's hints;
+- for a capped device (`core.dra.caps`), with `caps` given: `NVIDIA_GPU_MEMORY_REQUEST` /
+  `NVIDIA_GPU_MEMORY_LIMIT` (MiB) and a `createRuntime` hook running the NVIDIA Container
+  Toolkit's `apply-cuda-memory-limits` for that device's GPU (`--gpu-id`), as the toolkit's
+  own specs call it. Only when the claim's capped devices share one pair of limits (the
+  hook reads one pair per container); the agent never passes `caps` on a node that cannot
+  take the limits (cgroup v1: the hook would fail the container).
 
 Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
 device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
@@ -34,8 +40,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gpuslice.core.caps import CapsRequestError, MemoryLimits, hook_entry, hook_env
+from gpuslice.core.dra.caps import CdiCaps, hook_limits
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import cap_node
 
@@ -70,6 +78,16 @@ class CdiDevice:
     caps_major: int | None = None
     """The `nvidia-caps` major: the capability nodes are then given by number, for the
     runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
+    memory_limits: MemoryLimits | None = None
+    """The holder's memory caps on this device's GPU (`core.dra.caps`); None: no cap."""
+
+
+def with_limits(
+    devices: Sequence[CdiDevice], limits: Mapping[str, MemoryLimits]
+) -> tuple[CdiDevice, ...]:
+    """The claim's devices with their holders' caps (`core.dra.caps.claim_limits`, by DRA
+    device name); a device without one keeps none."""
+    return tuple(replace(d, memory_limits=limits.get(d.device)) for d in devices)
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
@@ -99,13 +117,24 @@ def claim_spec(
     *,
     host_dev_root: str = "/",
     kind: str = CDI_KIND,
+    caps: CdiCaps | None = None,
 ) -> Json:
     """The spec file's content for one claim (the adapter writes it as YAML).
 
     `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
-    (`host.devroot` decides it as NVIDIA does)."""
+    (`host.devroot` decides it as NVIDIA does); `caps` how to call the toolkit's memory
+    limits hook, None for no hook (caps off, or a node that cannot take them)."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
+    pair = None
+    if caps is not None:
+        pair = hook_limits({d.device: d.memory_limits for d in devices if d.memory_limits})
+    try:
+        capped_env = hook_env(pair) if pair is not None else {}
+    except CapsRequestError:
+        # Limits the hook would refuse (a request above the limit) would fail the
+        # container: no hook then, and the pod runs (the agent's check applies or refuses).
+        pair, capped_env = None, {}
     by_request: dict[str, list[str]] = {}
     for d in devices:
         by_request.setdefault(d.request, [])
@@ -141,6 +170,9 @@ def claim_spec(
             "deviceNodes": nodes,
             "mounts": mounts,
         }
+        if caps is not None and pair is not None and d.memory_limits is not None:
+            edits["env"] += [f"{k}={v}" for k, v in capped_env.items()]
+            edits["hooks"] = [hook_entry(caps.hook_path, [d.uuid], caps.driver_root)]
         entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
     common = [
         device_node(n, host_dev_root) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")

@@ -1,8 +1,9 @@
 """ "Guaranteed share, borrow while free": which time-sliced containers to stop, and when.
 
-Nothing in the driver or the kernel caps CUDA memory per container under time-slicing, so
-the last process to allocate is the one that gets the out-of-memory error, however small
-it is. The policy turns that around:
+Before driver branch r615 nothing in the driver or the kernel caps CUDA memory per
+container under time-slicing, so the last process to allocate is the one that gets the
+out-of-memory error, however small it is; where the driver caps a container (`core.caps`)
+the agent leaves it out of the guard's view. The policy turns that around:
 
 * a container may use more than its share (GPU memory / replicas x replicas held) while the
   GPU keeps at least the reserve free;

@@ -1,0 +1,323 @@
+"""The agent's caps round over the simulated NVML and a cgroup tree in a temp directory:
+limits applied to each shared container, checked, repaired; every refusal clear, logged
+once, and the guard taking over; a container that is gone forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import structlog
+
+from gpuslice.agent.caps import (
+    CapsApplier,
+    gpu_capabilities,
+    live_cgroups,
+    node_capability,
+    resolve_cgroup,
+)
+from gpuslice.backends.simulated import SimulatedBackend
+from gpuslice.backends.simulated.memory import Allocation
+from gpuslice.backends.simulated.nodespec import parse_spec
+from gpuslice.core.caps import (
+    MIB,
+    MemoryLimits,
+    NodeCapability,
+    cgroup_candidates,
+    guarded,
+    wanted_limits,
+)
+from gpuslice.core.config import parse_config
+from gpuslice.core.guard.model import ContainerKey, Tenant
+from gpuslice.core.sharing.plan import build_plan
+from gpuslice.ports import ContainerDevices
+
+ABLE = NodeCapability(cgroup_v2=True, root=True)
+CONFIG = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+def uid(n: int) -> str:
+    return f"{n:08x}-0000-4000-8000-{n:012x}"
+
+
+def cid(n: int) -> str:
+    return f"{n:02x}" * 32
+
+
+def node(spec: str = "2xl40s", driver: str = "615.20") -> SimulatedBackend:
+    return SimulatedBackend(
+        dataclasses.replace(parse_spec(spec), driver_version=driver),
+        cgroup_exists=os.path.isdir,
+    )
+
+
+def make_cgroup(root: Path, n: int, qos: str = "burstable") -> str:
+    under = uid(n).replace("-", "_")
+    path = (
+        root / "kubepods.slice" / f"kubepods-{qos}.slice"
+        / f"kubepods-{qos}-pod{under}.slice" / f"cri-containerd-{cid(n)}.scope"
+    )  # fmt: skip
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def assignments(
+    backend: SimulatedBackend, *holders: tuple[int, list[int]]
+) -> list[ContainerDevices]:
+    """Pod n holds replicas `idx` of GPU 0 (replica IDs `<uuid>::<i>`)."""
+    gpu = backend.inventory().gpus[0].uuid
+    return [
+        ContainerDevices("ml", f"pod-{n}", "main", "nvidia.com/gpu",
+                         tuple(f"{gpu}::{i}" for i in idx))
+        for n, idx in holders
+    ]  # fmt: skip
+
+
+def key(n: int) -> ContainerKey:
+    return ContainerKey("ml", f"pod-{n}", "main")
+
+
+def test_resolve_finds_each_cgroup_form(tmp_path: Path) -> None:
+    for n, qos in ((1, "burstable"), (2, "besteffort")):
+        made = make_cgroup(tmp_path, n, qos)
+        assert resolve_cgroup(tmp_path, uid(n), cid(n)) == made
+    guaranteed = tmp_path / "kubepods" / f"pod{uid(3)}" / cid(3)
+    guaranteed.mkdir(parents=True)
+    assert resolve_cgroup(tmp_path, uid(3), cid(3)) == str(guaranteed)
+    assert resolve_cgroup(tmp_path, uid(4), cid(4)) is None
+    assert len(set(cgroup_candidates(uid(1), cid(1)))) == len(cgroup_candidates(uid(1), cid(1)))
+
+
+def test_node_capability_reads_cgroup_v2_and_root(tmp_path: Path) -> None:
+    assert node_capability(tmp_path, euid=0) == NodeCapability(cgroup_v2=False, root=True)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    assert node_capability(tmp_path, euid=1000) == NodeCapability(cgroup_v2=True, root=False)
+
+
+def test_each_shared_container_gets_its_share_checked_and_repaired(tmp_path: Path) -> None:
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    assert all(c.capable for c in caps.values())
+    plan = build_plan(inv, parse_config(CONFIG))
+    share = inv.gpus[0].memory_mib * MIB // 4
+    wanted = wanted_limits(assignments(b, (1, [0]), (2, [1, 2])), plan, caps, "strict")
+    gpu = inv.gpus[0].uuid
+    assert wanted == {
+        (key(1), gpu): MemoryLimits(share, share),
+        (key(2), gpu): MemoryLimits(2 * share, 2 * share),
+    }
+    paths = {n: make_cgroup(tmp_path, n) for n in (1, 2)}
+    cgroups = live_cgroups(tmp_path, [(key(n), uid(n), cid(n)) for n in (1, 2)])
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    first = applier.sync(wanted, cgroups)
+    assert (first.set, first.ok, first.repaired) == (2, 0, 0)
+    assert b.get_memory_limits(gpu, paths[2]).same_limits(MemoryLimits(2 * share, 2 * share))
+    assert len(applier.windows_s) == 2
+    assert all(0 <= w < 60 for w in applier.windows_s)
+    # a neighbour (or a hook given another claim's pair) changed one: repaired
+    b.set_memory_limits(gpu, paths[1], MemoryLimits(MIB, MIB))
+    again = applier.sync(wanted, cgroups)
+    assert (again.set, again.ok, again.repaired) == (0, 1, 1)
+    assert b.get_memory_limits(gpu, paths[1]).same_limits(MemoryLimits(share, share))
+    # currentUsed feeds the per-container metrics
+    b.start_growing(41, gpu, Allocation(start_mib=700), cgroup=paths[1])
+    applier.sync(wanted, cgroups)
+    assert applier.readings()[(key(1), gpu)].used_bytes == 700 * MIB
+    assert applier.capped() == {(key(1), gpu), (key(2), gpu)}
+
+
+def test_a_container_that_is_gone_is_forgotten_quietly(tmp_path: Path) -> None:
+    b = node()
+    caps = gpu_capabilities(b.inventory(), b, ABLE, "auto")
+    plan = build_plan(b.inventory(), parse_config(CONFIG))
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, caps, "strict")
+    path = make_cgroup(tmp_path, 1)
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    applier.sync(wanted, {key(1): path})
+    os.rmdir(path)
+    b.remove_cgroup(path)
+    assert live_cgroups(tmp_path, [(key(1), uid(1), cid(1))]) == {}
+    r = applier.sync(wanted, {key(1): path})  # a stale path: NVML's NOT_FOUND
+    assert r.gone == 1
+    assert r.refused == ()
+    assert applier.capped() == frozenset()
+    assert applier.capabilities[b.inventory().gpus[0].uuid].capable
+
+
+def test_old_driver_mig_and_cgroup_v1_cap_nobody(tmp_path: Path) -> None:
+    old = node(driver="580.95.05")
+    caps = gpu_capabilities(old.inventory(), old, ABLE, "auto")
+    assert {c.refusal for c in caps.values()} == {"driver-without-call"}
+    mig = node("1xa100-40gb/mig=3g.20gb*2")
+    assert {c.refusal for c in gpu_capabilities(mig.inventory(), mig, ABLE, "auto").values()} == {
+        "mig"
+    }
+    v1 = NodeCapability(cgroup_v2=False, root=True)
+    b = node()
+    caps_v1 = gpu_capabilities(b.inventory(), b, v1, "auto")
+    assert {c.refusal for c in caps_v1.values()} == {"cgroup-v1"}
+    plan = build_plan(b.inventory(), parse_config(CONFIG))
+    assert wanted_limits(assignments(b, (1, [0])), plan, caps_v1, "strict") == {}
+    off = gpu_capabilities(b.inventory(), b, ABLE, "off")
+    assert {c.refusal for c in off.values()} == {"caps-off"}
+
+
+def test_an_nvml_error_is_logged_once_and_the_guard_takes_over(tmp_path: Path) -> None:
+    b = node()
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    path = make_cgroup(tmp_path, 1)
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    b.fail_memory_limits(gpu, "Unknown Error")
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
+            applier.sync(wanted, {key(1): path})
+    refused = [e for e in logs if e["event"] == "caps-refused"]
+    assert len(refused) == 1
+    assert refused[0]["refusal"] == "nvml-error"
+    assert applier.capabilities[gpu].refusal == "nvml-error"
+    assert applier.capped() == frozenset()
+    tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
+    assert guarded([tenant], applier.capped()) == [tenant]  # the guard watches it again
+
+
+def test_the_guard_steps_back_only_for_capped_pairs() -> None:
+    a = Tenant(key(1), "GPU-a", "time-slicing", 1, 2)
+    b = Tenant(key(2), "GPU-a", "time-slicing", 1, 2)
+    c = Tenant(key(1), "GPU-b", "time-slicing", 1, 2)
+    assert guarded([a, b, c], {(key(1), "GPU-a")}) == [b, c]
+
+
+def test_mps_and_whole_gpus_get_no_cap() -> None:
+    b = node("2xl40s")
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    mps = parse_config(CONFIG.replace("timeSlicing", "mps"))
+    plan = build_plan(inv, mps)
+    assert wanted_limits(assignments(b, (1, [0])), plan, caps, "strict") == {}
+    whole = build_plan(inv, parse_config(""))
+    held = [ContainerDevices("ml", "pod-1", "main", "nvidia.com/gpu", (inv.gpus[0].uuid,))]
+    assert wanted_limits(held, whole, caps, "strict") == {}
+
+
+@pytest.mark.parametrize("policy", ["strict", "borrow"])
+def test_policy_sets_the_hard_limit(policy: str) -> None:
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    [(_pair, lim)] = wanted_limits(assignments(b, (1, [0])), plan, caps, policy).items()  # type: ignore[arg-type]
+    total = inv.gpus[0].memory_mib * MIB
+    assert lim.hard_bytes == (total // 4 if policy == "strict" else total)
+
+
+class _Kubelet:
+    """PodResources' answer, as the kubelet emulator's books would give it."""
+
+    def __init__(self, held: list[ContainerDevices]) -> None:
+        self.held = held
+
+    async def list_assignments(self) -> tuple[ContainerDevices, ...]:
+        return tuple(self.held)
+
+
+async def test_the_service_round_caps_what_the_pod_watch_shows(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import CapsService, pod_containers
+    from gpuslice.k8s.pods import PodEntry
+
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    path = make_cgroup(tmp_path, 1)
+    entries = [PodEntry(uid(1), "ml", "pod-1", ((cid(1), "main"),))]  # type: ignore[arg-type]
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: plan,
+        assignments=_Kubelet(assignments(b, (1, [0]))),
+        pods=lambda: pod_containers(entries),
+        cgroup_root=tmp_path,
+    )
+    r = await service.round()
+    assert r is not None
+    assert r.set == 1
+    share = inv.gpus[0].memory_mib * MIB // 4
+    assert b.get_memory_limits(inv.gpus[0].uuid, path).same_limits(MemoryLimits(share, share))
+
+
+async def test_a_node_without_capable_gpus_never_asks(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import CapsService
+
+    b = node(driver="580.95.05")
+    caps = gpu_capabilities(b.inventory(), b, ABLE, "auto")
+    kubelet = _Kubelet([])
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: build_plan(b.inventory(), parse_config(CONFIG)),
+        assignments=kubelet,
+    )
+    assert await service.round() is None
+    stop = asyncio.Event()
+    await service.run(stop)  # returns at once: nothing to do on this node
+    assert service.rounds == 0
+    assert b.memory_limit_calls == 0
+
+
+def test_the_hook_is_written_only_where_it_can_work(tmp_path: Path) -> None:
+    from gpuslice.agent.caps import cdi_hook
+
+    hook = tmp_path / "nvidia-cdi-hook"
+    assert cdi_hook(str(hook), "", ABLE, True) is None  # no program there
+    hook.write_text("#!/bin/sh\n")
+    got = cdi_hook(str(hook), "/run/nvidia/driver", ABLE, True)
+    assert got is not None
+    assert (got.hook_path, got.driver_root) == (str(hook), "/run/nvidia/driver")
+    assert cdi_hook(str(hook), "", NodeCapability(cgroup_v2=False, root=True), True) is None
+    assert cdi_hook(str(hook), "", ABLE, False) is None  # old driver, MIG: nothing to cap
+    assert cdi_hook("", "", ABLE, True) is None  # turned off
+
+
+def test_limits_a_hook_already_set_are_checked_and_count_no_window(tmp_path: Path) -> None:
+    b = node()
+    inv = b.inventory()
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, caps, "strict")
+    path = make_cgroup(tmp_path, 1)
+    [(_, limits)] = wanted.items()
+    b.set_memory_limits(inv.gpus[0].uuid, path, limits)  # as the hook would, at createRuntime
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    r = applier.sync(wanted, {key(1): path})
+    assert (r.ok, r.set, r.repaired) == (1, 0, 0)
+    assert applier.windows_s == []
+    assert applier.capped() == {(key(1), inv.gpus[0].uuid)}
+
+
+def test_a_request_above_the_limit_is_never_sent_and_told_once(tmp_path: Path) -> None:
+    b = node()
+    gpu = b.inventory().gpus[0].uuid
+    caps = gpu_capabilities(b.inventory(), b, ABLE, "auto")
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    path = make_cgroup(tmp_path, 1)
+    calls = b.memory_limit_calls
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(2):
+            applier.sync({(key(1), gpu): MemoryLimits(2 * MIB, MIB)}, {key(1): path})
+    assert b.memory_limit_calls == calls
+    assert [e["event"] for e in logs] == ["caps-request-above-limit"]
+    assert applier.capped() == frozenset()

@@ -1,0 +1,146 @@
+"""Memory caps in the real daemon (device-plugin mode): three pods time-slicing a simulated
+L40S of driver branch r615 (which has the limits calls), on a node whose cgroup v2 tree is
+a temp directory. The agent finds each container's cgroup from the pod watch, sets soft =
+hard = its share (11517 MiB) through the simulated NVML, reads them back into the metrics,
+and says the GPU is capped; the guard, enforcing with no grace, then stops nobody though
+one pod is far over its share and free memory is below the reserve (its own allocation
+would fail at its cap). The same node with a driver before r615 is guarded instead, and
+the guard stops the overrunning pod as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.podresources import PodResourcesEmulator
+from gpuslice.testing.apiserver import running_apiserver
+from gpuslice.testing.envtest import free_port
+from tests.e2e.daemon_fixtures import running_daemon
+from tests.e2e.guard_support import CONFIG, NODE, WAIT_S, sleeper
+from tests.e2e.metrics_support import samples, wait_scrape
+
+PODS = {"leaker": 1, "steady": 2, "late": 3}
+SHARE = 46068 * 1024 * 1024 // 4
+
+
+def _tree(root: Path, uids: dict[str, str], cids: dict[str, str]) -> None:
+    (root / "cgroup.controllers").parent.mkdir(parents=True, exist_ok=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    for pod in PODS:
+        under = uids[pod].replace("-", "_")
+        scope = (
+            root / "kubepods.slice" / "kubepods-burstable.slice"
+            / f"kubepods-burstable-pod{under}.slice" / f"cri-containerd-{cids[pod]}.scope"
+        )  # fmt: skip
+        scope.mkdir(parents=True)
+
+
+async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None, dict[str, Any]]:
+    """(the last scrape, the leaker's return code or None while it runs, `/status`)."""
+    children = {pod: sleeper() for pod in PODS}
+    try:
+        proc, cgroups = sock_dir / "proc", sock_dir / "cgroup"
+        uids = {pod: f"11111111-2222-4333-8444-{n:012d}" for pod, n in PODS.items()}
+        cids = {pod: f"{n}" * 64 for pod, n in PODS.items()}
+        _tree(cgroups, uids, cids)
+        for pod, child in children.items():
+            (proc / str(child.pid)).mkdir(parents=True)
+            (proc / str(child.pid) / "cgroup").write_text(
+                f"0::/kubepods/burstable/pod{uids[pod]}/{cids[pod]}\n"
+            )
+        node_file = sock_dir / "node.yaml"
+        node_file.write_text(f'driverVersion: "{driver}"\ngpus:\n  - model: l40s\n')
+        pr_socket = sock_dir / "pr.sock"
+        with running_apiserver() as api:
+            port = free_port()
+            api.add_node(NODE)
+            for pod in PODS:
+                api.add_pod("ml", pod, uids[pod], NODE, {"main": f"containerd://{cids[pod]}"})
+            args = [
+                "--no-labels", "--node-name", NODE,
+                "--kubeconfig", str(api.write_kubeconfig(sock_dir / "kubeconfig")),
+                "--metrics-port", str(port), "--metrics-interval", "0.2",
+                "--proc-root", str(proc), "--cgroup-root", str(cgroups),
+                "--pod-resources-socket", str(pr_socket),
+                "--memory-guard=enforce", "--memory-guard-interval=0.2",
+                "--memory-guard-grace=0", "--memory-caps=auto",
+            ]  # fmt: skip
+            async with running_daemon(sock_dir, CONFIG, node=str(node_file), args=args) as node:
+                kubelet = node.kubelet
+                async with PodResourcesEmulator(pr_socket, kubelet.assignments):
+                    await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 4, WAIT_S)
+                    for pod in PODS:
+                        await kubelet.admit("ml", pod, [("main", {"nvidia.com/gpu": 1})])
+                    node.control.add_process(children["steady"].pid, 0, used_memory_mib=10000)
+                    node.control.add_process(children["late"].pid, 0, used_memory_mib=6000)
+                    if driver.startswith("615"):
+
+                        def capped(text: str) -> bool:
+                            soft = samples(text, "gpuslice_pod_memory_soft_limit_bytes")
+                            return {lbl["pod"] for lbl, v in soft if v == SHARE} == set(PODS)
+
+                        await wait_scrape(port, capped, "every pod capped at its share")
+                    # far over its share, free memory under the reserve (4606 MiB)
+                    node.control.add_process(children["leaker"].pid, 0, used_memory_mib=28000)
+                    text = await wait_scrape(port, _over, "the leaker over its share")
+                    # ten guard polls (0.2 s) after the snapshot showed it
+                    stamp = _stamp(text)
+                    text = await wait_scrape(port, lambda t: _stamp(t) >= stamp + 2.0, "2 s on")
+                    status = await asyncio.to_thread(_status, port)
+                    return text, children["leaker"].poll(), status
+    finally:
+        for c in children.values():
+            if c.poll() is None:
+                c.kill()
+            c.wait()
+
+
+def _status(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
+        doc: dict[str, Any] = json.loads(response.read())
+    return doc
+
+
+def _over(text: str) -> bool:
+    got = samples(text, "gpuslice_pod_memory_over_share")
+    return ("leaker", 1.0) in {(lbl["pod"], v) for lbl, v in got}
+
+
+def _stamp(text: str) -> float:
+    got = samples(text, "gpuslice_metrics_snapshot_timestamp_seconds")
+    return got[0][1] if got else 0.0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only as root (NVML needs it)")
+async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir: Path) -> None:
+    text, leaker, status = await _run(sock_dir, "615.20")
+    [gpu] = status["gpus"]
+    assert gpu["memory_protection"] == "capped"
+    assert {p["pod"]: p["memory_soft_limit_bytes"] for p in status["pods"]} == dict.fromkeys(
+        PODS, SHARE
+    )
+    assert leaker is None  # the guard stepped back: its own allocation would fail instead
+    protection = samples(text, "gpuslice_gpu_memory_protection")
+    assert [(lbl["protection"], lbl["reason"]) for lbl, _ in protection] == [("capped", "")]
+    hard = {lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_memory_hard_limit_bytes")}
+    assert hard == dict.fromkeys(PODS, float(SHARE))
+    reclaims = samples(text, "gpuslice_memory_guard_decisions_total")
+    assert not [v for lbl, v in reclaims if lbl["kind"] == "reclaim" and v > 0]
+
+
+async def test_an_old_driver_is_guarded_and_the_overrunning_pod_stopped(sock_dir: Path) -> None:
+    text, leaker, status = await _run(sock_dir, "580.95.05")
+    assert status["gpus"][0]["memory_protection"] == "guarded"
+    assert leaker == -signal.SIGTERM
+    protection = samples(text, "gpuslice_gpu_memory_protection")
+    [(labels, _)] = protection
+    assert labels["protection"] == "guarded"
+    assert "r615" in labels["reason"]
+    assert samples(text, "gpuslice_pod_memory_soft_limit_bytes") == []

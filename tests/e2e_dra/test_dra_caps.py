@@ -1,0 +1,76 @@
+"""Memory caps in DRA mode, through the daemon process: a claim on a share of a simulated
+L40S (offered in 4 shares) is prepared with a CDI spec that carries the toolkit's
+`apply-cuda-memory-limits` hook at `createRuntime` and the share's memory as
+NVIDIA_GPU_MEMORY_REQUEST / LIMIT (MiB), where the node can take it: driver r615, cgroup v2
+(a temp tree), the hook program at its path. With a driver before r615, or no hook program,
+the same claim's spec has neither, and Prepare succeeds all the same."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.testing.apiserver import FakeApiServer
+from tests.e2e.guard_support import CONFIG
+from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only as root")
+SHARE_MIB = 46068 // 4
+
+
+async def _spec(
+    sock_dir: Path, api: FakeApiServer, driver: str, hook_there: bool
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The claim's device's hooks and environment, as its CDI spec gives them."""
+    cgroups = sock_dir / "cgroup"
+    cgroups.mkdir()
+    (cgroups / "cgroup.controllers").write_text("cpu memory\n")
+    hook = sock_dir / "bin" / "nvidia-cdi-hook"
+    hook.parent.mkdir()
+    if hook_there:
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        hook.chmod(0o755)
+    node_file = sock_dir / "node.yaml"
+    node_file.write_text(f'driverVersion: "{driver}"\ngpus:\n  - model: l40s\n')
+    args = ["--cgroup-root", str(cgroups), "--memory-caps-hook-path", str(hook)]
+    async with running_dra_node(
+        sock_dir, api, node=str(node_file), config=CONFIG, args=args
+    ) as node:
+        ref = node.allocate(claim_obj("one", [request("gpu")]))
+        result = (await node.prepare(ref))[ref.uid]
+        assert not result.error
+        [device] = node.cdi_spec(ref.uid)["devices"]
+        edits = device["containerEdits"]
+        env = dict(str(e).split("=", 1) for e in edits["env"])
+        return list(edits.get("hooks", [])), env
+
+
+async def test_a_share_gets_the_hook_and_its_memory_where_the_node_can_take_it(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    hooks, env = await _spec(sock_dir, api, "615.20", hook_there=True)
+    [hook] = hooks
+    assert hook["hookName"] == "createRuntime"
+    assert hook["path"] == str(sock_dir / "bin" / "nvidia-cdi-hook")
+    assert hook["args"][:3] == ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root"]
+    assert hook["args"][-2] == "--gpu-id"
+    assert hook["args"][-1].startswith("GPU-")
+    assert env["NVIDIA_GPU_MEMORY_REQUEST"] == str(SHARE_MIB)
+    assert env["NVIDIA_GPU_MEMORY_LIMIT"] == str(SHARE_MIB)
+
+
+async def test_an_old_driver_gets_no_hook_and_prepares(sock_dir: Path, api: FakeApiServer) -> None:
+    hooks, env = await _spec(sock_dir, api, "580.95.05", hook_there=True)
+    assert hooks == []
+    assert not [k for k in env if k.startswith("NVIDIA_GPU_MEMORY_")]
+
+
+async def test_no_hook_program_no_hook(sock_dir: Path, api: FakeApiServer) -> None:
+    """Without the program at the hook's path the runtime would fail the container: no hook
+    (nor its variables) then; the agent applies the limits once the container runs."""
+    hooks, env = await _spec(sock_dir, api, "615.20", hook_there=False)
+    assert hooks == []
+    assert not [k for k in env if k.startswith("NVIDIA_GPU_MEMORY_")]
