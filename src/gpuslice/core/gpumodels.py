@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA
+from gpuslice.core.devices import PCI_CLASS_3D, PCI_CLASS_VGA, GpuUuid, MigDevice, MigUuid
+from gpuslice.core.migcaps import numbered_minors
 
 Architecture = Literal["turing", "ampere", "ada-lovelace", "hopper", "blackwell"]
 
@@ -67,6 +68,44 @@ class MigProfile:
     def media_extensions(self) -> bool:
         """`+me` profiles take the GPU's single OFA/JPEG unit: at most one per GPU."""
         return self.name.endswith("+me")
+
+    def device(
+        self,
+        *,
+        uuid: str,
+        parent_uuid: GpuUuid,
+        parent_index: int,
+        parent_minor: int,
+        index: int,
+        gi_id: int,
+        ci_id: int,
+        start: int,
+    ) -> MigDevice:
+        """The MIG device an instance of this profile at `start` is (one compute instance
+        spanning it), as the simulator's layouts, its created instances and `describe
+        --claims`' would-be devices all describe it; capability minors in the driver's
+        fixed numbering from the parent's minor."""
+        return MigDevice(
+            uuid=MigUuid(uuid),
+            parent_uuid=parent_uuid,
+            parent_index=parent_index,
+            index=index,
+            profile=self.name,
+            gi_id=gi_id,
+            ci_id=ci_id,
+            memory_mib=self.memory_mib,
+            multiprocessors=self.multiprocessors,
+            slices_gi=self.compute_slices,
+            slices_ci=self.compute_slices,
+            placement_start=start,
+            placement_size=self.memory_slices,
+            engines_copy=self.copy_engines,
+            engines_decoder=self.decoders,
+            engines_encoder=self.encoders,
+            engines_jpeg=self.jpeg,
+            engines_ofa=self.ofa,
+            cap_minors=numbered_minors(parent_minor, gi_id, ci_id),
+        )
 
 
 @dataclass(frozen=True, slots=True)

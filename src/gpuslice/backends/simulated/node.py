@@ -16,8 +16,7 @@ from itertools import combinations
 
 from gpuslice.backends.simulated.layout import place
 from gpuslice.backends.simulated.nodespec import GpuGroup, NodeSpec
-from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
-from gpuslice.core.migcaps import numbered_minors
+from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, P2PLevel
 from gpuslice.ports import BackendError
 
 
@@ -91,28 +90,15 @@ def _gpu(group: GpuGroup, index: int, total: int) -> Gpu:
     if group.mig_enabled and group.mig_layout is not None:
         placed = place(group.mig_layout, model)
         mig_devices = tuple(
-            MigDevice(
-                uuid=MigUuid(
-                    derived_uuid("MIG", f"{uuid}/{p.gi_id}/{p.ci_id}/{p.profile.name}@{p.start}")
-                ),
+            p.profile.device(
+                uuid=derived_uuid("MIG", f"{uuid}/{p.gi_id}/{p.ci_id}/{p.profile.name}@{p.start}"),
                 parent_uuid=uuid,
                 parent_index=index,
+                parent_minor=index,  # a simulated GPU's minor is its index
                 index=j,
-                profile=p.profile.name,
                 gi_id=p.gi_id,
                 ci_id=p.ci_id,
-                memory_mib=p.profile.memory_mib,
-                multiprocessors=p.profile.multiprocessors,
-                slices_gi=p.profile.compute_slices,
-                slices_ci=p.profile.compute_slices,
-                placement_start=p.start,
-                placement_size=p.profile.memory_slices,
-                engines_copy=p.profile.copy_engines,
-                engines_decoder=p.profile.decoders,
-                engines_encoder=p.profile.encoders,
-                engines_jpeg=p.profile.jpeg,
-                engines_ofa=p.profile.ofa,
-                cap_minors=numbered_minors(index, p.gi_id, p.ci_id),  # its minor is its index
+                start=p.start,
             )
             for j, p in enumerate(placed)
         )

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 from gpuslice.backends.simulated.layout import gi_id_for
 from gpuslice.backends.simulated.node import derived_uuid
-from gpuslice.core.devices import Gpu, MigDevice, MigUuid
-from gpuslice.core.migcaps import numbered_minors
+from gpuslice.core.devices import Gpu, MigDevice
 from gpuslice.ports import BackendError, MigGone, MigNotOurs
 
 
@@ -67,26 +66,15 @@ def created(gpu: Gpu, profile_name: str, start: int, serial: int) -> MigDevice:
     gi_id = gi_id_for(profile, geometry, {m.gi_id for m in live})
     index = min(set(range(len(live) + 1)) - {m.index for m in live})
     seed = f"{gpu.uuid}/{gi_id}/0/{profile.name}@{start}#{serial}"
-    return MigDevice(
-        uuid=MigUuid(derived_uuid("MIG", seed)),
+    return profile.device(
+        uuid=derived_uuid("MIG", seed),
         parent_uuid=gpu.uuid,
         parent_index=gpu.index,
+        parent_minor=gpu.minor,
         index=index,
-        profile=profile.name,
         gi_id=gi_id,
         ci_id=0,
-        memory_mib=profile.memory_mib,
-        multiprocessors=profile.multiprocessors,
-        slices_gi=profile.compute_slices,
-        slices_ci=profile.compute_slices,
-        placement_start=start,
-        placement_size=profile.memory_slices,
-        engines_copy=profile.copy_engines,
-        engines_decoder=profile.decoders,
-        engines_encoder=profile.encoders,
-        engines_jpeg=profile.jpeg,
-        engines_ofa=profile.ofa,
-        cap_minors=numbered_minors(gpu.index, gi_id, 0),
+        start=start,
     )
 
 

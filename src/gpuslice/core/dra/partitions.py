@@ -36,11 +36,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import Gpu, Inventory, MigDevice, MigUuid
+from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.dra.publish import GI_PROFILE_IDS, AttrKind, DraDevice, common_attributes
 from gpuslice.core.gpumodels import MigGeometry, MigProfile
 from gpuslice.core.jsontypes import Json
-from gpuslice.core.migcaps import numbered_minors
 from gpuslice.core.units import MIB, canonical_quantity
 
 MAX_COUNTERS_PER_SET = 32
@@ -355,24 +354,13 @@ def would_be(part: Partition, held: Sequence[MigDevice]) -> MigDevice:
     the real one), capability minors in the driver's fixed numbering."""
     p, gpu = part.profile, part.gpu
     gi_id = min(set(range(1, 16)) - {m.gi_id for m in held}, default=15)
-    return MigDevice(
-        uuid=MigUuid(f"{WOULD_BE_UUID}-gpu{gpu.index}-{part.start}"),
+    return p.device(
+        uuid=f"{WOULD_BE_UUID}-gpu{gpu.index}-{part.start}",
         parent_uuid=gpu.uuid,
         parent_index=gpu.index,
+        parent_minor=gpu.minor,
         index=len(held),
-        profile=p.name,
         gi_id=gi_id,
         ci_id=0,
-        memory_mib=p.memory_mib,
-        multiprocessors=p.multiprocessors,
-        slices_gi=p.compute_slices,
-        slices_ci=p.compute_slices,
-        placement_start=part.start,
-        placement_size=p.memory_slices,
-        engines_copy=p.copy_engines,
-        engines_decoder=p.decoders,
-        engines_encoder=p.encoders,
-        engines_jpeg=p.jpeg,
-        engines_ofa=p.ofa,
-        cap_minors=numbered_minors(gpu.minor, gi_id, 0),
+        start=part.start,
     )
