@@ -25,18 +25,18 @@ A record that cannot be read is rebuilt from the DRA record's device uses (claim
 name, MIG UUID) for the instances that still exist (`rebuilt`): the instances of prepared
 claims are known again, and any other instance is left alone, reported, never destroyed.
 
-The file is JSON with a format name, a version and a checksum, as the DRA record is.
+The file is JSON in the DRA record's envelope (`prepared.sealed`: format name, version,
+checksum).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gpuslice.core.devices import MigDevice
+from gpuslice.core.dra.prepared import sealed, unsealed
 
 FORMAT = "gpuslice.io/dynamic-mig"
 VERSION = 1
@@ -102,8 +102,7 @@ def encode(journal: MigJournal) -> bytes:
         "bootID": journal.boot_id,
         "records": [_record_json(r) for r in journal.records],
     }
-    doc = {"format": FORMAT, "version": VERSION, "checksum": _checksum(data), "data": data}
-    return json.dumps(doc, sort_keys=True, indent=1).encode()
+    return sealed(data, FORMAT, VERSION)
 
 
 def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
@@ -111,14 +110,12 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     if raw is None:
         return DecodedJournal("empty", empty)
     try:
-        doc = json.loads(raw.decode("utf-8"))
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            return DecodedJournal("corrupt", empty, "not a gpuslice dynamic MIG record")
-        if doc.get("version") != VERSION:
-            return DecodedJournal("corrupt", empty, f"version {doc.get('version')!r} unknown")
-        data = doc.get("data")
-        if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
-            return DecodedJournal("corrupt", empty, "checksum mismatch")
+        opened = unsealed(raw, FORMAT, "a gpuslice dynamic MIG record")
+        if isinstance(opened, str):
+            return DecodedJournal("corrupt", empty, opened)
+        data, version = opened
+        if version != VERSION:
+            return DecodedJournal("corrupt", empty, f"version {version!r} unknown")
         records = tuple(_record(r) for r in data.get("records") or ())
         stored = str(data.get("bootID", ""))
     except RecursionError:
@@ -128,10 +125,6 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     if boot_id and stored and stored != boot_id:
         return DecodedJournal("stale", empty, f"written before a reboot ({stored})")
     return DecodedJournal("ok", MigJournal(boot_id, records))
-
-
-def _checksum(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _record_json(r: MigRecord) -> dict[str, Any]:

@@ -133,10 +133,11 @@ def encode(cp: Checkpoint) -> bytes:
     return sealed(data)
 
 
-def sealed(data: Mapping[str, Any]) -> bytes:
+def sealed(data: Mapping[str, Any], format: str = FORMAT, version: int = VERSION) -> bytes:
     """`data` as a checkpoint document: the format, the version and the checksum around it
-    (also how the corrupt-checkpoint corpus makes documents that pass the checksum)."""
-    doc = {"format": FORMAT, "version": VERSION, "checksum": _checksum(data), "data": data}
+    (also how the corrupt-checkpoint corpus makes documents that pass the checksum, and the
+    envelope of the dynamic MIG record, `core.dra.migrecord`)."""
+    doc = {"format": format, "version": version, "checksum": _checksum(data), "data": data}
     # compact: `indent` falls back to the pure-Python encoder, 7x slower at 64 claims, and
     # the file is written twice per Prepare
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
@@ -146,13 +147,10 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if raw is None:
         return Decoded("empty", Checkpoint(boot_id))
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_float=_no_float, parse_constant=_no_float)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            return Decoded("corrupt", Checkpoint(boot_id), "not a gpuslice DRA checkpoint")
-        data = doc.get("data")
-        if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
-            return Decoded("corrupt", Checkpoint(boot_id), "checksum mismatch")
-        data = migrate(data, doc.get("version"))
+        opened = unsealed(raw, FORMAT, "a gpuslice DRA checkpoint")
+        if isinstance(opened, str):
+            return Decoded("corrupt", Checkpoint(boot_id), opened)
+        data = migrate(*opened)
         stored = data.get("claims")
         if stored is not None and not isinstance(stored, dict):
             raise ValueError("claims: not an object")
@@ -175,6 +173,19 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if boot_id and stored_boot and stored_boot != boot_id:
         return Decoded("stale", Checkpoint(boot_id), f"written before a reboot ({stored_boot})")
     return Decoded("ok", Checkpoint(boot_id, claims, complete))
+
+
+def unsealed(raw: bytes, format: str, what: str) -> tuple[dict[str, Any], object] | str:
+    """A sealed document's data and version, or why it is not one of `format` (`what`
+    names it in that reason). Raises what `json` raises on a text that is no JSON, which
+    callers count as corruption with their own other decoding errors."""
+    doc = json.loads(raw.decode("utf-8"), parse_float=_no_float, parse_constant=_no_float)
+    if not isinstance(doc, dict) or doc.get("format") != format:
+        return f"not {what}"
+    data = doc.get("data")
+    if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
+        return "checksum mismatch"
+    return data, doc.get("version")
 
 
 def migrate(
