@@ -109,6 +109,10 @@ class CapsRound:
     refused: tuple[tuple[str, Refusal], ...] = ()
 
 
+WINDOWS_KEPT = 1024
+"""Windows kept for the metric's quantiles (a few hours of container starts on a busy node)."""
+
+
 class CapsApplier:
     """Applies, checks and repairs per-container limits; remembers what it confirmed."""
 
@@ -128,7 +132,9 @@ class CapsApplier:
         self._paths: dict[tuple[ContainerKey, str], str] = {}
         self._told: set[tuple[ContainerKey, str]] = set()
         self.windows_s: list[float] = []
-        """Per container and GPU, cgroup creation -> limits confirmed, in seconds."""
+        """Per container and GPU, cgroup creation -> limits confirmed, in seconds: the
+        latest WINDOWS_KEPT, since every scrape sorts them for the window's quantiles and
+        a node's containers come and go for the agent's whole life."""
 
     @property
     def capabilities(self) -> dict[str, GpuCapability]:
@@ -225,6 +231,7 @@ class CapsApplier:
         except OSError:
             return
         self.windows_s.append(max(0.0, self._clock() - born))
+        del self.windows_s[:-WINDOWS_KEPT]
 
 
 def live_cgroups(
