@@ -12,9 +12,9 @@ import contextlib
 import math
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ from gpuslice.agent.inventory_watch import inventory_watcher
 from gpuslice.agent.runner import Agent, AgentHooks, FirstPlan, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import memory_limiter_of, open_backend
-from gpuslice.core.caps import CapsView, caps_view
+from gpuslice.core.caps import CapsView, GpuCapability, caps_view
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
@@ -251,7 +251,7 @@ def wire_metrics(
     gpu_metrics: bool = True,
     refresher: SnapshotRefresher | None = None,
     limits: ServerLimits | None = None,
-    caps: CapsService | None = None,
+    caps: WiredCaps | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -265,10 +265,10 @@ def wire_metrics(
     if refresher is None:
         refresher = snapshot_refresher(settings, agent.backend, agent.front_end, pods)
     registry, counters = exporter_registry(refresher.read_latest if gpu_metrics else _nothing)
-    if gpu_metrics:
+    if gpu_metrics and caps is not None:
         registry.register(
             CapsCollector(
-                lambda: caps_view_of(agent, caps),
+                caps.view,
                 lambda: {g.uuid: g.index for g in agent.state.current.inventory.gpus},
             )
         )
@@ -283,7 +283,7 @@ def wire_metrics(
             pod_resources_socket=str(settings.pod_resources_socket),
             pod_resources_present=settings.pod_resources_socket.exists(),
             ready=agent.readiness(),
-            caps=caps_view_of(agent, caps),
+            caps=None if caps is None else caps.view(),
         )
 
     server = MetricsServer(
@@ -309,19 +309,6 @@ def wire_metrics(
     if guard is not None:
         guard.on_decision = counters.record_decision
     return server
-
-
-def caps_view_of(agent: Agent, caps: CapsService | None) -> CapsView | None:
-    """The caps view the metrics, `/status` and `top` show: each GPU's protection (even on
-    a node where nothing is capped) and each capped container's limits."""
-    capabilities = agent.caps_capabilities
-    if capabilities is None:
-        return None
-    guard = agent.settings.memory_guard.mode
-    if caps is None:
-        return caps_view(capabilities, guard, {})
-    applier = caps.applier
-    return caps_view(applier.capabilities, guard, applier.readings(), applier.windows_s)
 
 
 def _nothing() -> None:
@@ -382,28 +369,48 @@ def agent_pod(settings: AgentSettings) -> AgentPod | None:
     return AgentPod(settings.namespace, settings.pod_name, str(uid) if uid else None)
 
 
+@dataclass(frozen=True, slots=True)
+class WiredCaps:
+    """Memory caps as wired at start: each GPU's capability (found once) and the caps loop,
+    None where nothing can be capped."""
+
+    capabilities: Mapping[str, GpuCapability]
+    guard_mode: str
+    service: CapsService | None
+
+    def view(self) -> CapsView:
+        """What the metrics, `/status` and `top` show: each GPU's protection (even on a
+        node where nothing is capped) and each capped container's limits."""
+        if self.service is None:
+            return caps_view(self.capabilities, self.guard_mode, {})
+        applier = self.service.applier
+        return caps_view(
+            applier.capabilities, self.guard_mode, applier.readings(), applier.windows_s
+        )
+
+
 def wire_caps(
     agent: Agent, *, pods: NodePods | None = None, refresher: SnapshotRefresher | None = None
-) -> CapsService | None:
+) -> WiredCaps:
     """Memory caps (docs/memory-guard.md): what the node and each GPU allow, found once
     (each refusal logged once); in DRA mode the claims' CDI specs carry the limits (and the
     toolkit's hook where it can work); in both modes the caps loop applies, checks and
-    repairs each shared container's limits. None when caps are off or no GPU is capable:
-    the guard then covers every GPU as before."""
+    repairs each shared container's limits. No loop when caps are off or no GPU is
+    capable: the guard then covers every GPU as before."""
     settings = agent.settings
     caps_settings = settings.memory_caps
     limiter = memory_limiter_of(agent.backend)
     node = node_capability(settings.cgroup_root)
     inventory = agent.state.current.inventory
     capabilities = gpu_capabilities(inventory, limiter, node, caps_settings.mode)
-    agent.caps_capabilities = capabilities
     capable = any(c.capable for c in capabilities.values())
-    if isinstance(agent.front_end, DraFrontEnd):
+    if agent.front_end.writes_cdi_specs:
         driver_root = agent.loaded.config.flags.nvidia_driver_root
         hook = cdi_hook(caps_settings.hook_path, driver_root, node, capable)
-        agent.front_end.driver.caps = DraCaps(capabilities, caps_settings.policy, hook)
+        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
+    guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:
-        return None
+        return WiredCaps(capabilities, guard_mode, None)
 
     def plan() -> Plan | None:
         current = agent.front_end.attributed_plan()
@@ -432,7 +439,7 @@ def wire_caps(
         interval_s=settings.memory_guard.interval_s,
     )
     agent.hooks.services.append(service.run)
-    return service
+    return WiredCaps(capabilities, guard_mode, service)
 
 
 def wire_guard(
@@ -702,10 +709,10 @@ async def _wire(
         client=client,
         run_pods=not (metrics_on and settings.gpu_metrics),
         refresher=refresher,
-        caps=caps,
+        caps=caps.service,
     )
     pods_running = (metrics_on and settings.gpu_metrics) or guard is not None
-    if caps is not None and node_pods is not None and not pods_running:
+    if caps.service is not None and node_pods is not None and not pods_running:
         agent.hooks.services.append(node_pods.run)  # the caps loop reads the pod watch
     if settings.metrics_port is not None:
         wire_metrics(

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuslice.agent.dra_driver import DraDriver
+from gpuslice.agent.dra_driver import DraCaps, DraDriver
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.front import ModeOf
 from gpuslice.agent.guard_view import claim_modes
@@ -66,6 +66,7 @@ class DraFrontEnd:
     """The `agent.front.FrontEnd` of DRA mode."""
 
     advises_mig_strategy = False
+    writes_cdi_specs = True
 
     def __init__(
         self,
@@ -129,6 +130,10 @@ class DraFrontEnd:
     def attributed_plan(self) -> tuple[Plan, Inventory] | None:
         claims = self.driver.claims_plan()
         return None if claims is None else (claims, self._state.current.inventory)
+
+    def take_caps(self, caps: DraCaps) -> None:
+        """Claims prepared from now on carry the limits (and the hook) in their CDI specs."""
+        self.driver.caps = caps
 
     def guard_modes(self, node: GuardMode, override: ClaimOverride) -> ModeOf:
         return claim_modes(self.driver, node, override)

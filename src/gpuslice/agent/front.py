@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.core.devices import Inventory
@@ -19,6 +19,9 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.kubelet.manager import DevicePluginManager
 from gpuslice.kubelet.servicer import AllocateObserver
 from gpuslice.state import PlanState
+
+if TYPE_CHECKING:
+    from gpuslice.agent.dra_driver import DraCaps
 
 ModeOf = Callable[[str], GuardMode | None]
 """A resource's own guard mode (DRA: a claim's GuardConfig), None where it has none."""
@@ -31,6 +34,9 @@ class FrontEnd(Protocol):
     on_allocate: AllocateObserver | None
     """Told (resource, succeeded, seconds) after every Allocate (the metrics counters);
     a front end without Allocate (DRA) never calls it."""
+    writes_cdi_specs: bool
+    """Whether it writes the CDI specs containers get (DRA's claim specs), and so takes
+    memory caps into them (`take_caps`); the device plugin's Allocate names none."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the plan state until `stop`."""
@@ -49,11 +55,16 @@ class FrontEnd(Protocol):
         """Per-resource guard modes where tenants can set their own (DRA), else None."""
         ...
 
+    def take_caps(self, caps: DraCaps) -> None:
+        """Memory caps for the CDI specs it writes; only called where `writes_cdi_specs`."""
+        ...
+
 
 class DevicePluginFrontEnd:
     """One device plugin server per resource of the plan, registered with the kubelet."""
 
     advises_mig_strategy = True
+    writes_cdi_specs = False
 
     def __init__(
         self,
@@ -100,3 +111,6 @@ class DevicePluginFrontEnd:
 
     def guard_modes(self, node: GuardMode, override: ClaimOverride) -> ModeOf | None:
         return None
+
+    def take_caps(self, caps: DraCaps) -> None:
+        """Allocate writes no CDI spec of gpuslice's: the caps loop applies the limits."""

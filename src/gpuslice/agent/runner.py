@@ -10,7 +10,7 @@ previous plan stays advertised, so nothing already allocated disappears.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,6 @@ from gpuslice.agent.plan import plan_node
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.aio.races import first_of
 from gpuslice.aio.waiting import unless_stopped
-from gpuslice.core.caps import GpuCapability
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
@@ -189,8 +188,6 @@ class Agent:
         for w in policy_warnings:
             log.warning("healthcheck-setting", message=w)
         self.health = HealthState()
-        self.caps_capabilities: Mapping[str, GpuCapability] | None = None
-        """Each GPU's memory caps capability, found once at start (`build.wire_caps`)."""
         self.extra_unhealthy: frozenset[str] = frozenset()
         """Physical UUIDs withdrawn for reasons other than XIDs (an MPS daemon that is down)."""
         self._last_xid: dict[str, int | None] = {}
