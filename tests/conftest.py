@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="also run tests that need an NVIDIA GPU and driver (NVML backend contract)",
     )
+
+
+NODE_GROUP = "real-node"
+"""The xdist group of the tests that run a real kubelet and containerd or build the image
+(`tests/real_node`, `tests/image`): a node's kubelet, containerd and buildah storage are one
+per machine, so these run on one worker, one after another, while the rest share the others."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(tests / "real_node") or item.path.is_relative_to(
+            tests / "image"
+        ):
+            item.add_marker(pytest.mark.xdist_group(NODE_GROUP))
 
 
 @pytest.fixture
@@ -55,6 +71,21 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 def _report(config: pytest.Config, line: str) -> None:
     config.stash.setdefault(IMAGE_REPORT, []).append(line)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist a worker hands its image lines to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["image_report"] = session.config.stash.get(IMAGE_REPORT, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller's side of `pytest_sessionfinish` (xdist calls it as a worker ends)."""
+    lines = getattr(node, "workeroutput", {}).get("image_report", [])
+    for line in lines:
+        _report(node.config, line)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
