@@ -419,6 +419,7 @@ def wire_caps(
             capable,
             seen_at=caps_settings.hook_seen_at,
         )
+        hook.cdi()  # says at start whether claims get the hook (again when that changes)
         agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook.cdi))
     guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:

@@ -259,7 +259,7 @@ class CapsApplier:
                         container=str(key),
                         gpu=gpu,
                         limits=str(limits),
-                        then="not capped; the guard watches it",
+                        then="not capped; the memory guard's mode applies",
                     )
                 continue
             try:
