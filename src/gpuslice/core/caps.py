@@ -170,7 +170,7 @@ def gpu_capability(
 def protection(capability: GpuCapability | None, guard_mode: str) -> Protection:
     """What would hold a GPU's tenants to their share on its capability alone (`describe`,
     which runs no caps loop): the driver where it can, else the guard where it enforces,
-    else nothing. The agent reports `GpuCaps.protection` instead, which also asks whether
+    else nothing. The agent reports `gpu_protection` instead, which also asks whether
     the limits were confirmed."""
     if capability is not None and capability.capable:
         return "capped"
