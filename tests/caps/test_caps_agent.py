@@ -14,7 +14,9 @@ import structlog
 
 from gpuslice.agent.caps import (
     CapsApplier,
+    HookProgram,
     gpu_capabilities,
+    has_sys_admin,
     live_cgroups,
     node_capability,
     resolve_cgroup,
@@ -24,8 +26,11 @@ from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.backends.simulated.nodespec import parse_spec
 from gpuslice.core.caps import (
     MIB,
+    NOT_CONFIRMED_YET,
+    GpuCaps,
     MemoryLimits,
     NodeCapability,
+    caps_view,
     cgroup_candidates,
     guarded,
     wanted_limits,
@@ -33,7 +38,7 @@ from gpuslice.core.caps import (
 from gpuslice.core.config import parse_config
 from gpuslice.core.guard.model import ContainerKey, Tenant
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.ports import ContainerDevices
+from gpuslice.ports import ContainerDevices, MemoryLimitsError
 
 ABLE = NodeCapability(cgroup_v2=True, root=True)
 CONFIG = """version: v1
@@ -98,9 +103,48 @@ def test_resolve_finds_each_cgroup_form(tmp_path: Path) -> None:
 
 
 def test_node_capability_reads_cgroup_v2_and_root(tmp_path: Path) -> None:
-    assert node_capability(tmp_path, euid=0) == NodeCapability(cgroup_v2=False, root=True)
+    (tmp_path / "kubepods.slice").mkdir()
+    assert node_capability(tmp_path, euid=0, admin=True) == NodeCapability(
+        cgroup_v2=False, root=True
+    )
     (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
-    assert node_capability(tmp_path, euid=1000) == NodeCapability(cgroup_v2=True, root=False)
+    assert node_capability(tmp_path, euid=1000, admin=True) == NodeCapability(
+        cgroup_v2=True, root=False
+    )
+
+
+def test_root_without_cap_sys_admin_is_not_root_to_the_driver(tmp_path: Path) -> None:
+    """The chart's container runs as UID 0 with every capability dropped: the driver's
+    privileged calls would fail, so the node is refused up front, saying why."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "kubepods.slice").mkdir()
+    got = node_capability(tmp_path, euid=0, admin=False)
+    assert got.refusal() == "not-root"
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t00000000a80425fb\n")  # docker's default set
+    assert has_sys_admin(status) is False
+    status.write_text("Name:\tx\nCapEff:\t000001ffffffffff\n")
+    assert has_sys_admin(status) is True
+
+
+def test_a_cgroup_namespace_of_its_own_is_no_pod_cgroups(tmp_path: Path) -> None:
+    """In a pod that does not mount the host's tree, /sys/fs/cgroup is the pod's own
+    cgroup namespace: cgroup v2, but no pod's cgroup in it. Caps are refused with the reason,
+    instead of a GPU reported capped while no container can be found."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "cgroup.procs").write_text("1\n")
+    got = node_capability(tmp_path, euid=0, admin=True)
+    assert got.refusal() == "no-pod-cgroups"
+    b = node()
+    caps = gpu_capabilities(b.inventory(), b, got, "auto")
+    assert {c.reason for c in caps.values()} == {
+        "pods' cgroups not found under --cgroup-root (mount the host's /sys/fs/cgroup there)"
+    }
+    for top in ("kubepods.slice", "kubepods", "kubelet.slice/kubelet-kubepods.slice"):
+        root = tmp_path / top.replace("/", "_")
+        (root / top).mkdir(parents=True)
+        (root / "cgroup.controllers").write_text("cpu\n")
+        assert node_capability(root, euid=0, admin=True).refusal() is None, top
 
 
 def test_each_shared_container_gets_its_share_checked_and_repaired(tmp_path: Path) -> None:
@@ -172,7 +216,51 @@ def test_old_driver_mig_and_cgroup_v1_cap_nobody(tmp_path: Path) -> None:
     assert {c.refusal for c in off.values()} == {"caps-off"}
 
 
-def test_an_nvml_error_is_logged_once_and_the_guard_takes_over(tmp_path: Path) -> None:
+def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: Path) -> None:
+    """An NVML error on one GPU used to take it out of caps for the agent's life. It is
+    retried with back-off: meanwhile the GPU says why it is not capped, its containers stay
+    in the guard's view, and once NVML answers again the limits are confirmed."""
+    b = node()
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    path = make_cgroup(tmp_path, 1)
+    now = [100.0]
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path, clock=lambda: now[0])
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
+    b.fail_memory_limits(gpu, "Unknown Error")
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            applier.sync(wanted, {key(1): path})
+    errors = [e for e in logs if e["event"] == "caps-nvml-error"]
+    assert len(errors) == 1  # tried once; the next rounds wait out the back-off
+    assert errors[0]["retry_in_s"] == 1.0
+    assert applier.capabilities[gpu].capable  # not refused for life
+    assert applier.capped() == frozenset()
+    tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
+    assert guarded([tenant], applier.capped()) == [tenant]  # the guard watches it meanwhile
+    assert "NVML failed" in applier.pending()[(key(1), gpu)]
+    assert "NVML failed" in applier.gpu_states()[gpu].blocked
+    now[0] += 1.0
+    applier.sync(wanted, {key(1): path})  # still failing: the delay doubles
+    assert applier.gpu_states()[gpu].blocked.endswith("retrying in 2 s")
+    b.fail_memory_limits(gpu, None)
+    applier.sync(wanted, {key(1): path})
+    assert applier.capped() == frozenset()  # within the back-off: not asked yet
+    now[0] += 2.0
+    with structlog.testing.capture_logs() as logs:
+        applier.sync(wanted, {key(1): path})
+    assert applier.capped() == {(key(1), gpu)}
+    assert applier.gpu_states()[gpu] == GpuCaps(confirmed_once=True, blocked="")
+    assert applier.pending() == {}
+    assert [e["event"] for e in logs if e["event"].startswith("caps-nvml")] == [
+        "caps-nvml-recovered"
+    ]
+
+
+def test_a_driver_refusal_still_takes_the_gpu_out(tmp_path: Path) -> None:
+    """What the driver states for good (no such call, a MIG handle) is not retried."""
     b = node()
     inv = b.inventory()
     gpu = inv.gpus[0].uuid
@@ -180,18 +268,59 @@ def test_an_nvml_error_is_logged_once_and_the_guard_takes_over(tmp_path: Path) -
     plan = build_plan(inv, parse_config(CONFIG))
     path = make_cgroup(tmp_path, 1)
     applier = CapsApplier(b, caps, cgroup_root=tmp_path)
-    b.fail_memory_limits(gpu, "Unknown Error")
-    with structlog.testing.capture_logs() as logs:
-        for _ in range(3):
-            wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
-            applier.sync(wanted, {key(1): path})
-    refused = [e for e in logs if e["event"] == "caps-refused"]
-    assert len(refused) == 1
-    assert refused[0]["refusal"] == "nvml-error"
-    assert applier.capabilities[gpu].refusal == "nvml-error"
-    assert applier.capped() == frozenset()
-    tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
-    assert guarded([tenant], applier.capped()) == [tenant]  # the guard watches it again
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
+
+    class _Old:
+        def memory_limits_supported(self) -> bool:
+            return True
+
+        def get_memory_limits(self, gpu_uuid: str, cgroup_path: str) -> MemoryLimits:
+            raise MemoryLimitsError("driver-without-call", "Function Not Found")
+
+        def set_memory_limits(self, gpu_uuid: str, cgroup_path: str, limits: MemoryLimits) -> None:
+            raise MemoryLimitsError("driver-without-call", "Function Not Found")
+
+    applier = CapsApplier(_Old(), caps, cgroup_root=tmp_path)
+    r = applier.sync(wanted, {key(1): path})
+    assert r.refused == ((gpu, "driver-without-call"),)
+    assert applier.capabilities[gpu].refusal == "driver-without-call"
+
+
+def test_a_container_without_its_cgroup_says_so_and_the_gpu_is_not_capped(
+    tmp_path: Path,
+) -> None:
+    b = node()
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    wanted = wanted_limits(assignments(b, (1, [0]), (2, [1])), plan, caps, "strict")
+    applier.sync(wanted, {key(1): make_cgroup(tmp_path, 1)})
+    assert applier.capped() == {(key(1), gpu)}
+    assert applier.pending() == {(key(2), gpu): f"its cgroup was not found under {tmp_path}"}
+    view = caps_view(
+        applier.capabilities,
+        "enforce",
+        applier.readings(),
+        gpus=applier.gpu_states(),
+        pending=applier.pending(),
+    )
+    protection, reason = view.protection[gpu]
+    assert protection == "guarded"
+    assert reason == f"a container is not capped: its cgroup was not found under {tmp_path}"
+    assert view.protection[inv.gpus[1].uuid] == ("guarded", NOT_CONFIRMED_YET)
+    observed = caps_view(
+        applier.capabilities, "observe", {}, gpus=applier.gpu_states(), pending=applier.pending()
+    )
+    assert observed.protection[gpu][0] == "none"  # an observing guard protects nobody
+    cgroups = {key(1): str(resolve_cgroup(tmp_path, uid(1), cid(1))), key(2): ""}
+    cgroups[key(2)] = make_cgroup(tmp_path, 2)
+    applier.sync(wanted, cgroups)
+    done = caps_view(
+        applier.capabilities, "enforce", {}, gpus=applier.gpu_states(), pending=applier.pending()
+    )
+    assert done.protection[gpu] == ("capped", "")
 
 
 def test_the_guard_steps_back_only_for_capped_pairs() -> None:
@@ -284,12 +413,50 @@ def test_the_hook_is_written_only_where_it_can_work(tmp_path: Path) -> None:
     hook = tmp_path / "nvidia-cdi-hook"
     assert cdi_hook(str(hook), "", ABLE, True) is None  # no program there
     hook.write_text("#!/bin/sh\n")
+    assert cdi_hook(str(hook), "", ABLE, True) is None  # not executable: the pod would fail
+    hook.chmod(0o755)
     got = cdi_hook(str(hook), "/run/nvidia/driver", ABLE, True)
     assert got is not None
     assert (got.hook_path, got.driver_root) == (str(hook), "/run/nvidia/driver")
     assert cdi_hook(str(hook), "", NodeCapability(cgroup_v2=False, root=True), True) is None
     assert cdi_hook(str(hook), "", ABLE, False) is None  # old driver, MIG: nothing to cap
     assert cdi_hook("", "", ABLE, True) is None  # turned off
+
+
+def test_the_hook_program_is_checked_again_when_it_appears_or_goes(tmp_path: Path) -> None:
+    """The toolkit installed after the agent started is used by the next Prepare, and one
+    removed is no longer written (a hook that is not there fails the pod); each change is
+    logged once. The program is looked for where the agent sees it (`seen_at`, the chart's
+    mount of the host's directory) and written as the host's path."""
+    seen = tmp_path / "host-bin"
+    seen.mkdir()
+    program = HookProgram(
+        "/usr/bin/nvidia-cdi-hook", "", ABLE, True, seen_at=str(seen / "nvidia-cdi-hook")
+    )
+    with structlog.testing.capture_logs() as logs:
+        assert program.cdi() is None
+        assert program.cdi() is None
+        (seen / "nvidia-cdi-hook").write_text("#!/bin/sh\n")
+        (seen / "nvidia-cdi-hook").chmod(0o755)
+        got = program.cdi()
+        assert got is not None
+        assert got.hook_path == "/usr/bin/nvidia-cdi-hook"
+        assert program.cdi() is not None
+        (seen / "nvidia-cdi-hook").unlink()
+        assert program.cdi() is None
+    assert [e["event"] for e in logs] == ["caps-hook-off", "caps-hook-on", "caps-hook-off"]
+    assert logs[0]["then"] == "the agent applies the limits after the container starts"
+
+
+def test_no_log_line_says_the_agent_applies_limits_where_it_does_not() -> None:
+    """On a node that cannot take limits the agent applies none either: the hook's log line
+    gives the reason and promises nothing."""
+    with structlog.testing.capture_logs() as logs:
+        assert HookProgram("/x", "", NodeCapability(cgroup_v2=False, root=True), True).cdi() is None
+        assert HookProgram("/x", "", ABLE, False).cdi() is None
+    assert [e["event"] for e in logs] == ["caps-hook-off", "caps-hook-off"]
+    assert not any("then" in e for e in logs)
+    assert logs[0]["reason"] == "the node runs cgroup v1; memory limits need cgroup v2"
 
 
 def test_limits_a_hook_already_set_are_checked_and_count_no_window(tmp_path: Path) -> None:

@@ -67,14 +67,14 @@ def test_each_refusal_is_one_named_reason(kw: dict[str, object], refusal: str) -
     assert cap(**kw) == refusal
 
 
-def test_an_uncapped_gpu_is_guarded_while_the_guard_runs() -> None:
+def test_an_uncapped_gpu_is_guarded_only_while_the_guard_enforces() -> None:
     refused = gpu_capability(
         "GPU-a", mode="auto", mig_enabled=True, memory_reported=True, driver_has_call=True,
         node=ABLE,
     )  # fmt: skip
     assert "MIG" in refused.reason
     assert protection(refused, "enforce") == "guarded"
-    assert protection(refused, "observe") == "guarded"
+    assert protection(refused, "observe") == "none"  # observing stops nobody
     assert protection(refused, "off") == "none"
     assert protection(None, "off") == "none"
 
@@ -151,7 +151,7 @@ def test_describe_says_each_gpus_protection() -> None:
         a100: gpu_capability(a100, mode="auto", mig_enabled=True, memory_reported=True,
                              driver_has_call=True, node=ABLE),
     }  # fmt: skip
-    view = caps_view(caps, "observe", {})
+    view = caps_view(caps, "enforce", {})
     report = describe(build_plan(inv, parse_config("")), inv, view.protection)
     devices = report_to_dict(report)["devices"]
     assert [(d["memory_protection"], d["memory_protection_reason"]) for d in devices] == [  # type: ignore[attr-defined]

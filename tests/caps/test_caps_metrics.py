@@ -83,3 +83,26 @@ def test_process_cgroups_reads_the_v2_line(tmp_path: Path) -> None:
     (proc / "8" / "cgroup").write_text("12:memory:/kubepods/pod1/ab\n")  # cgroup v1: no path
     got = process_cgroups(root, proc, {KEY: [99, 7], ContainerKey("a", "b", "c"): [8]})
     assert got == {KEY: str(root / scope)}
+
+
+def test_process_cgroups_reads_a_line_relative_to_the_agents_cgroup_namespace(
+    tmp_path: Path,
+) -> None:
+    """Read from the agent's pod (its own cgroup namespace), a process's line climbs out of
+    that namespace (`0::/../../kubepods-...`): no root joins it to a path. The pod UID and
+    container ID in it lead to the cgroup under the host's tree all the same."""
+    uid = "11111111-2222-4333-8444-000000000001"
+    cid = "ab" * 32
+    scope = (
+        f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"
+        f".slice/cri-containerd-{cid}.scope"
+    )
+    root = tmp_path / "host-cgroup"
+    (root / scope).mkdir(parents=True)
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text(
+        f"0::/../../kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
+        f"cri-containerd-{cid}.scope\n"
+    )
+    assert process_cgroups(root, proc, {KEY: [7]}) == {KEY: str(root / scope)}

@@ -21,6 +21,9 @@ DELIBERATE = {
     "MPS_ROOT": "NVIDIA's Helm value; unset, the config's flags.mpsRoot applies",
     "DRA": "set where dra.enabled asks for DRA mode",
     "DRA_PLUGIN_DIR": "the chart names the directory it mounts; the daemon derives the same",
+    "MEMORY_CAPS": "caps grant CAP_SYS_ADMIN and the host's cgroup tree, and the chart grants "
+    "nothing no value asks for: off unless memoryCaps.mode is auto",
+    "MEMORY_CAPS_HOOK_SEEN_AT": "where the chart mounts the hook's host directory (DRA, caps on)",
 }
 NOT_THE_AGENTS = {
     "NVIDIA_VISIBLE_DEVICES": "the container runtime's",
@@ -38,7 +41,16 @@ def _knobs() -> dict[str, tuple[Any, click.Option | None]]:
     }
 
 
-@pytest.mark.parametrize("values", [{}, {"dra": {"enabled": True}}], ids=["default", "dra"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"dra": {"enabled": True}},
+        {"memoryCaps": {"mode": "auto"}},
+        {"dra": {"enabled": True}, "memoryCaps": {"mode": "auto"}},
+    ],
+    ids=["default", "dra", "caps", "dra-caps"],
+)
 def test_the_charts_values_are_the_knobs_defaults(values: dict[str, Any]) -> None:
     knobs = _knobs()
     env = env_of(one(render(**values), "DaemonSet"))

@@ -163,9 +163,21 @@ ENV_BEFORE = {
 }
 
 
-FLAGS_ADDED = {"--memory-caps", "--memory-caps-policy", "--memory-caps-hook-path", "--cgroup-root"}
-"""Since: memory caps (issue 32)."""
-ENV_ADDED = {"MEMORY_CAPS", "MEMORY_CAPS_POLICY", "MEMORY_CAPS_HOOK_PATH", "CGROUP_ROOT"}
+FLAGS_ADDED = {
+    "--memory-caps",
+    "--memory-caps-policy",
+    "--memory-caps-hook-path",
+    "--cgroup-root",
+    "--memory-caps-hook-seen-at",
+}
+"""Since: memory caps (issue 32); where the agent sees the hook program (issue 40)."""
+ENV_ADDED = {
+    "MEMORY_CAPS",
+    "MEMORY_CAPS_POLICY",
+    "MEMORY_CAPS_HOOK_PATH",
+    "CGROUP_ROOT",
+    "MEMORY_CAPS_HOOK_SEEN_AT",
+}
 
 
 def test_the_flags_and_variables_are_those_of_the_hand_written_command() -> None:

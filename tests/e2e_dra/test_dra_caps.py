@@ -28,6 +28,7 @@ async def _spec(
     cgroups = sock_dir / "cgroup"
     cgroups.mkdir()
     (cgroups / "cgroup.controllers").write_text("cpu memory\n")
+    (cgroups / "kubepods.slice").mkdir()  # the host's tree: the kubelet's pods are there
     hook = sock_dir / "bin" / "nvidia-cdi-hook"
     hook.parent.mkdir()
     if hook_there:

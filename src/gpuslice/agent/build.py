@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from gpuslice.agent.caps import (
     CapsApplier,
     CapsService,
-    cdi_hook,
+    HookProgram,
     gpu_capabilities,
     node_capability,
     pod_containers,
@@ -379,13 +379,19 @@ class WiredCaps:
     service: CapsService | None
 
     def view(self) -> CapsView:
-        """What the metrics, `/status` and `top` show: each GPU's protection (even on a
-        node where nothing is capped) and each capped container's limits."""
+        """What the metrics, `/status` and `top` show: each GPU's protection as it holds
+        (capped only where the loop confirmed limits), each capped container's limits and
+        why the others are not."""
         if self.service is None:
-            return caps_view(self.capabilities, self.guard_mode, {})
+            return caps_view(self.capabilities, self.guard_mode, {}, gpus={})
         applier = self.service.applier
         return caps_view(
-            applier.capabilities, self.guard_mode, applier.readings(), applier.windows_s
+            applier.capabilities,
+            self.guard_mode,
+            applier.readings(),
+            applier.windows_s,
+            gpus=applier.gpu_states(),
+            pending=applier.pending(),
         )
 
 
@@ -406,8 +412,15 @@ def wire_caps(
     capable = any(c.capable for c in capabilities.values())
     if agent.front_end.writes_cdi_specs:
         driver_root = agent.loaded.config.flags.nvidia_driver_root
-        hook = cdi_hook(caps_settings.hook_path, driver_root, node, capable)
-        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
+        hook = HookProgram(
+            caps_settings.hook_path,
+            driver_root,
+            node,
+            capable,
+            seen_at=caps_settings.hook_seen_at,
+        )
+        hook.cdi()  # says at start whether claims get the hook (again when that changes)
+        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook.cdi))
     guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:
         return WiredCaps(capabilities, guard_mode, None)

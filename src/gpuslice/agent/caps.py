@@ -10,11 +10,16 @@ different, then read again. The *window*, from the container's cgroup being crea
 directory's timestamp) to its limits being confirmed, is measured: it is the time a
 workload ran uncapped, which a CDI hook makes zero.
 
-A refusal (a driver without the call, MIG, an NVML error) takes the GPU out of caps for
-the agent's life, logged once with its reason: the guard takes over there, as on a GPU
-that never could. A container that is gone (no cgroup, NVML's NOT_FOUND) is forgotten
-quietly: removing a cgroup clears its limits. Nothing here can refuse a pod: the worst a
-failure does is leave a GPU to the guard.
+A refusal the driver states (no such call, MIG) takes the GPU out of caps for the agent's
+life, logged once with its reason. Any other NVML error on a GPU is retried with back-off
+(`core.backoff`): until a retry confirms its limits again, the GPU reports the error and
+its containers stay in the guard's view. A container that is gone (no cgroup, NVML's
+NOT_FOUND) is forgotten quietly: removing a cgroup clears its limits. Nothing here can
+refuse a pod: the worst a failure does is leave a GPU to the guard.
+
+What is reported is only what was read back: a GPU is `capped` once its limits were
+confirmed there and no container on it is waiting (`core.caps.gpu_protection`), and each
+waiting container carries its reason (its cgroup not under `--cgroup-root`, NVML failing).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpuslice.core.backoff import Backoff
 from gpuslice.core.caps import (
     REFUSAL_TEXT,
     CapPolicy,
     CapsMode,
     GpuCapability,
+    GpuCaps,
     MemoryLimits,
     NodeCapability,
     Refusal,
@@ -41,11 +48,13 @@ from gpuslice.core.caps import (
     gpu_capability,
     wanted_limits,
 )
+from gpuslice.core.cgroups import parse_cgroup
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
+from gpuslice.podresources import PodResourcesError
 from gpuslice.ports import MemoryLimiter, MemoryLimitsError, PodAssignments
 
 log = get_logger(__name__)
@@ -53,11 +62,44 @@ log = get_logger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def node_capability(cgroup_root: Path = CGROUP_ROOT, *, euid: int | None = None) -> NodeCapability:
+POD_CGROUP_TOPS = ("kubepods.slice", "kubepods", "kubelet.slice/kubelet-kubepods.slice")
+"""Where the kubelet roots its pods' cgroups under the cgroup root (systemd driver,
+cgroupfs driver, the kubelet's own slice): the prefixes `core.caps.cgroup_candidates`
+searches under."""
+
+CAP_SYS_ADMIN = 21
+
+
+def has_sys_admin(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether CAP_SYS_ADMIN is in the effective set (`CapEff`). A container running as UID
+    0 with its capabilities dropped (the chart's default) is root to the file system but not
+    to the driver, whose privileged calls check the capability."""
+    try:
+        text = status.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split(":", 1)[1].strip(), 16) >> CAP_SYS_ADMIN & 1)
+            except ValueError:
+                return False
+    return False
+
+
+def node_capability(
+    cgroup_root: Path = CGROUP_ROOT, *, euid: int | None = None, admin: bool | None = None
+) -> NodeCapability:
     """cgroup v2 is the unified hierarchy, whose root has `cgroup.controllers` (v1 has a
-    directory per controller and no such file); root is the effective UID 0."""
+    directory per controller and no such file); root is the effective UID 0 with
+    CAP_SYS_ADMIN. The pods' cgroups must be under the root: in a pod that did not mount the
+    host's tree there, `/sys/fs/cgroup` is the pod's own cgroup namespace, a cgroup v2 tree
+    with no other pod in it, where every container would be looked for in vain."""
     v2 = (cgroup_root / "cgroup.controllers").is_file()
-    return NodeCapability(cgroup_v2=v2, root=(os.geteuid() if euid is None else euid) == 0)
+    uid0 = (os.geteuid() if euid is None else euid) == 0
+    admin = has_sys_admin() if admin is None else admin
+    pods = any((cgroup_root / top).is_dir() for top in POD_CGROUP_TOPS)
+    return NodeCapability(cgroup_v2=v2, root=uid0 and admin, pod_cgroups=pods)
 
 
 def gpu_capabilities(
@@ -112,9 +154,14 @@ class CapsRound:
 WINDOWS_KEPT = 1024
 """Windows kept for the metric's quantiles (a few hours of container starts on a busy node)."""
 
+NVML_RETRY = Backoff(initial_s=1.0, maximum_s=60.0)
+"""Retries of a GPU whose NVML call failed: an error that lasts is retried once a minute,
+a passing one within the next round or two."""
+
 
 class CapsApplier:
-    """Applies, checks and repairs per-container limits; remembers what it confirmed."""
+    """Applies, checks and repairs per-container limits; remembers what it confirmed, and
+    why what it could not confirm is not."""
 
     def __init__(
         self,
@@ -123,14 +170,22 @@ class CapsApplier:
         *,
         cgroup_root: Path = CGROUP_ROOT,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        retry: Backoff = NVML_RETRY,
     ) -> None:
         self._limiter = limiter
         self._capabilities = dict(capabilities)
         self._root = cgroup_root
         self._clock = wall_clock
+        self._now = clock
+        self._retry = retry
         self._confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
         self._paths: dict[tuple[ContainerKey, str], str] = {}
         self._told: set[tuple[ContainerKey, str]] = set()
+        self._pending: dict[tuple[ContainerKey, str], str] = {}
+        self._confirmed_once: set[str] = set()
+        self._failures: dict[str, tuple[int, float, str]] = {}
+        """GPU -> (failed attempts in a row, monotonic time of the next try, the error)."""
         self.windows_s: list[float] = []
         """Per container and GPU, cgroup creation -> limits confirmed, in seconds: the
         latest WINDOWS_KEPT, since every scrape sorts them for the window's quantiles and
@@ -148,23 +203,55 @@ class CapsApplier:
         """The limits last read back, with the memory each cgroup used (`used_bytes`)."""
         return dict(self._confirmed)
 
+    def pending(self) -> dict[tuple[ContainerKey, str], str]:
+        """(container, GPU) -> why its limits are not confirmed, after the last round."""
+        return dict(self._pending)
+
+    def gpu_states(self) -> dict[str, GpuCaps]:
+        """Per GPU: confirmed at least once, and what blocks it now (NVML failing)."""
+        out: dict[str, GpuCaps] = {}
+        now = self._now()
+        for gpu in self._capabilities:
+            blocked = ""
+            failure = self._failures.get(gpu)
+            if failure is not None:
+                _, at, error = failure
+                blocked = (
+                    f"NVML failed on this GPU ({error}); retrying in {max(0.0, at - now):.0f} s"
+                )
+            out[gpu] = GpuCaps(gpu in self._confirmed_once, blocked)
+        return out
+
     def sync(
         self,
         wanted: Mapping[tuple[ContainerKey, str], MemoryLimits],
         cgroups: Mapping[ContainerKey, str],
+        missing: str = "",
     ) -> CapsRound:
         """One round (blocking). `cgroups`: container -> its cgroup's full path, for the
-        containers the pod watch has seen started (`resolve_cgroup`)."""
+        containers the pod watch has seen started (`resolve_cgroup`); `missing` says why a
+        wanted container has none (for its pending reason)."""
         counts = {"set": 0, "repaired": 0, "ok": 0, "gone": 0}
         refused: list[tuple[str, Refusal]] = []
         confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
+        pending: dict[tuple[ContainerKey, str], str] = {}
+        failed_now: set[str] = set()
+        now = self._now()
         for (key, gpu), limits in sorted(wanted.items()):
             cap = self._capabilities.get(gpu)
+            if cap is None or not cap.capable:
+                continue
             path = cgroups.get(key)
-            if cap is None or not cap.capable or path is None:
+            if path is None:
+                pending[(key, gpu)] = missing or f"its cgroup was not found under {self._root}"
+                continue
+            failure = self._failures.get(gpu)
+            if failure is not None and (gpu in failed_now or now < failure[1]):
+                pending[(key, gpu)] = f"NVML failed on this GPU ({failure[2]}); retrying"
                 continue
             if limits.soft_bytes > limits.hard_bytes:
                 # The toolkit's hook refuses this; NVML's answer is not documented: never asked.
+                pending[(key, gpu)] = f"its request is above its limit ({limits})"
                 if (key, gpu) not in self._told:
                     self._told.add((key, gpu))
                     log.warning(
@@ -172,7 +259,7 @@ class CapsApplier:
                         container=str(key),
                         gpu=gpu,
                         limits=str(limits),
-                        then="not capped; the guard watches it",
+                        then="not capped; the memory guard's mode applies",
                     )
                 continue
             try:
@@ -199,20 +286,22 @@ class CapsApplier:
                     counts["gone"] += 1
                     log.debug("caps-container-gone", container=str(key), gpu=gpu, error=str(exc))
                     continue
-                refusal: Refusal = "nvml-error"
-                if exc.refusal == "driver-without-call":
-                    refusal = "driver-without-call"
-                elif exc.refusal == "mig":
-                    refusal = "mig"
-                self._capabilities[gpu] = GpuCapability(gpu, refusal)
-                refused.append((gpu, refusal))
-                log.warning(
-                    "caps-refused",
-                    gpu=gpu,
-                    refusal=refusal,
-                    error=str(exc),
-                    then="the memory guard watches this GPU instead",
-                )
+                if exc.refusal in ("driver-without-call", "mig"):
+                    refusal: Refusal = "mig" if exc.refusal == "mig" else "driver-without-call"
+                    self._capabilities[gpu] = GpuCapability(gpu, refusal)
+                    refused.append((gpu, refusal))
+                    log.warning(
+                        "caps-refused",
+                        gpu=gpu,
+                        refusal=refusal,
+                        error=str(exc),
+                        then="no caps on this GPU; the memory guard's mode applies there",
+                    )
+                    continue
+                pending[(key, gpu)] = f"NVML failed on this GPU ({exc}); retrying"
+                if gpu not in failed_now:
+                    failed_now.add(gpu)
+                    self._fail(gpu, str(exc), now)
                 continue
             pair = (key, gpu)
             if outcome != "ok" and pair not in self._confirmed:
@@ -221,9 +310,29 @@ class CapsApplier:
                 self._measure(path)
             confirmed[pair] = read
             self._paths[pair] = path
+            self._confirmed_once.add(gpu)
+            if gpu not in failed_now and self._failures.pop(gpu, None) is not None:
+                log.info("caps-nvml-recovered", gpu=gpu)
+        for gpu in list(self._failures):
+            if gpu not in failed_now and not any(g == gpu for _, g in wanted):
+                del self._failures[gpu]  # nobody left to cap there: nothing to retry
         self._confirmed = confirmed
+        self._pending = pending
         self._paths = {p: self._paths[p] for p in confirmed}
         return CapsRound(refused=tuple(refused), **counts)
+
+    def _fail(self, gpu: str, error: str, now: float) -> None:
+        attempts = self._failures.get(gpu, (0, 0.0, ""))[0] + 1
+        delay = self._retry.delay(attempts)
+        self._failures[gpu] = (attempts, now + delay, error)
+        log.warning(
+            "caps-nvml-error",
+            gpu=gpu,
+            error=error,
+            attempt=attempts,
+            retry_in_s=delay,
+            then="not capped until a retry confirms the limits; the memory guard's mode applies",
+        )
 
     def _measure(self, path: str) -> None:
         try:
@@ -252,7 +361,12 @@ def process_cgroups(
 ) -> dict[ContainerKey, str]:
     """container -> its cgroup path, from its GPU processes' `/proc/<pid>/cgroup` (the
     cgroup v2 line, `0::/path`): the fallback when the pod watch is not there (no API
-    access), at the cost of seeing a container only once it has a GPU context."""
+    access), at the cost of seeing a container only once it has a GPU context.
+
+    The line is relative to the *reader's* cgroup namespace: read from the agent's pod it is
+    `0::/../../kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope`, which no root joins
+    to a path. So the pod UID and container ID are read from it (`core.cgroups`) and looked
+    up under the root as the pod watch's are; the line as given is the fallback."""
     out: dict[ContainerKey, str] = {}
     for key, pids in pids_by_container.items():
         for pid in pids:
@@ -260,8 +374,14 @@ def process_cgroups(
                 text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8")
             except OSError:
                 continue
+            identity = parse_cgroup(text)
+            if identity is not None and identity.container_id:
+                found = resolve_cgroup(cgroup_root, identity.pod_uid, identity.container_id)
+                if found is not None:
+                    out[key] = found
+                    break
             rel = next((ln[3:].strip() for ln in text.splitlines() if ln.startswith("0::")), None)
-            if rel:
+            if rel and ".." not in rel.split("/"):
                 path = cgroup_root / rel.lstrip("/")
                 if path.is_dir():
                     out[key] = str(path)
@@ -302,6 +422,7 @@ class CapsService:
         self._proc = proc_root
         self.interval_s = interval_s
         self.rounds = 0
+        self._assignments_down = False
 
     def any_capable(self) -> bool:
         return any(c.capable for c in self.applier.capabilities.values())
@@ -310,20 +431,38 @@ class CapsService:
         plan = self._plan()
         if plan is None or self._assignments is None or not self.any_capable():
             return None
-        held = await self._assignments.list_assignments()
+        try:
+            held = await self._assignments.list_assignments()
+        except PodResourcesError as exc:
+            # One warning while it lasts (the kubelet restarting, the socket not mounted),
+            # not a traceback a round; nothing is confirmed meanwhile, so nothing is
+            # reported capped and the guard keeps every container in view.
+            if not self._assignments_down:
+                self._assignments_down = True
+                log.warning(
+                    "caps-pod-resources-unavailable",
+                    error=str(exc),
+                    then="no container is capped until the kubelet answers",
+                )
+            self.rounds += 1
+            return await asyncio.to_thread(self.applier.sync, {}, {})
+        if self._assignments_down:
+            self._assignments_down = False
+            log.info("caps-pod-resources-back")
         wanted = wanted_limits(held, plan, self.applier.capabilities, self.policy)
-        if not wanted:
-            return None
         keys = {k for k, _ in wanted}
         listed = self._pods() if self._pods is not None else None
         triples = [t for t in (listed or ()) if t[0] in keys]
-        cgroups = await asyncio.to_thread(live_cgroups, self._root, triples)
+        cgroups = await asyncio.to_thread(live_cgroups, self._root, triples) if triples else {}
         missing = keys - set(cgroups)
         if missing and self._pids is not None:
             pids = {k: list(v) for k, v in self._pids().items() if k in missing}
             cgroups.update(await asyncio.to_thread(process_cgroups, self._root, self._proc, pids))
+        why = f"its cgroup was not found under {self._root}"
+        if listed is None and self._pods is not None:
+            why = "the pod watch has not listed this node's pods yet"
         self.rounds += 1
-        return await asyncio.to_thread(self.applier.sync, wanted, cgroups)
+        return await asyncio.to_thread(self.applier.sync, wanted, cgroups, why)
 
     async def run(self, stop: asyncio.Event) -> None:
         if not self.any_capable():
@@ -361,26 +500,68 @@ def pod_containers(pods: Iterable[_PodLike] | None) -> list[tuple[ContainerKey, 
     ]
 
 
+class HookProgram:
+    """The toolkit's hook as DRA claim specs call it, checked again at every use: a hook
+    that fails refuses the pod (the runtime fails the container), so a spec names it only
+    where it can work: a node able to take limits (cgroup v2, root) with a capable GPU, and
+    an executable program at the hook's path as the agent sees it (`seen_at`: in the chart,
+    the host's directory mounted elsewhere). The toolkit installed, removed or upgraded
+    while the agent runs changes the next Prepare's spec, logged once per change."""
+
+    def __init__(
+        self,
+        hook_path: str,
+        driver_root: str,
+        node: NodeCapability,
+        any_capable: bool,
+        *,
+        seen_at: str = "",
+    ) -> None:
+        self.hook_path = hook_path
+        self.driver_root = driver_root
+        self._seen_at = Path(seen_at or hook_path) if hook_path else None
+        self._fixed = ""
+        refusal = node.refusal()
+        if not hook_path:
+            self._fixed = "turned off (--memory-caps-hook-path '')"
+        elif refusal is not None:
+            self._fixed = REFUSAL_TEXT[refusal]
+        elif not any_capable:
+            self._fixed = "no GPU of this node can be capped"
+        self._last: bool | None = None
+
+    def why_not(self) -> str:
+        """ "" when the hook can be written now, else the reason."""
+        if self._fixed:
+            return self._fixed
+        assert self._seen_at is not None
+        if not self._seen_at.is_file():
+            return f"no hook program at {self._seen_at} (mount it, or set --memory-caps-hook-path)"
+        if not os.access(self._seen_at, os.X_OK):
+            return f"the hook program at {self._seen_at} is not executable"
+        return ""
+
+    def cdi(self) -> CdiCaps | None:
+        why = self.why_not()
+        usable = not why
+        if usable != self._last:
+            self._last = usable
+            if usable:
+                log.info("caps-hook-on", path=self.hook_path)
+            elif self._fixed:
+                log.info("caps-hook-off", path=self.hook_path, reason=why)
+            else:
+                log.info(
+                    "caps-hook-off",
+                    path=self.hook_path,
+                    reason=why,
+                    then="the agent applies the limits after the container starts",
+                )
+        return CdiCaps(self.hook_path, self.driver_root) if usable else None
+
+
 def cdi_hook(
     hook_path: str, driver_root: str, node: NodeCapability, any_capable: bool
 ) -> CdiCaps | None:
-    """How the DRA claim specs call the toolkit's hook, None for no hook. A hook that fails
-    refuses the pod (the runtime fails the container), so it is written only where it can
-    work: a node able to take limits (cgroup v2, root) with a capable GPU, and the hook's
-    file there at `hook_path` as the agent sees it (in the chart, a path the DaemonSet
-    mounts). Anywhere else the agent applies the limits itself after the container starts;
-    the reason is logged once."""
-    if not hook_path:
-        return None
-    refusal = node.refusal()
-    why = ""
-    if refusal is not None:
-        why = REFUSAL_TEXT[refusal]
-    elif not any_capable:
-        why = "no GPU of this node can be capped"
-    elif not Path(hook_path).is_file():
-        why = f"no hook program at {hook_path} (mount it, or set --memory-caps-hook-path)"
-    if why:
-        log.info("caps-hook-off", path=hook_path, reason=why, then="the agent applies the limits")
-        return None
-    return CdiCaps(hook_path, driver_root)
+    """The hook as one check at this moment (`HookProgram` checks again at every use)."""
+    return HookProgram(hook_path, driver_root, node, any_capable).cdi()

@@ -143,11 +143,13 @@ class _InFlight:
 @dataclass(frozen=True, slots=True)
 class DraCaps:
     """What Prepare needs of memory caps: each GPU's capability, the policy, and how to
-    call the toolkit's hook (None: the agent applies the limits after the container starts)."""
+    call the toolkit's hook (None: the agent applies the limits after the container starts;
+    a callable is asked at each Prepare, so a hook program installed or removed while the
+    agent runs is seen: `agent.caps.HookProgram.cdi`)."""
 
     capabilities: Mapping[str, GpuCapability]
     policy: CapPolicy
-    hook: CdiCaps | None
+    hook: CdiCaps | Callable[[], CdiCaps | None] | None
 
     def cdi(
         self, devices: Sequence[CdiDevice], uses: Sequence[DeviceUse], inventory: Inventory
@@ -156,7 +158,8 @@ class DraCaps:
             g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
         }
         limits = claim_limits(uses, physicals, self.capabilities, self.policy)
-        return with_limits(devices, limits), self.hook
+        hook = self.hook() if callable(self.hook) else self.hook
+        return with_limits(devices, limits), hook
 
 
 class DraDriver:

@@ -186,6 +186,17 @@ class CapsSettings:
     )
     """`MEMORY_CAPS_HOOK_PATH`: written into DRA claims' CDI specs only where it can work
     (cgroup v2, a capable GPU, the program there as the agent sees it); '' never."""
+    hook_seen_at: str = knob(
+        "",
+        "--memory-caps-hook-seen-at",
+        env="MEMORY_CAPS_HOOK_SEEN_AT",
+        help="Where the agent sees the hook program, when not at --memory-caps-hook-path.",
+    )
+    """`MEMORY_CAPS_HOOK_SEEN_AT`: the runtime runs the hook at `hook_path` on the host, but
+    a DaemonSet sees the host's files only where it mounts them. The chart mounts the hook's
+    host directory (not the file: a file's bind mount keeps the old inode when the toolkit
+    is upgraded, and cannot show the program appearing) elsewhere and names it here; ''
+    checks `hook_path` itself."""
 
 
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"

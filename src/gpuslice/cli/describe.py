@@ -102,10 +102,15 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
         console.print(f"[yellow]warning:[/yellow] {w}")
 
 
-def _protection(backend: GpuBackend, inventory: Inventory) -> dict[str, tuple[str, str]]:
+def _protection(
+    backend: GpuBackend, inventory: Inventory, cgroup_root: Path
+) -> dict[str, tuple[str, str]]:
     """Each GPU's memory protection as the agent on this node would find it: the driver's
-    limits call, MIG, cgroup v2 and root here; the caps and guard modes from the agent's
-    environment variables where set (`MEMORY_CAPS`, `MEMORY_GUARD`), else their defaults."""
+    limits call, MIG, cgroup v2, root and the pods' cgroups under `cgroup_root` (the
+    agent's `--cgroup-root`: run in the agent's pod, the chart's mount of the host's tree);
+    the caps and guard modes from the agent's environment variables where set
+    (`MEMORY_CAPS`, `MEMORY_GUARD`), else their defaults. A prediction: the agent reports a
+    GPU capped only once it has read limits back there."""
     caps_mode: CapsMode = "off" if os.environ.get("MEMORY_CAPS") == "off" else "auto"
     guard_mode = os.environ.get("MEMORY_GUARD") or "observe"
     limiter = memory_limiter_of(backend)
@@ -115,7 +120,7 @@ def _protection(backend: GpuBackend, inventory: Inventory) -> dict[str, tuple[st
             has_call = limiter.memory_limits_supported()
         except Exception:  # a probe must not fail describe
             has_call = False
-    node = node_capability()
+    node = node_capability(cgroup_root)
     capabilities: dict[str, GpuCapability] = {
         g.uuid: gpu_capability(
             g.uuid, mode=caps_mode, mig_enabled=g.mig_enabled,
@@ -172,6 +177,15 @@ _PROTECTION_WORDS = {
     help="With --claims: the agent's --consumable-shares (replicas, disabled, memory, "
     "unlimited or N).",
 )
+@click.option(
+    "--cgroup-root",
+    envvar="CGROUP_ROOT",
+    type=click.Path(path_type=Path),
+    default=Path("/sys/fs/cgroup"),
+    show_default=True,
+    help="The host's cgroup tree as the agent's --cgroup-root (CGROUP_ROOT) names it, "
+    "for whether memory caps can apply.",
+)
 @output_option
 @reports_errors
 def describe_command(
@@ -181,6 +195,7 @@ def describe_command(
     claims_file: Path | None,
     classes_file: Path | None,
     shares: str,
+    cgroup_root: Path,
     output: str,
 ) -> None:
     """Show what this node would advertise with a config, and what each replica gets.
@@ -199,7 +214,7 @@ def describe_command(
     backend = open_backend(node)
     try:
         view = plan_for(node, config_file, config_name, backend)
-        protection = _protection(backend, view.inventory)
+        protection = _protection(backend, view.inventory, cgroup_root)
     finally:
         backend.close()
     if claims_file is not None:

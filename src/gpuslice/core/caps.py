@@ -25,7 +25,7 @@ the MPS server enforces, and get no cap from gpuslice.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gpuslice.core.attribution import Assignment, Entitlement, entitlement_of
@@ -47,8 +47,10 @@ CapsMode = Literal["off", "auto"]
 """`auto`: cap wherever the GPU, the driver and the node allow it; `off`: never."""
 
 Protection = Literal["capped", "guarded", "none"]
-"""What holds a GPU's tenants to their memory: the driver (`capped`), the memory guard
-(`guarded`: it observes or enforces), or nothing."""
+"""What holds a GPU's tenants to their memory: the driver (`capped`: limits confirmed by
+reading them back), the memory guard (`guarded`: only when it enforces; a guard that
+observes stops nobody, so the bench loses as many pods under it as with none), or
+nothing."""
 
 Refusal = Literal[
     "caps-off",
@@ -57,12 +59,14 @@ Refusal = Literal[
     "driver-without-call",
     "cgroup-v1",
     "not-root",
+    "no-pod-cgroups",
     "nvml-error",
 ]
 """Why a GPU is not capped: caps turned off; a MIG GPU (NVML refuses MIG handles); a
 unified-memory GPU (no memory figure to split); a driver older than r615 (the function is
 missing); a node on cgroup v1 (the toolkit's hook fails there, and the limits are keyed by a
-cgroup v2 path); an agent that is not root; NVML failed the call."""
+cgroup v2 path); an agent that is not root; no pod's cgroup under `--cgroup-root` (the
+agent sees its own cgroup namespace, not the host's tree); NVML failed the call."""
 
 REFUSAL_TEXT: Mapping[Refusal, str] = {
     "caps-off": "memory caps are turned off (--memory-caps off)",
@@ -70,7 +74,9 @@ REFUSAL_TEXT: Mapping[Refusal, str] = {
     "unified-memory": "unified memory: NVML reports no GPU memory to split",
     "driver-without-call": "the driver has no nvmlDeviceSetMemoryLimits_v1 (needs r615+)",
     "cgroup-v1": "the node runs cgroup v1; memory limits need cgroup v2",
-    "not-root": "the agent is not root; setting memory limits needs root",
+    "not-root": "the agent is not root with CAP_SYS_ADMIN; setting memory limits needs it",
+    "no-pod-cgroups": "pods' cgroups not found under --cgroup-root (mount the host's "
+    "/sys/fs/cgroup there)",
     "nvml-error": "NVML failed to set or read a memory limit",
 }
 
@@ -105,12 +111,17 @@ class NodeCapability:
 
     cgroup_v2: bool
     root: bool
+    pod_cgroups: bool = True
+    """The kubelet's pod cgroups (`kubepods`) are under the cgroup root: false where the
+    root is the agent's own cgroup namespace, which holds no other pod."""
 
     def refusal(self) -> Refusal | None:
         if not self.cgroup_v2:
             return "cgroup-v1"
         if not self.root:
             return "not-root"
+        if not self.pod_cgroups:
+            return "no-pod-cgroups"
         return None
 
 
@@ -157,11 +168,20 @@ def gpu_capability(
 
 
 def protection(capability: GpuCapability | None, guard_mode: str) -> Protection:
-    """What holds a GPU's tenants to their share: the driver where it can, else the guard
-    when it runs (observe or enforce), else nothing."""
+    """What would hold a GPU's tenants to their share on its capability alone (`describe`,
+    which runs no caps loop): the driver where it can, else the guard where it enforces,
+    else nothing. The agent reports `gpu_protection` instead, which also asks whether
+    the limits were confirmed."""
     if capability is not None and capability.capable:
         return "capped"
-    return "guarded" if guard_mode in ("observe", "enforce") else "none"
+    return uncapped(guard_mode)
+
+
+def uncapped(guard_mode: str) -> Protection:
+    """The protection of a GPU the driver does not hold: the guard only where it enforces.
+    An observing guard reports and stops nobody (issue 40: the bench loses 3.8 % of pods
+    under observe, as with no guard), so it protects nothing."""
+    return "guarded" if guard_mode == "enforce" else "none"
 
 
 def limits_for(
@@ -320,14 +340,56 @@ def guarded(tenants: Iterable[Tenant], capped: Set[tuple[ContainerKey, str]]) ->
 
 @dataclass(frozen=True, slots=True)
 class CapsView:
-    """What the metrics, `describe` and `top` show of caps: the protection of each GPU (with
-    the reason it is not capped) and each capped container's limits as last read back."""
+    """What the metrics, `/status`, `describe` and `top` show of caps: the protection of
+    each GPU (with the reason it is not capped), each capped container's limits as last
+    read back, and why each container that should be capped is not (yet)."""
 
     protection: Mapping[str, tuple[Protection, str]]
     """GPU UUID -> (protection, why not capped: "" when capped)."""
     limits: Mapping[tuple[ContainerKey, str], MemoryLimits]
     windows_s: tuple[float, ...] = ()
     """Cgroup creation -> limits confirmed, per container and GPU the agent applied."""
+    pending: Mapping[tuple[ContainerKey, str], str] = field(default_factory=dict)
+    """(container, GPU) -> why its limits are not confirmed, for containers that should be
+    capped on a capable GPU (cgroup not found, NVML failed and retrying, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCaps:
+    """Where the caps loop stands on one GPU: whether it ever confirmed a limit there, and
+    why it cannot confirm one now ("" when nothing stands in the way)."""
+
+    confirmed_once: bool = False
+    blocked: str = ""
+
+
+NOT_CONFIRMED_YET = "no container's memory limits confirmed on this GPU yet"
+
+
+def gpu_protection(
+    capability: GpuCapability,
+    guard_mode: str,
+    state: GpuCaps | None,
+    pending: Iterable[str] = (),
+) -> tuple[Protection, str]:
+    """One GPU's protection as it holds now: `capped` only on a capable GPU whose limits
+    the agent has confirmed at least once, with nothing blocking it and no container on it
+    still uncapped; otherwise the guard (enforcing) or nothing, and the first reason.
+
+    `state` None asks about the capability alone (`describe`, before any agent ran)."""
+    if not capability.capable:
+        return uncapped(guard_mode), capability.reason
+    if state is None:
+        return "capped", ""
+    waiting = sorted(set(pending))
+    if state.blocked:
+        return uncapped(guard_mode), state.blocked
+    if waiting:
+        more = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
+        return uncapped(guard_mode), f"a container is not capped: {waiting[0]}{more}"
+    if not state.confirmed_once:
+        return uncapped(guard_mode), NOT_CONFIRMED_YET
+    return "capped", ""
 
 
 def caps_view(
@@ -335,12 +397,27 @@ def caps_view(
     guard_mode: str,
     limits: Mapping[tuple[ContainerKey, str], MemoryLimits],
     windows_s: Iterable[float] = (),
+    *,
+    gpus: Mapping[str, GpuCaps] | None = None,
+    pending: Mapping[tuple[ContainerKey, str], str] | None = None,
 ) -> CapsView:
+    """`gpus` None: the capability alone (what `describe` predicts); otherwise each GPU's
+    state in the caps loop, a GPU missing from it being one the loop never confirmed."""
+    waiting = dict(pending or {})
+    per_gpu: dict[str, list[str]] = {}
+    for (_, gpu), why in waiting.items():
+        per_gpu.setdefault(gpu, []).append(why)
     return CapsView(
         protection={
-            uuid: (protection(cap, guard_mode), cap.reason)
+            uuid: gpu_protection(
+                cap,
+                guard_mode,
+                None if gpus is None else gpus.get(uuid, GpuCaps()),
+                per_gpu.get(uuid, ()),
+            )
             for uuid, cap in sorted(capabilities.items())
         },
         limits=dict(limits),
         windows_s=tuple(windows_s),
+        pending=waiting,
     )

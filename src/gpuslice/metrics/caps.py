@@ -24,7 +24,8 @@ def caps_families(view: CapsView, gpu_index: Mapping[str, int | None]) -> list[M
     protection = GaugeMetricFamily(
         "gpuslice_gpu_memory_protection",
         "1 for the protection that holds this GPU's tenants to their memory: capped (the "
-        "driver's limits), guarded (the memory guard) or none; `reason` says why not capped.",
+        "driver's limits, read back), guarded (the memory guard, enforcing) or none; "
+        "`reason` says why not capped.",
         labels=["gpu", "UUID", "protection", "reason"],
     )
     soft = GaugeMetricFamily(

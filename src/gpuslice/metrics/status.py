@@ -96,8 +96,11 @@ def build_status(
             ent = u.entitlement
             share = None if ent.memory_bytes <= 0 else u.memory_used_bytes / ent.memory_bytes
             cap = None
+            waiting = None
             if caps is not None:
-                cap = caps.limits.get((ContainerKey(u.namespace, u.pod, u.container), u.gpu_uuid))
+                pair = (ContainerKey(u.namespace, u.pod, u.container), u.gpu_uuid)
+                cap = caps.limits.get(pair)
+                waiting = caps.pending.get(pair)
             pods.append(
                 {
                     "namespace": u.namespace,
@@ -123,6 +126,11 @@ def build_status(
                     "memory_hard_limit_bytes": None
                     if cap is None or cap.hard_bytes == LIMIT_MAX
                     else cap.hard_bytes,
+                    # Only limits read back count: a container is capped once the driver
+                    # returned its limits, and one that should be and is not says why.
+                    "memory_capped": cap is not None,
+                    "memory_capped_used_bytes": None if cap is None else cap.used_bytes,
+                    "memory_caps_reason": waiting,
                 }
             )
         unattributed = [

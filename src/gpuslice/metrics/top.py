@@ -92,17 +92,47 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
     return Group(*parts)
 
 
-def _pods_table(claims: bool) -> Table:
+def _pods_table(claims: bool, caps: bool = False) -> Table:
     """The pods table; a CLAIM column (DRA mode: the ResourceClaim behind the devices) only
-    when some holder is a claim, so the device-plugin mode's table is as it was."""
+    when some holder is a claim, so the device-plugin mode's table is as it was; the limits
+    read back (SOFT, HARD) and whether they hold (CAPS) when the daemon reports caps."""
     pods = Table(title="Pods", title_justify="left")
     for col in ("GPU", "NAMESPACE/POD", "CONTAINER"):
         pods.add_column(col)
     if claims:
         pods.add_column("CLAIM")
-    for col in ("SHARING", "MEMORY USED", "ENTITLED", "OF SHARE", "SM %", "SM SHARE", "PIDS"):
+    for col in ("SHARING", "MEMORY USED", "ENTITLED", "OF SHARE"):
+        pods.add_column(col)
+    if caps:
+        for col in ("SOFT", "HARD", "CAPS"):
+            pods.add_column(col)
+    for col in ("SM %", "SM SHARE", "PIDS"):
         pods.add_column(col)
     return pods
+
+
+def _limit(value: Any) -> str:
+    return "-" if value is None else _mib(int(value))
+
+
+def _caps_cells(p: Mapping[str, Any]) -> list[str | Text]:
+    """SOFT, HARD, CAPS of one container: the limits the driver returned, and `capped` or
+    why not (a container nobody caps, exclusive or MPS, shows `-`)."""
+    if p.get("memory_capped"):
+        hard = p.get("memory_hard_limit_bytes")
+        return [_limit(p.get("memory_soft_limit_bytes")), "max" if hard is None else _limit(hard),
+                "capped"]  # fmt: skip
+    reason = p.get("memory_caps_reason")
+    return ["-", "-", Text(f"not capped: {reason}", style="yellow") if reason else "-"]
+
+
+def _protection_cell(g: Mapping[str, Any]) -> str | Text:
+    """The GPU's protection, and why it is not capped when it is not."""
+    kind = g.get("memory_protection") or "-"
+    reason = g.get("memory_protection_reason")
+    if kind == "capped" or not reason:
+        return kind
+    return Text(f"{kind} (not capped: {reason})", style="" if kind == "guarded" else "yellow")
 
 
 def _per_gpu(g: Mapping[str, Any]) -> str:
@@ -172,13 +202,14 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             "-" if g.get("temperature_c") is None else f"{g['temperature_c']}C",
             "-" if g.get("power_w") is None else f"{g['power_w']:.0f}W",
             str(g["last_xid"]) if g.get("last_xid") else "-",
-            g.get("memory_protection") or "-",
+            _protection_cell(g),
         )
     parts.append(gpus)
 
     pod_docs = doc.get("pods", [])
     claims = any(p.get("claims") for p in pod_docs)
-    pods = _pods_table(claims)
+    caps = any(g.get("memory_protection") for g in doc.get("gpus", []))
+    pods = _pods_table(claims, caps)
     for p in pod_docs:
         share = p.get("memory_share_used")
         over = bool(p.get("over_share"))
@@ -195,6 +226,7 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             _mib(int(p["memory_used_bytes"])),
             _mib(int(p["memory_entitled_bytes"])),
             of_share,
+            *(_caps_cells(p) if caps else []),
             "-" if p.get("sm_util_percent") is None else f"{p['sm_util_percent']:.0f}",
             "-" if p.get("sm_share") is None else f"{100 * p['sm_share']:.0f}%",
             ",".join(str(x) for x in p.get("pids", [])) or "-",

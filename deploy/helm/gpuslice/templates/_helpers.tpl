@@ -111,9 +111,12 @@ readOnlyRootFilesystem: true
 runAsUser: 0
 capabilities:
   drop: ["ALL"]
-  {{- if and (eq .Values.memoryGuard.mode "enforce") (eq .Values.memoryGuard.action "kill") }}
-  # the memory guard signals other pods' GPU processes, which run as other users
-  add: ["KILL"]
+  {{- $kill := and (eq .Values.memoryGuard.mode "enforce") (eq .Values.memoryGuard.action "kill") }}
+  {{- $caps := eq (include "gpuslice.capsOn" .) "true" }}
+  {{- if or $kill $caps }}
+  # KILL: the memory guard signals other pods' GPU processes, which run as other users;
+  # SYS_ADMIN: memory caps (the driver's limits calls are for the administrator only)
+  add: [{{ if $kill }}"KILL"{{ end }}{{ if and $kill $caps }}, {{ end }}{{ if $caps }}"SYS_ADMIN"{{ end }}]
   {{- end }}
 seccompProfile:
   type: RuntimeDefault
@@ -203,4 +206,20 @@ than 0 is refused in gpuslice.validate.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+Memory caps on (memoryCaps.mode auto): the host's cgroup tree, CAP_SYS_ADMIN, the pods'
+assignments (PodResources) and names (list/watch Pods), and in DRA mode the hook's directory.
+*/}}
+{{- define "gpuslice.capsOn" -}}
+{{- eq (toString .Values.memoryCaps.mode) "auto" -}}
+{{- end }}
+
+{{/*
+Who reads which pod holds which GPU through the kubelet's PodResources socket: the metrics'
+per-pod attribution, the memory guard (any mode but off) and memory caps.
+*/}}
+{{- define "gpuslice.podResources" -}}
+{{- or .Values.metrics.enabled (ne .Values.memoryGuard.mode "off") (eq (include "gpuslice.capsOn" .) "true") -}}
 {{- end }}
