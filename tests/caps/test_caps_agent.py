@@ -24,14 +24,16 @@ from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.backends.simulated.nodespec import parse_spec
 from gpuslice.core.caps import (
     MIB,
+    CapPolicy,
+    GpuCapability,
     MemoryLimits,
     NodeCapability,
     cgroup_candidates,
-    guarded,
-    wanted_limits,
 )
 from gpuslice.core.config import parse_config
-from gpuslice.core.guard.model import ContainerKey, Tenant
+from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.protection import node_protection
+from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.ports import ContainerDevices
 
@@ -43,6 +45,16 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 """
+
+
+def wanted_limits(
+    held: list[ContainerDevices],
+    plan: Plan,
+    caps: dict[str, GpuCapability],
+    policy: CapPolicy,
+) -> dict[tuple[ContainerKey, str], MemoryLimits]:
+    """What the caps loop applies (`agent.caps.CapsService.round`)."""
+    return node_protection(plan, held, policy).limits(caps)
 
 
 def uid(n: int) -> str:
@@ -189,16 +201,7 @@ def test_an_nvml_error_is_logged_once_and_the_guard_takes_over(tmp_path: Path) -
     assert len(refused) == 1
     assert refused[0]["refusal"] == "nvml-error"
     assert applier.capabilities[gpu].refusal == "nvml-error"
-    assert applier.capped() == frozenset()
-    tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
-    assert guarded([tenant], applier.capped()) == [tenant]  # the guard watches it again
-
-
-def test_the_guard_steps_back_only_for_capped_pairs() -> None:
-    a = Tenant(key(1), "GPU-a", "time-slicing", 1, 2)
-    b = Tenant(key(2), "GPU-a", "time-slicing", 1, 2)
-    c = Tenant(key(1), "GPU-b", "time-slicing", 1, 2)
-    assert guarded([a, b, c], {(key(1), "GPU-a")}) == [b, c]
+    assert applier.readings() == {}  # nothing confirmed: the guard watches it again
 
 
 def test_mps_and_whole_gpus_get_no_cap() -> None:
@@ -219,7 +222,8 @@ def test_policy_sets_the_hard_limit(policy: str) -> None:
     inv = b.inventory()
     caps = gpu_capabilities(inv, b, ABLE, "auto")
     plan = build_plan(inv, parse_config(CONFIG))
-    [(_pair, lim)] = wanted_limits(assignments(b, (1, [0])), plan, caps, policy).items()  # type: ignore[arg-type]
+    held = assignments(b, (1, [0]))
+    [(_pair, lim)] = wanted_limits(held, plan, caps, policy).items()  # type: ignore[arg-type]
     total = inv.gpus[0].memory_mib * MIB
     assert lim.hard_bytes == (total // 4 if policy == "strict" else total)
 

@@ -2,12 +2,13 @@
 container's cgroup to its limits where no CDI hook did it before the container ran.
 
 Each round (the guard's poll, off the event loop: NVML and the cgroup filesystem block):
-the containers that should be capped (`core.caps.wanted_limits`, from the kubelet's
-PodResources and the plan) are looked up in the cgroup filesystem by pod UID and container
-ID (the pod watch gives both as soon as the container has started); each one's limits are
-read back with `nvmlDeviceGetMemoryLimits_v1` and set (or repaired) when missing or
-different, then read again. The *window*, from the container's cgroup being created (its
-directory's timestamp) to its limits being confirmed, is measured: it is the time a
+the containers that should be capped (`core.protection`: who holds what, from the
+kubelet's PodResources and the plan, and each container's part of its holder's limits)
+are looked up in the cgroup filesystem by pod UID and container ID (the pod watch gives
+both as soon as the container has started); each one's limits are read back with
+`nvmlDeviceGetMemoryLimits_v1` and set (or repaired) when missing or different, then read
+again. The *window*, from the container's cgroup being created (its directory's
+timestamp) to its limits being confirmed, is measured: it is the time a
 workload ran uncapped, which a CDI hook makes zero.
 
 A refusal (a driver without the call, MIG, an NVML error) takes the GPU out of caps for
@@ -39,11 +40,11 @@ from gpuslice.core.caps import (
     cgroup_candidates,
     check_outcome,
     gpu_capability,
-    wanted_limits,
 )
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.protection import node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
 from gpuslice.ports import MemoryLimiter, MemoryLimitsError, PodAssignments
@@ -311,7 +312,8 @@ class CapsService:
         if plan is None or self._assignments is None or not self.any_capable():
             return None
         held = await self._assignments.list_assignments()
-        wanted = wanted_limits(held, plan, self.applier.capabilities, self.policy)
+        protection = node_protection(plan, held, self.policy)
+        wanted = protection.limits(self.applier.capabilities)
         if not wanted:
             return None
         keys = {k for k, _ in wanted}

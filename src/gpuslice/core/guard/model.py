@@ -113,6 +113,10 @@ class Tenant:
     mode: GuardMode | None = None
     """Its holder's own mode (a DRA claim's GuardConfig `mode`); None: the node's. It can
     only lower the node's mode (`effective_mode`)."""
+    holder: str | None = None
+    """What reserved the memory it uses, when that is not the container alone: a DRA share
+    claim (`claim:<ns>/<name>`) several containers consume (`core.protection`). Tenants
+    with one holder on one GPU are held together to `share_bytes`, the holder's share."""
 
     @property
     def overrun_bytes(self) -> int:
@@ -239,3 +243,7 @@ class Decision:
     borrowing_growth_bytes_per_s: int = 0
     """How fast the containers over their share on this GPU grew since the previous poll; a
     reclaim with free memory still above the reserve is one projected to cross it."""
+    holder: str | None = None
+    """The claim whose share it consumes with other containers (`Tenant.holder`): then
+    `share_bytes` is the claim's, and `holder_used_bytes` what its consumers use together."""
+    holder_used_bytes: int | None = None
