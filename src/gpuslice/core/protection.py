@@ -124,7 +124,7 @@ def node_protection(
     for resource in plan.resources:
         for dev in resource.devices:
             devices[(resource.name, dev.id)] = dev
-    unreserved = _unreserved(plan)
+    unreserved = unreserved_memory(plan)
     held: dict[Pair, dict[tuple[str, str], AdvertisedDevice]] = {}
     for a in assignments:
         key = ContainerKey(a.namespace, a.pod, a.container)
@@ -149,8 +149,9 @@ def node_protection(
     return NodeProtection(tuple(holds), unreserved)
 
 
-def _unreserved(plan: Plan) -> dict[str, int]:
-    """GPU UUID -> its memory less what the shares on it reserved (each share once)."""
+def unreserved_memory(plan: Plan) -> dict[str, int]:
+    """GPU UUID -> its memory less what the shares on it reserved (each share once): the
+    most a share that reserved nothing may hold there."""
     total: dict[str, int] = {}
     reserved: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
