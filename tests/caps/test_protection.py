@@ -25,7 +25,12 @@ from gpuslice.core.guard import (
     evaluate,
 )
 from gpuslice.core.guard.policy import Evaluation
-from gpuslice.core.protection import guard_tenants, node_protection, unreserved_memory
+from gpuslice.core.protection import (
+    guard_tenants,
+    in_guard_view,
+    node_protection,
+    unreserved_memory,
+)
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     DeviceId,
@@ -248,3 +253,25 @@ def test_a_capped_container_over_its_hard_limit_stays_in_the_guards_view() -> No
         guard_tenants(attribute(held, plan, procs[1:], identities, uids), plan, confirmed=within)
         == ()
     )
+
+
+def test_memory_above_a_confirmed_cap_is_reclaimed_whatever_the_free_memory() -> None:
+    """Above its hard limit a pod may hold what the driver keeps back for the others' soft
+    limits, which NVML's free memory does not show: the guard stops it after the grace
+    though the GPU looks half empty. A claim's pods are held to the claim's hard limit
+    together: one over its part, the claim within, is left alone."""
+    capped = MemoryLimits(11517 * MIB, 11517 * MIB, 20000 * MIB)
+    jax = Tenant(key("jax"), GPU, "time-slicing", 11517 * MIB, 20000 * MIB, (7,))
+    [seen] = in_guard_view([jax], {(key("jax"), GPU): capped})
+    assert seen.hard_bytes == 11517 * MIB
+    ev = enforce((seen,), 20000)  # 26068 MiB free, far above the reserve
+    assert [(d.key.pod, d.reason) for d in ev.decisions if d.kind == "reclaim"] == [
+        ("jax", "over-cap")
+    ]
+    part = MemoryLimits(2048 * MIB, 2048 * MIB)
+    a = Tenant(key("a"), GPU, "time-slicing", 4096 * MIB, 3000 * MIB, (8,), holder="claim:ml/t")
+    b = Tenant(key("b"), GPU, "time-slicing", 4096 * MIB, 500 * MIB, (9,), holder="claim:ml/t")
+    confirmed = {(key("a"), GPU): part, (key("b"), GPU): part}
+    both = in_guard_view([a, b], confirmed)
+    assert [t.key.pod for t in both] == ["a", "b"]  # a is over its part: the claim in view
+    assert reclaimed(enforce(both, 3500)) == []

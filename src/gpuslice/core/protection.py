@@ -236,15 +236,30 @@ def guard_tenants(
             holder = None if hold.holder == str(t.key) else hold.holder
             t = replace(t, share_bytes=hold.soft_bytes, holder=holder)
         tenants.append(t)
-    if not confirmed:
-        return tuple(tenants)
+    return in_guard_view(tenants, confirmed or {})
+
+
+def in_guard_view(
+    tenants: Iterable[Tenant], confirmed: Mapping[Pair, MemoryLimits]
+) -> tuple[Tenant, ...]:
+    """The tenants the guard still watches: all but those the driver holds, a container
+    whose limits were confirmed (`confirmed`, with the memory its cgroup used) and which
+    uses no more than its hard limit, by NVML's process list or the read-back. One above
+    it keeps its holder in view: every consumer of that claim on that GPU, each with its
+    confirmed hard limit (`Tenant.hard_bytes`), which the guard holds them to as well."""
+    listed = list(tenants)
 
     def held_by_driver(t: Tenant) -> bool:
         limits = confirmed.get((t.key, t.gpu_uuid))
         if limits is None:
             return False
-        used = max(t.used_bytes, limits.used_bytes or 0)
-        return used <= limits.hard_bytes
+        return max(t.used_bytes, limits.used_bytes or 0) <= limits.hard_bytes
 
-    loose = {(t.holder or str(t.key), t.gpu_uuid) for t in tenants if not held_by_driver(t)}
-    return tuple(t for t in tenants if (t.holder or str(t.key), t.gpu_uuid) in loose)
+    loose = {(t.holder or str(t.key), t.gpu_uuid) for t in listed if not held_by_driver(t)}
+    out = []
+    for t in listed:
+        if (t.holder or str(t.key), t.gpu_uuid) not in loose:
+            continue
+        limits = confirmed.get((t.key, t.gpu_uuid))
+        out.append(t if limits is None else replace(t, hard_bytes=limits.hard_bytes))
+    return tuple(out)

@@ -16,7 +16,10 @@ the agent leaves it out of the guard's view. The policy turns that around:
   late and a reclaim waits out the grace, so without this a leak slower than reserve / poll
   interval could still cost a neighbour its memory;
 * a container within its share on a GPU is never chosen because of that GPU;
-* `strict` stops any container over its share once the overrun has lasted the grace;
+* `strict` stops any container over its share once the overrun has lasted the grace; so is
+  one that holds more than its confirmed hard limit (`Tenant.hard_bytes`: memory allocated
+  before its cap was set), whose excess may be what the driver holds back for the others'
+  soft limits, which free memory does not show;
 * a reclaimed container still holding memory after another grace is escalated (SIGKILL);
   while it is being stopped its memory counts as freed, so a slow exit does not pull in
   more victims.
@@ -209,6 +212,17 @@ def evaluate(
     def still_over(t: Tenant) -> bool:
         return overrun(t) - relieved.get(_holding(t), 0) > 0
 
+    holding_hard: dict[tuple[str, str], int] = {}
+    for h, ts in holdings.items():
+        hards = [t.hard_bytes for t in ts]
+        if all(x is not None for x in hards):
+            holding_hard[h] = sum(x for x in hards if x is not None)
+
+    def over_cap(t: Tenant) -> bool:
+        h = _holding(t)
+        hard = holding_hard.get(h)
+        return hard is not None and holding_used[h] - relieved.get(h, 0) > hard
+
     def reclaim(t: Tenant, reason: ReclaimReason) -> None:
         acts = mode(t) == "enforce"
         chosen.add(t.key)
@@ -224,6 +238,13 @@ def evaluate(
             # The node's observe mode reports the victims enforce would choose; a tenant
             # observing under a node that enforces frees nothing, so others still go.
             count_freed(t.key)
+
+    for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
+        pair = (t.key, t.gpu_uuid)
+        if t.key in chosen or pair not in over_since or not over_cap(t):
+            continue
+        if now - over_since[pair] >= params.grace_s:
+            reclaim(t, "over-cap")
 
     if params.strict:
         for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
