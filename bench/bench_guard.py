@@ -495,7 +495,7 @@ def main() -> None:
         "well-behaved pods ramp at up to 0.05 x each)"
     )
     print()
-    holder_rows(2 if args.quick else args.per_rate, args.seed)
+    holder_rows(4 if args.quick else args.per_rate, args.seed)
     caps_rows = [label for label, mode, *_ in modes if mode == "caps"]
     for label in caps_rows:
         print(

@@ -41,6 +41,7 @@ from gpuslice.core.sharing.model import (
     SharingStrategy,
 )
 from gpuslice.core.units import MIB
+from gpuslice.guard.enforcement import message
 from gpuslice.ports import ContainerDevices, GpuProcess
 
 GPU = "GPU-44444444-0000-0000-0000-000000000000"
@@ -135,6 +136,8 @@ def test_the_guard_holds_a_claims_pods_together_and_stops_its_largest() -> None:
     assert reclaimed(ev) == ["b"]
     [notice] = [d for d in ev.decisions if d.kind == "reclaim"]
     assert (notice.holder, notice.holder_used_bytes) == ("claim:ml/team", 12500 * MIB)
+    said = message(notice, "SIGTERM")
+    assert "claim ml/team's pods use 12500 MiB of the claim's 4096 MiB" in said, said
     assert {k.pod for k, _ in ev.over_share} == {"a", "b", "c"}
     # the same claim's pods within its 4 GiB together: nobody is over, whatever each uses
     within = {"a": 3000, "b": 500, "c": 400, "solo": 20480}
