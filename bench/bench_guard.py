@@ -379,7 +379,7 @@ def holder_rows(per_case: int, seed: int) -> None:
             lost, stopped, failed, over, wb = totals[r.label]
             print(
                 f"  {r.label:<52} well-behaved lost {lost:>3}/{wb:<3} stopped {stopped:>3}  "
-                f"own allocation failed {failed:>3}  holders left over their share {over:>3}"
+                f"own allocation failed {failed:>3}  still borrowing at the end {over:>3}"
             )
         print()
 
