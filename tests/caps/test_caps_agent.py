@@ -325,3 +325,60 @@ def test_a_request_above_the_limit_is_never_sent_and_told_once(tmp_path: Path) -
     assert b.memory_limit_calls == calls
     assert [e["event"] for e in logs] == ["caps-request-above-limit"]
     assert applier.capped() == frozenset()
+
+
+async def test_a_share_claims_memory_is_divided_among_the_pods_that_use_it(tmp_path: Path) -> None:
+    """The caps loop over a claims plan: one claim on a 12 GiB share of an L40S used by one
+    pod, then three, then one again. Its pods' limits together never exceed the claim's:
+    12 GiB, then 4 GiB each (repaired in place), then 12 GiB again (issue 40, item 5)."""
+    from gpuslice.agent.caps import CapsService, pod_containers
+    from gpuslice.core.cgroups import ContainerId, PodUid
+    from gpuslice.core.dra.claimplan import claims_plan
+    from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
+    from gpuslice.core.sharing.model import SharingStrategy
+    from gpuslice.k8s.pods import PodEntry
+
+    b = node("1xl40s")
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    use = DeviceUse("gpu-0", gpu, SharingStrategy.TIME_SLICING, 4, "s1", 12288)
+    claim = PreparedClaim("uid-1", "ml", "team", "PrepareCompleted", uses=(use,))
+    plan = claims_plan([claim], inv, "node")
+    paths = {n: make_cgroup(tmp_path, n) for n in (1, 2, 3)}
+    entries = [
+        PodEntry(PodUid(uid(n)), "ml", f"pod-{n}", ((ContainerId(cid(n)), "main"),))
+        for n in (1, 2, 3)
+    ]
+    kubelet = _Kubelet([])
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: plan,
+        assignments=kubelet,
+        pods=lambda: pod_containers(entries),
+        cgroup_root=tmp_path,
+    )
+
+    def use_claim(*pods: int) -> None:
+        kubelet.held = [
+            ContainerDevices("ml", f"pod-{n}", "main", "claim:ml/team", ("node/gpu-0/s1",))
+            for n in pods
+        ]
+
+    def hard(n: int) -> int:
+        return b.get_memory_limits(gpu, paths[n]).hard_bytes // MIB
+
+    use_claim(1)
+    await service.round()
+    assert hard(1) == 12288
+    use_claim(1, 2, 3)
+    r = await service.round()
+    assert r is not None
+    assert (r.set, r.repaired) == (2, 1)
+    assert [hard(n) for n in (1, 2, 3)] == [4096, 4096, 4096]
+    use_claim(1)
+    r = await service.round()
+    assert r is not None
+    assert r.repaired == 1
+    assert hard(1) == 12288

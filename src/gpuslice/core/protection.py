@@ -38,7 +38,7 @@ the other consumers of its holder.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpuslice.core.attribution import (
     Assignment,
@@ -91,12 +91,12 @@ class NodeProtection:
     unreserved: Mapping[str, int]
     """GPU UUID -> the memory no share on it reserved (what a share that reserved nothing
     may hold at most)."""
+    by_consumer: Mapping[Pair, Hold] = field(default_factory=dict)
+    """(container, GPU) -> the hold it is a consumer of (the guard asks once per tenant and
+    poll)."""
 
     def hold_of(self, key: ContainerKey, gpu_uuid: str) -> Hold | None:
-        for hold in self.holds:
-            if hold.gpu_uuid == gpu_uuid and key in hold.consumers:
-                return hold
-        return None
+        return self.by_consumer.get((key, gpu_uuid))
 
     def limits(self, capabilities: Mapping[str, GpuCapability]) -> dict[Pair, MemoryLimits]:
         """(container, GPU) -> the limits the driver should hold it to, on capable GPUs.
@@ -146,7 +146,8 @@ def node_protection(
     for (holder, gpu, ids), consumers in groups.items():
         devs = [devices[i] for i in sorted(ids)]
         holds.append(_hold(holder, gpu, devs, tuple(consumers), unreserved.get(gpu, 0), policy))
-    return NodeProtection(tuple(holds), unreserved)
+    by_consumer = {(key, h.gpu_uuid): h for h in holds for key in h.consumers}
+    return NodeProtection(tuple(holds), unreserved, by_consumer)
 
 
 def unreserved_memory(plan: Plan) -> dict[str, int]:
