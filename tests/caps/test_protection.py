@@ -8,6 +8,8 @@ view (item 2)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuslice.core.attribution import Attribution, attribute
 from gpuslice.core.caps import GpuCapability, MemoryLimits
 from gpuslice.core.cgroups import CgroupIdentity, ContainerId, PodUid
@@ -28,6 +30,7 @@ from gpuslice.core.guard.policy import Evaluation
 from gpuslice.core.protection import (
     guard_tenants,
     in_guard_view,
+    mechanism,
     node_protection,
     unreserved_memory,
 )
@@ -278,3 +281,16 @@ def test_memory_above_a_confirmed_cap_is_reclaimed_whatever_the_free_memory() ->
     both = in_guard_view([a, b], confirmed)
     assert [t.key.pod for t in both] == ["a", "b"]  # a is over its part: the claim in view
     assert reclaimed(enforce(both, 3500)) == []
+
+
+def test_what_holds_each_holder() -> None:
+    """Per holder, the mechanism that holds it and why not the driver: observing is not
+    holding, an MPS share is its server's, a whole GPU needs nothing."""
+    plan = share_plan({"team": 4096})
+    [hold] = node_protection(plan, consumers(plan, {"a": "team"}), "strict").holds
+    old = GpuCapability(GPU, "driver-without-call")
+    assert mechanism(hold, CAPABLE[GPU], "observe") == ("caps", "")
+    assert mechanism(hold, old, "enforce") == ("guard", old.reason)
+    assert mechanism(hold, old, "observe") == ("none", old.reason)
+    assert mechanism(replace(hold, kind="mps"), old, "off") == ("mps-server", "")
+    assert mechanism(replace(hold, kind="exclusive"), old, "off") == ("own-memory", "")

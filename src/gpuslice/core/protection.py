@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from gpuslice.core.attribution import (
     Assignment,
@@ -114,6 +115,27 @@ class NodeProtection:
             for key in hold.consumers:
                 out[(key, hold.gpu_uuid)] = hold.each()
         return dict(sorted(out.items()))
+
+
+Mechanism = Literal["caps", "mps-server", "guard", "own-memory", "none"]
+"""What holds a holder to its memory: the driver's limits (`caps`), its MPS server's pinned
+limit (`mps-server`), the enforcing memory guard (`guard`), nothing to hold (`own-memory`: a
+MIG device or a whole GPU, nobody shares it), or nothing (`none`)."""
+
+
+def mechanism(
+    hold: Hold, capability: GpuCapability | None, guard_mode: str
+) -> tuple[Mechanism, str]:
+    """What holds `hold` to its limits on its GPU, and why not the driver where it is not.
+    Observing is not holding: only an enforcing guard counts."""
+    if hold.kind in ("exclusive", "mig"):
+        return "own-memory", ""
+    if hold.kind == "mps":
+        return "mps-server", ""
+    if capability is not None and capability.capable and hold.whole_gpus:
+        return "caps", ""
+    why = capability.reason if capability is not None else "no caps capability known"
+    return ("guard" if guard_mode == "enforce" else "none"), why
 
 
 def node_protection(
