@@ -54,7 +54,7 @@ def _scope(root: Path, uid: str, cid: str) -> str:
 
 
 async def _run(
-    sock_dir: Path, driver: str, leak: str = "held"
+    sock_dir: Path, driver: str, leak: str = "held", events: list[str] | None = None
 ) -> tuple[str, int | None, dict[str, Any]]:
     """(the last scrape, the leaker's return code or None while it runs, `/status`).
     `leak`: `held` (28000 MiB in its cgroup, whatever its limits) or `grows` (a growing
@@ -117,6 +117,8 @@ async def _run(
                     stamp = _stamp(text)
                     text = await wait_scrape(port, lambda t: _stamp(t) >= stamp + 2.0, "2 s on")
                     status = await asyncio.to_thread(_status, port)
+                    if events is not None:
+                        events.extend(f"{e['reason']}: {e['message']}" for e in api.events("ml"))
                     return text, children["leaker"].poll(), status
     finally:
         for c in children.values():
@@ -169,9 +171,14 @@ async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir
 async def test_a_capped_pod_over_its_cap_is_stopped_as_on_a_driver_without_caps(
     sock_dir: Path,
 ) -> None:
-    text, leaker, status = await _run(sock_dir, "615.20", leak="held")
+    events: list[str] = []
+    text, leaker, status = await _run(sock_dir, "615.20", leak="held", events=events)
     assert status["gpus"][0]["memory_protection"] == "capped"
     assert leaker == -signal.SIGTERM
+    said = [e for e in events if "uses 28000 MiB" in e]
+    kinds = [e.split(":", 1)[0] for e in said]
+    assert kinds[:2] == ["GPUMemoryOverShare", "GPUMemoryReclaimed"], said
+    assert "reclaimed (over-cap)" in said[1], said
     reclaims = samples(text, "gpuslice_memory_guard_decisions_total")
     assert [v for lbl, v in reclaims if lbl["kind"] == "reclaim" and lbl["enforced"] == "true"]
     used = {lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_memory_capped_used_bytes")}
