@@ -23,6 +23,11 @@ Figures, all in one run:
   the same scenarios: well-behaved pods lost, pods stopped by the agent, and leakers whose
   own allocation failed. The driver's limits are the simulator's model of NVIDIA's
   documented semantics (`core.gpumemory`), not measured on a GPU.
+* issue 40's cases, each with caps and with the guard, the shares and limits from the real
+  policy (`core.protection`): a JAX-like pod preallocating 75 % of the GPU inside the
+  device-plugin window (caps applied a poll after it starts), three pods on one share
+  claim, and `--consumable-shares unlimited` (claims that reserved no memory beside one
+  that did), against NVIDIA's limits and the per-pod reading that came before.
 
     .venv/bin/python bench/bench_guard.py            # 40 scenarios per rate (~1 min)
     .venv/bin/python bench/bench_guard.py --quick    # 4 per rate (a smoke run)
