@@ -44,7 +44,7 @@ from gpuslice.core.caps import (
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
-from gpuslice.core.protection import node_protection
+from gpuslice.core.protection import NodeProtection, node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
 from gpuslice.ports import MemoryLimiter, MemoryLimitsError, PodAssignments
@@ -303,6 +303,8 @@ class CapsService:
         self._proc = proc_root
         self.interval_s = interval_s
         self.rounds = 0
+        self.protection: NodeProtection | None = None
+        """Who held what at the last round (`core.protection`), for what is reported."""
 
     def any_capable(self) -> bool:
         return any(c.capable for c in self.applier.capabilities.values())
@@ -313,6 +315,7 @@ class CapsService:
             return None
         held = await self._assignments.list_assignments()
         protection = node_protection(plan, held, self.policy)
+        self.protection = protection
         wanted = protection.limits(self.applier.capabilities)
         if not wanted:
             return None
