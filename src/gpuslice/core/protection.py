@@ -44,9 +44,9 @@ from typing import Literal
 from gpuslice.core.attribution import (
     Assignment,
     Attribution,
-    Entitlement,
     EntitlementKind,
     entitlement_of,
+    sum_entitlements,
 )
 from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits
 from gpuslice.core.guard.model import ContainerKey, GuardMode, Tenant
@@ -190,9 +190,6 @@ def unreserved_memory(plan: Plan) -> dict[str, int]:
     return {gpu: max(0, t - reserved.get(gpu, 0)) for gpu, t in total.items()}
 
 
-_KIND_ORDER: dict[EntitlementKind, int] = {"mig": 3, "mps": 2, "time-slicing": 1, "exclusive": 0}
-
-
 def _hold(
     holder: str,
     gpu: str,
@@ -201,11 +198,11 @@ def _hold(
     unreserved: int,
     policy: CapPolicy,
 ) -> Hold:
-    entitlements: list[Entitlement] = [entitlement_of(d, None) for d in devs]
-    kind = max((e.kind for e in entitlements), key=_KIND_ORDER.__getitem__)
+    entitlement = sum_entitlements([entitlement_of(d, None) for d in devs])
+    kind = entitlement.kind
     whole = all(d.physical.kind == "gpu" for d in devs)
     total = devs[0].physical.memory_mib * MIB if whole else 0
-    soft = sum(e.memory_bytes for e in entitlements)
+    soft = entitlement.memory_bytes
     if total > 0:
         soft = max(0, min(soft, total))
     reserved_nothing = soft == 0 and all(d.entitlement_mib == 0 for d in devs)
