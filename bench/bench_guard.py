@@ -23,6 +23,11 @@ Figures, all in one run:
   the same scenarios: well-behaved pods lost, pods stopped by the agent, and leakers whose
   own allocation failed. The driver's limits are the simulator's model of NVIDIA's
   documented semantics (`core.gpumemory`), not measured on a GPU.
+* issue 40's cases, each with caps and with the guard, the shares and limits from the real
+  policy (`core.protection`): a JAX-like pod preallocating 75 % of the GPU inside the
+  device-plugin window (caps applied a poll after it starts), three pods on one share
+  claim, and `--consumable-shares unlimited` (claims that reserved no memory beside one
+  that did), against NVIDIA's limits and the per-pod reading that came before.
 
     .venv/bin/python bench/bench_guard.py            # 40 scenarios per rate (~1 min)
     .venv/bin/python bench/bench_guard.py --quick    # 4 per rate (a smoke run)
@@ -37,8 +42,21 @@ from dataclasses import dataclass
 
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.core.caps import CapPolicy
-from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
+from gpuslice.core.devices import Gpu, GpuUuid
+from gpuslice.core.guard import ContainerKey, GuardParams, Reserve, lookahead_for
+from gpuslice.core.protection import node_protection
+from gpuslice.core.sharing.model import (
+    AdvertisedDevice,
+    DeviceId,
+    PhysicalDevice,
+    Plan,
+    ResourceName,
+    ResourcePlan,
+    SharingStrategy,
+)
+from gpuslice.core.units import MIB
 from gpuslice.demo.guardsim import SimPod, SimResult, simulate
+from gpuslice.ports import ContainerDevices
 
 GPUS = (("T4", 15360), ("A10", 23028), ("L40S", 46068), ("H100", 81559))
 MULTIPLES = (0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0)
@@ -122,6 +140,253 @@ def run(
         first_poll_s=phase,
         caps=caps,
     )
+
+
+# -- issue 40: who holds what (core.protection), with caps and with the guard --------------
+
+GPU = "GPU-sim-0"
+WINDOW_S = INTERVAL_S
+"""The device-plugin window: the agent applies a container's limits at its next round."""
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    mode: str
+    grace_s: float
+    caps: CapPolicy | None
+    limits: str = "policy"
+    """`policy`: each pod's share and limits from `core.protection`; `nvidia`: what NVIDIA's
+    driver gives (a share that reserved nothing: soft = hard = the GPU); `per-pod`: each
+    consumer of a claim as if it held the claim alone (before issue 40)."""
+    window_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClaimPod:
+    name: str
+    claim: str
+    allocation: Allocation
+    start_s: float
+    well_behaved: bool
+
+
+def share_pods(
+    total: int, claims: dict[str, int], pods: list[ClaimPod], policy: CapPolicy, limits: str
+) -> tuple[SimPod, ...]:
+    """The pods of one GPU offered as consumable shares, each claim reserving `claims[c]`
+    MiB (0: nothing), their shares and limits from the real policy."""
+    gpu = Gpu(0, GpuUuid(GPU), "sim", total, 100, (9, 0), "0:0:0.0", 0)
+    phys = PhysicalDevice.of_gpu(gpu)
+    resources = []
+    for n, (claim, mib) in enumerate(claims.items()):
+        name = ResourceName(f"claim:ml/{claim}")
+        dev = AdvertisedDevice(DeviceId(f"node/gpu-0/s{n}"), phys, 0, 1, None, mib)
+        resources.append(ResourcePlan(name, name, SharingStrategy.TIME_SLICING, False, (dev,)))
+    plan = Plan(tuple(resources))
+    ids = {str(r.name): r.devices[0].id for r in plan.resources}
+    held = [
+        ContainerDevices(
+            "default", p.name, "main", f"claim:ml/{p.claim}", (ids[f"claim:ml/{p.claim}"],)
+        )
+        for p in pods
+    ]
+    protection = node_protection(plan, held, policy)
+    out = []
+    for p in pods:
+        hold = protection.hold_of(ContainerKey("default", p.name, "main"), GPU)
+        assert hold is not None
+        each = hold.each()
+        share, soft, hard = hold.soft_bytes, each.soft_bytes, each.hard_bytes
+        holder: str | None = hold.holder
+        if limits == "nvidia" and claims[p.claim] == 0:
+            share = soft = hard = total * MIB  # NVIDIA's: the whole GPU, soft and hard
+        if limits == "per-pod":
+            soft, hard = share, (share if policy == "strict" else total * MIB)
+            holder = None
+        out.append(
+            SimPod(
+                p.name,
+                p.allocation,
+                p.start_s,
+                well_behaved=p.well_behaved,
+                share_mib=share // MIB,
+                soft_mib=soft // MIB,
+                hard_mib=hard // MIB,
+                holder=holder if len(hold.consumers) > 1 else None,
+            )
+        )
+    return tuple(out)
+
+
+def window_case(rng: random.Random) -> tuple[int, int, tuple[SimPod, ...]]:
+    """Item 2: device-plugin replicas; one pod preallocates 75 % of the GPU at its first
+    call (JAX's default), inside the window before the agent's caps land."""
+    _name, total = rng.choice(GPUS)
+    n = rng.randint(3, 6)
+    share = total // n
+    reserve = RESERVE.of(total)
+    pods = [SimPod("jax", Allocation(start_mib=int(0.75 * total)), rng.uniform(0, 20), 1, False)]
+    for i in range(n - 1):
+        target = int(rng.uniform(0.5, 0.9) * share)
+        ramp = rng.uniform(0.01, 0.05) * reserve / INTERVAL_S
+        first = min(int(rng.uniform(0.05, 0.5) * reserve), target)
+        alloc = Allocation(start_mib=first, rate_mib_s=ramp, target_mib=target)
+        pods.append(SimPod(f"steady-{i}", alloc, rng.uniform(0, 40)))
+    return total, n, tuple(pods)
+
+
+def team_case(rng: random.Random) -> tuple[int, dict[str, int], list[ClaimPod]]:
+    """Item 5: a claim of a quarter of the GPU used by three pods, each growing to 80 % of
+    it (each alone within it, together 2.4 times it), beside three claims of a quarter
+    with one well-behaved pod each."""
+    _name, total = rng.choice(GPUS)
+    quarter = total // 4
+    reserve = RESERVE.of(total)
+    claims = {"team": quarter, **{f"c{i}": quarter for i in range(3)}}
+    pods = []
+    for i in range(3):
+        grow = Allocation(
+            start_mib=int(0.1 * quarter),
+            rate_mib_s=rng.uniform(0.05, 0.5) * reserve / INTERVAL_S,
+            target_mib=int(0.8 * quarter),
+        )
+        pods.append(ClaimPod(f"team-{i}", "team", grow, rng.uniform(0, 10), False))
+    for i in range(3):
+        target = int(rng.uniform(0.5, 0.9) * quarter)
+        ramp = rng.uniform(0.01, 0.05) * reserve / INTERVAL_S
+        alloc = Allocation(
+            start_mib=min(int(0.2 * reserve), target), rate_mib_s=ramp, target_mib=target
+        )
+        pods.append(ClaimPod(f"steady-{i}", f"c{i}", alloc, rng.uniform(0, 40), True))
+    return total, claims, pods
+
+
+def unlimited_case(rng: random.Random) -> tuple[int, dict[str, int], list[ClaimPod]]:
+    """Item 6: `--consumable-shares unlimited`: one claim reserved 45 % of the GPU and
+    starts late, two reserved nothing and leak from the start."""
+    _name, total = rng.choice(GPUS)
+    sized = int(0.45 * total)
+    reserve = RESERVE.of(total)
+    claims = {"sized": sized, "free-0": 0, "free-1": 0}
+    pods = []
+    for i in range(2):
+        leak = Allocation(
+            start_mib=int(0.05 * total), rate_mib_s=rng.uniform(0.25, 2.0) * reserve / INTERVAL_S
+        )
+        pods.append(ClaimPod(f"free-{i}", f"free-{i}", leak, rng.uniform(0, 5), False))
+    target = int(rng.uniform(0.6, 0.95) * sized)
+    alloc = Allocation(start_mib=int(0.5 * target), rate_mib_s=0.05 * reserve, target_mib=target)
+    pods.append(ClaimPod("sized", "sized", alloc, rng.uniform(10, 30), True))
+    return total, claims, pods
+
+
+def over_at_end(r: SimResult, pods: tuple[SimPod, ...], total: int) -> int:
+    """Holders (a claim's pods together, else a pod) still running above their share."""
+    used: dict[str, int] = {}
+    share: dict[str, int] = {}
+    for p in pods:
+        if r.fates.get(p.name) != "running":
+            continue
+        holder = p.holder or p.name
+        used[holder] = used.get(holder, 0) + r.last_used_mib.get(p.name, 0)
+        share[holder] = p.share_mib if p.share_mib is not None else total
+    return sum(1 for h in used if used[h] > share[h])
+
+
+def holder_rows(per_case: int, seed: int) -> None:
+    """Issue 40's cases, each row the same scenarios: well-behaved pods lost, pods stopped,
+    pods over their share whose own allocation failed, holders left over their share."""
+    cases: dict[str, tuple[Row, ...]] = {
+        "allocation inside the device-plugin window (JAX 75 % at its first call)": (
+            Row("off (NVIDIA's behaviour)", "off", 0.0, None),
+            Row("caps strict, 1 s window, guard off", "off", 0.0, "strict", window_s=WINDOW_S),
+            Row(
+                "caps strict, 1 s window, enforce grace 0",
+                "enforce",
+                0.0,
+                "strict",
+                window_s=WINDOW_S,
+            ),
+            Row(
+                f"caps strict, 1 s window, enforce grace {DEFAULT_GRACE_S:g} s",
+                "enforce",
+                DEFAULT_GRACE_S,
+                "strict",
+                window_s=WINDOW_S,
+            ),
+            Row("guard only, enforce grace 0", "enforce", 0.0, None),
+        ),
+        "one share claim, three pods": (
+            Row("off", "off", 0.0, None),
+            Row(
+                "enforce grace 0, each pod its claim's share (before)",
+                "enforce",
+                0.0,
+                None,
+                "per-pod",
+            ),
+            Row("enforce grace 0, the claim one holder", "enforce", 0.0, None),
+            Row(
+                "caps strict, each pod its claim's share (before)", "off", 0.0, "strict", "per-pod"
+            ),
+            Row("caps strict, the claim's memory divided", "off", 0.0, "strict"),
+            Row("caps strict divided + enforce grace 0", "enforce", 0.0, "strict"),
+        ),
+        "--consumable-shares unlimited (two claims reserved nothing)": (
+            Row("off", "off", 0.0, None),
+            Row("caps, NVIDIA's limits (soft = hard = GPU)", "off", 0.0, "strict", "nvidia"),
+            Row("caps strict (soft 0, hard = unreserved)", "off", 0.0, "strict"),
+            Row("enforce grace 0, NVIDIA's share (the GPU)", "enforce", 0.0, None, "nvidia"),
+            Row("enforce grace 0, share 0", "enforce", 0.0, None),
+            Row("caps strict + enforce grace 0", "enforce", 0.0, "strict"),
+        ),
+    }
+    rng = random.Random(seed)
+    for title, rows in cases.items():
+        totals = {r.label: [0, 0, 0, 0, 0] for r in rows}  # lost, stopped, failed, over, wb
+        overrunners = 0
+        for _ in range(per_case):
+            phase = rng.uniform(0, INTERVAL_S)
+            if title.startswith("allocation"):
+                total, n, plain = window_case(rng)
+                variants = {r.label: (n, plain) for r in rows}
+            else:
+                make = team_case if title.startswith("one share") else unlimited_case
+                total, claims, cpods = make(rng)
+                variants = {
+                    r.label: (1, share_pods(total, claims, cpods, r.caps or "strict", r.limits))
+                    for r in rows
+                }
+            overrunners += sum(1 for p in next(iter(variants.values()))[1] if not p.well_behaved)
+            for r in rows:
+                n, pods = variants[r.label]
+                params = GuardParams(
+                    mode=r.mode,  # type: ignore[arg-type]
+                    reserve=RESERVE,
+                    grace_s=r.grace_s,
+                    lookahead_s=LOOKAHEAD_S if r.mode == "enforce" else 0.0,
+                )
+                res = simulate(
+                    total, n, pods, params, interval_s=INTERVAL_S, until_s=UNTIL_S,
+                    exit_s=EXIT_S, first_poll_s=phase, caps=r.caps, caps_after_s=r.window_s,
+                )  # fmt: skip
+                t = totals[r.label]
+                t[0] += len(res.lost(pods))
+                t[1] += res.stopped()
+                t[2] += sum(
+                    1 for p in pods if not p.well_behaved and res.fates[p.name] in ("capped", "oom")
+                )
+                t[3] += over_at_end(res, pods, total)
+                t[4] += sum(1 for p in pods if p.well_behaved)
+        print(f"{title} ({per_case} scenarios, {overrunners} pods over their share):")
+        for r in rows:
+            lost, stopped, failed, over, wb = totals[r.label]
+            print(
+                f"  {r.label:<52} well-behaved lost {lost:>3}/{wb:<3} stopped {stopped:>3}  "
+                f"own allocation failed {failed:>3}  still borrowing at the end {over:>3}"
+            )
+        print()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -234,6 +499,8 @@ def main() -> None:
         f"the borrowers' growth {LOOKAHEAD_S:g} s beyond the grace ahead of the crossing; "
         "well-behaved pods ramp at up to 0.05 x each)"
     )
+    print()
+    holder_rows(4 if args.quick else args.per_rate, args.seed)
     caps_rows = [label for label, mode, *_ in modes if mode == "caps"]
     for label in caps_rows:
         print(

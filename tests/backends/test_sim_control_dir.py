@@ -145,3 +145,66 @@ def test_mig_command_changes_mode_and_layout_live(sim: SimulatedBackend, tmp_pat
     assert len(ctl.rejected()) == 2
     assert inv.gpus[2].mig_devices == ()
     assert not inv.gpus[0].mig_enabled
+
+
+CG = "/sys/fs/cgroup/kubepods.slice/kubepods-pod1.slice/cri-containerd-a.scope"
+
+
+def limits_sim(tmp_path: Path) -> SimulatedBackend:
+    node = tmp_path / "node.yaml"
+    node.write_text('driverVersion: "615.20"\ngpus:\n  - model: l40s\n')
+    backend = open_backend(str(node), control_dir=tmp_path / "ctl")
+    assert isinstance(backend, SimulatedBackend)
+    return backend
+
+
+def test_limits_and_used_memory_are_driven_from_outside(tmp_path: Path) -> None:
+    """A test outside the agent's process makes the two cases the agent's read-back must
+    catch: a container holding more than its hard limit (it allocated before the limit was
+    set), and limits someone else changed or cleared; `used` is the cgroup's memory."""
+    sim = limits_sim(tmp_path)
+    try:
+        ctl = ControlDir(tmp_path / "ctl")
+        uuid = sim.inventory().gpus[0].uuid
+        ctl.add_process(7, 0, used_memory_mib=30000, cgroup=CG)
+        ctl.add_process(8, 0, used_memory_mib=500)  # in no cgroup: charged to none
+        ctl.set_limits(0, CG, soft_mib=11517, hard_mib=11517)
+        got = sim.get_memory_limits(uuid, CG)
+        assert (got.soft_bytes, got.hard_bytes) == (11517 * MIB, 11517 * MIB)
+        assert got.used_bytes == 30000 * MIB
+        ctl.add_process(7, 0, used_memory_mib=9000, cgroup=CG)  # it freed some
+        assert sim.get_memory_limits(uuid, CG).used_bytes == 9000 * MIB
+        ctl.set_limits(0, CG, soft_mib=0, hard_mib=None)
+        got = sim.get_memory_limits(uuid, CG)
+        assert got.cleared
+        ctl.set_limits(0, CG, soft_mib=100, hard_mib=200)
+        ctl.clear_limits(0, CG)
+        assert sim.get_memory_limits(uuid, CG).cleared
+        assert sim.memory_limit_calls == 4  # the test's own reads; none of its writes
+        ctl.set_limits(0, CG, soft_mib=100, hard_mib=200)
+        ctl.cgroup_removed(CG)
+        assert sim.get_memory_limits(uuid, CG).cleared
+        assert ctl.rejected() == []
+        ctl.send({"kind": "set_limits", "gpu": 0, "cgroup": "", "softMiB": 1, "hardMiB": 1})
+        ctl.send({"kind": "set_limits", "gpu": 0, "cgroup": CG, "softMiB": -1, "hardMiB": 1})
+        ctl.send({"kind": "clear_limits", "gpu": 0})
+        sim.processes()
+        assert len(ctl.rejected()) == 3
+    finally:
+        sim.close()
+
+
+def test_a_grower_in_a_cgroup_fails_at_the_hard_limit_set_from_outside(tmp_path: Path) -> None:
+    sim = limits_sim(tmp_path)
+    try:
+        ctl = ControlDir(tmp_path / "ctl")
+        uuid = sim.inventory().gpus[0].uuid
+        ctl.set_limits(0, CG, soft_mib=1000, hard_mib=1000)
+        ctl.grow_process(9, 0, start_mib=4000, cgroup=CG)
+        sim.processes()
+        [(gpu, death)] = sim.oom_deaths()
+        assert (gpu, death.pid, death.reason) == (uuid, 9, "hard-limit")
+        ctl.grow_process(10, 0, start_mib=800, cgroup=CG)
+        assert sim.get_memory_limits(uuid, CG).used_bytes == 800 * MIB
+    finally:
+        sim.close()

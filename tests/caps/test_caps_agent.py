@@ -27,16 +27,18 @@ from gpuslice.backends.simulated.nodespec import parse_spec
 from gpuslice.core.caps import (
     MIB,
     NOT_CONFIRMED_YET,
+    CapPolicy,
+    GpuCapability,
     GpuCaps,
     MemoryLimits,
     NodeCapability,
     caps_view,
     cgroup_candidates,
-    guarded,
-    wanted_limits,
 )
 from gpuslice.core.config import parse_config
 from gpuslice.core.guard.model import ContainerKey, Tenant
+from gpuslice.core.protection import in_guard_view, node_protection
+from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.ports import ContainerDevices, MemoryLimitsError
 
@@ -48,6 +50,16 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 """
+
+
+def wanted_limits(
+    held: list[ContainerDevices],
+    plan: Plan,
+    caps: dict[str, GpuCapability],
+    policy: CapPolicy,
+) -> dict[tuple[ContainerKey, str], MemoryLimits]:
+    """What the caps loop applies (`agent.caps.CapsService.round`)."""
+    return node_protection(plan, held, policy).limits(caps)
 
 
 def uid(n: int) -> str:
@@ -239,7 +251,8 @@ def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: P
     assert applier.capabilities[gpu].capable  # not refused for life
     assert applier.capped() == frozenset()
     tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
-    assert guarded([tenant], applier.capped()) == [tenant]  # the guard watches it meanwhile
+    # the guard watches it meanwhile
+    assert in_guard_view([tenant], applier.readings()) == (tenant,)
     assert "NVML failed" in applier.pending()[(key(1), gpu)]
     assert "NVML failed" in applier.gpu_states()[gpu].blocked
     now[0] += 1.0
@@ -323,13 +336,6 @@ def test_a_container_without_its_cgroup_says_so_and_the_gpu_is_not_capped(
     assert done.protection[gpu] == ("capped", "")
 
 
-def test_the_guard_steps_back_only_for_capped_pairs() -> None:
-    a = Tenant(key(1), "GPU-a", "time-slicing", 1, 2)
-    b = Tenant(key(2), "GPU-a", "time-slicing", 1, 2)
-    c = Tenant(key(1), "GPU-b", "time-slicing", 1, 2)
-    assert guarded([a, b, c], {(key(1), "GPU-a")}) == [b, c]
-
-
 def test_mps_and_whole_gpus_get_no_cap() -> None:
     b = node("2xl40s")
     inv = b.inventory()
@@ -348,7 +354,8 @@ def test_policy_sets_the_hard_limit(policy: str) -> None:
     inv = b.inventory()
     caps = gpu_capabilities(inv, b, ABLE, "auto")
     plan = build_plan(inv, parse_config(CONFIG))
-    [(_pair, lim)] = wanted_limits(assignments(b, (1, [0])), plan, caps, policy).items()  # type: ignore[arg-type]
+    held = assignments(b, (1, [0]))
+    [(_pair, lim)] = wanted_limits(held, plan, caps, policy).items()  # type: ignore[arg-type]
     total = inv.gpus[0].memory_mib * MIB
     assert lim.hard_bytes == (total // 4 if policy == "strict" else total)
 
@@ -488,3 +495,60 @@ def test_a_request_above_the_limit_is_never_sent_and_told_once(tmp_path: Path) -
     assert b.memory_limit_calls == calls
     assert [e["event"] for e in logs] == ["caps-request-above-limit"]
     assert applier.capped() == frozenset()
+
+
+async def test_a_share_claims_memory_is_divided_among_the_pods_that_use_it(tmp_path: Path) -> None:
+    """The caps loop over a claims plan: one claim on a 12 GiB share of an L40S used by one
+    pod, then three, then one again. Its pods' limits together never exceed the claim's:
+    12 GiB, then 4 GiB each (repaired in place), then 12 GiB again (issue 40, item 5)."""
+    from gpuslice.agent.caps import CapsService, pod_containers
+    from gpuslice.core.cgroups import ContainerId, PodUid
+    from gpuslice.core.dra.claimplan import claims_plan
+    from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
+    from gpuslice.core.sharing.model import SharingStrategy
+    from gpuslice.k8s.pods import PodEntry
+
+    b = node("1xl40s")
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    use = DeviceUse("gpu-0", gpu, SharingStrategy.TIME_SLICING, 4, "s1", 12288)
+    claim = PreparedClaim("uid-1", "ml", "team", "PrepareCompleted", uses=(use,))
+    plan = claims_plan([claim], inv, "node")
+    paths = {n: make_cgroup(tmp_path, n) for n in (1, 2, 3)}
+    entries = [
+        PodEntry(PodUid(uid(n)), "ml", f"pod-{n}", ((ContainerId(cid(n)), "main"),))
+        for n in (1, 2, 3)
+    ]
+    kubelet = _Kubelet([])
+    service = CapsService(
+        CapsApplier(b, caps, cgroup_root=tmp_path),
+        policy="strict",
+        current_plan=lambda: plan,
+        assignments=kubelet,
+        pods=lambda: pod_containers(entries),
+        cgroup_root=tmp_path,
+    )
+
+    def use_claim(*pods: int) -> None:
+        kubelet.held = [
+            ContainerDevices("ml", f"pod-{n}", "main", "claim:ml/team", ("node/gpu-0/s1",))
+            for n in pods
+        ]
+
+    def hard(n: int) -> int:
+        return b.get_memory_limits(gpu, paths[n]).hard_bytes // MIB
+
+    use_claim(1)
+    await service.round()
+    assert hard(1) == 12288
+    use_claim(1, 2, 3)
+    r = await service.round()
+    assert r is not None
+    assert (r.set, r.repaired) == (2, 1)
+    assert [hard(n) for n in (1, 2, 3)] == [4096, 4096, 4096]
+    use_claim(1)
+    r = await service.round()
+    assert r is not None
+    assert r.repaired == 1
+    assert hard(1) == 12288

@@ -2,10 +2,12 @@
 L40S of driver branch r615 (which has the limits calls), on a node whose cgroup v2 tree is
 a temp directory. The agent finds each container's cgroup from the pod watch, sets soft =
 hard = its share (11517 MiB) through the simulated NVML, reads them back into the metrics,
-and says the GPU is capped; the guard, enforcing with no grace, then stops nobody though
-one pod is far over its share and free memory is below the reserve (its own allocation
-would fail at its cap). The same node with a driver before r615 is guarded instead, and
-the guard stops the overrunning pod as before."""
+and says the GPU is capped. A pod that then grows fails its own allocation at its cap, and
+the guard, enforcing with no grace, stops nobody. A pod that holds 28000 MiB in its cgroup
+(allocated before its limit was set, which the driver keeps) is not held by its cap: it
+stays in the guard's view and is stopped, as on a driver without caps (issue 40, item 2),
+its read-back usage reported. The same node with a driver before r615 is guarded instead,
+and the guard stops the overrunning pod as before."""
 
 from __future__ import annotations
 
@@ -42,8 +44,21 @@ def _tree(root: Path, uids: dict[str, str], cids: dict[str, str]) -> None:
         scope.mkdir(parents=True)
 
 
-async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None, dict[str, Any]]:
-    """(the last scrape, the leaker's return code or None while it runs, `/status`)."""
+def _scope(root: Path, uid: str, cid: str) -> str:
+    """The container's cgroup as the agent finds it (NVML's `nameSpace`)."""
+    under = uid.replace("-", "_")
+    return str(
+        root / "kubepods.slice" / "kubepods-burstable.slice"
+        / f"kubepods-burstable-pod{under}.slice" / f"cri-containerd-{cid}.scope"
+    )  # fmt: skip
+
+
+async def _run(
+    sock_dir: Path, driver: str, leak: str = "held", events: list[str] | None = None
+) -> tuple[str, int | None, dict[str, Any]]:
+    """(the last scrape, the leaker's return code or None while it runs, `/status`).
+    `leak`: `held` (28000 MiB in its cgroup, whatever its limits) or `grows` (a growing
+    process in its cgroup, which fails its own allocation at its hard limit)."""
     children = {pod: sleeper() for pod in PODS}
     try:
         proc, cgroups = sock_dir / "proc", sock_dir / "cgroup"
@@ -87,13 +102,23 @@ async def _run(sock_dir: Path, driver: str) -> tuple[str, int | None, dict[str, 
                             return {lbl["pod"] for lbl, v in soft if v == SHARE} == set(PODS)
 
                         await wait_scrape(port, capped, "every pod capped at its share")
-                    # far over its share, free memory under the reserve (4606 MiB)
-                    node.control.add_process(children["leaker"].pid, 0, used_memory_mib=28000)
-                    text = await wait_scrape(port, _over, "the leaker over its share")
+                    leaker = children["leaker"].pid
+                    cgroup = _scope(cgroups, uids["leaker"], cids["leaker"])
+                    if leak == "grows":
+                        node.control.grow_process(
+                            leaker, 0, start_mib=1000, rate_mib_s=8000, cgroup=cgroup
+                        )
+                        text = await wait_scrape(port, _grown, "the leaker grown")
+                    else:
+                        # far over its share, free memory under the reserve (4606 MiB)
+                        node.control.add_process(leaker, 0, used_memory_mib=28000, cgroup=cgroup)
+                        text = await wait_scrape(port, _over, "the leaker over its share")
                     # ten guard polls (0.2 s) after the snapshot showed it
                     stamp = _stamp(text)
                     text = await wait_scrape(port, lambda t: _stamp(t) >= stamp + 2.0, "2 s on")
                     status = await asyncio.to_thread(_status, port)
+                    if events is not None:
+                        events.extend(f"{e['reason']}: {e['message']}" for e in api.events("ml"))
                     return text, children["leaker"].poll(), status
     finally:
         for c in children.values():
@@ -113,6 +138,11 @@ def _over(text: str) -> bool:
     return ("leaker", 1.0) in {(lbl["pod"], v) for lbl, v in got}
 
 
+def _grown(text: str) -> bool:
+    got = samples(text, "gpuslice_pod_memory_used_bytes")
+    return any(lbl["pod"] == "leaker" and v >= 4000 * 1024 * 1024 for lbl, v in got)
+
+
 def _stamp(text: str) -> float:
     got = samples(text, "gpuslice_metrics_snapshot_timestamp_seconds")
     return got[0][1] if got else 0.0
@@ -120,7 +150,7 @@ def _stamp(text: str) -> float:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only as root (NVML needs it)")
 async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir: Path) -> None:
-    text, leaker, status = await _run(sock_dir, "615.20")
+    text, leaker, status = await _run(sock_dir, "615.20", leak="grows")
     [gpu] = status["gpus"]
     assert gpu["memory_protection"] == "capped"
     assert {p["pod"]: p["memory_soft_limit_bytes"] for p in status["pods"]} == dict.fromkeys(
@@ -133,6 +163,27 @@ async def test_capped_pods_are_held_by_the_driver_and_nobody_is_stopped(sock_dir
     assert hard == dict.fromkeys(PODS, float(SHARE))
     reclaims = samples(text, "gpuslice_memory_guard_decisions_total")
     assert not [v for lbl, v in reclaims if lbl["kind"] == "reclaim" and v > 0]
+    over = samples(text, "gpuslice_pod_memory_over_share")
+    assert not [lbl for lbl, v in over if v > 0]  # it failed at its cap, never over it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only as root (NVML needs it)")
+async def test_a_capped_pod_over_its_cap_is_stopped_as_on_a_driver_without_caps(
+    sock_dir: Path,
+) -> None:
+    events: list[str] = []
+    text, leaker, status = await _run(sock_dir, "615.20", leak="held", events=events)
+    assert status["gpus"][0]["memory_protection"] == "capped"
+    assert leaker == -signal.SIGTERM
+    said = [e for e in events if "uses 28000 MiB" in e]
+    kinds = [e.split(":", 1)[0] for e in said]
+    assert kinds[:2] == ["GPUMemoryOverShare", "GPUMemoryReclaimed"], said
+    assert "reclaimed (over-cap)" in said[1], said
+    reclaims = samples(text, "gpuslice_memory_guard_decisions_total")
+    assert [v for lbl, v in reclaims if lbl["kind"] == "reclaim" and lbl["enforced"] == "true"]
+    used = {lbl["pod"]: v for lbl, v in samples(text, "gpuslice_pod_memory_capped_used_bytes")}
+    assert used["leaker"] == 28000 * 1024 * 1024  # the read-back: the cgroup's own memory
+    assert used["steady"] == 0  # its process is in no cgroup the simulator knows
 
 
 async def test_an_old_driver_is_guarded_and_the_overrunning_pod_stopped(sock_dir: Path) -> None:

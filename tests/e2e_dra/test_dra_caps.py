@@ -75,3 +75,37 @@ async def test_no_hook_program_no_hook(sock_dir: Path, api: FakeApiServer) -> No
     hooks, env = await _spec(sock_dir, api, "615.20", hook_there=False)
     assert hooks == []
     assert not [k for k in env if k.startswith("NVIDIA_GPU_MEMORY_")]
+
+
+async def test_unlimited_a_share_that_reserved_nothing_is_guaranteed_nothing(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """`--consumable-shares unlimited`: a claim of 20 GiB, then one asking for no memory.
+    The second's spec asks the hook for soft 0 and, as hard limit, what the first left
+    (46068 - 20480 MiB), not the whole GPU as both (issue 40, item 6)."""
+    cgroups = sock_dir / "cgroup"
+    cgroups.mkdir()
+    (cgroups / "cgroup.controllers").write_text("cpu memory\n")
+    (cgroups / "kubepods.slice").mkdir()  # the host's tree: the kubelet's pods are there
+    hook = sock_dir / "bin" / "nvidia-cdi-hook"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    node_file = sock_dir / "node.yaml"
+    node_file.write_text('driverVersion: "615.20"\ngpus:\n  - model: l40s\n')
+    args = [
+        "--cgroup-root", str(cgroups), "--memory-caps-hook-path", str(hook),
+        "--consumable-shares", "unlimited",
+    ]  # fmt: skip
+    async with running_dra_node(sock_dir, api, node=str(node_file), args=args) as node:
+        envs = {}
+        sized = request("gpu", capacity={"requests": {"memory": "20Gi"}})
+        for name, req in (("sized", sized), ("free", request("gpu"))):
+            ref = node.allocate(claim_obj(name, [req]))
+            assert not (await node.prepare(ref))[ref.uid].error
+            [device] = node.cdi_spec(ref.uid)["devices"]
+            envs[name] = dict(str(e).split("=", 1) for e in device["containerEdits"]["env"])
+        assert envs["sized"]["NVIDIA_GPU_MEMORY_REQUEST"] == "20480"
+        assert envs["sized"]["NVIDIA_GPU_MEMORY_LIMIT"] == "20480"
+        assert envs["free"]["NVIDIA_GPU_MEMORY_REQUEST"] == "0"
+        assert envs["free"]["NVIDIA_GPU_MEMORY_LIMIT"] == str(46068 - 20480)

@@ -487,7 +487,7 @@ def wire_guard(
         shared,
         settings.proc_root,
         mode_of=mode_of,
-        capped=None if caps is None else caps.applier.capped,
+        confirmed=None if caps is None else caps.applier.readings,
     )
 
     guard = MemoryGuard(

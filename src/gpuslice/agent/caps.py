@@ -2,12 +2,13 @@
 container's cgroup to its limits where no CDI hook did it before the container ran.
 
 Each round (the guard's poll, off the event loop: NVML and the cgroup filesystem block):
-the containers that should be capped (`core.caps.wanted_limits`, from the kubelet's
-PodResources and the plan) are looked up in the cgroup filesystem by pod UID and container
-ID (the pod watch gives both as soon as the container has started); each one's limits are
-read back with `nvmlDeviceGetMemoryLimits_v1` and set (or repaired) when missing or
-different, then read again. The *window*, from the container's cgroup being created (its
-directory's timestamp) to its limits being confirmed, is measured: it is the time a
+the containers that should be capped (`core.protection`: who holds what, from the
+kubelet's PodResources and the plan, and each container's part of its holder's limits)
+are looked up in the cgroup filesystem by pod UID and container ID (the pod watch gives
+both as soon as the container has started); each one's limits are read back with
+`nvmlDeviceGetMemoryLimits_v1` and set (or repaired) when missing or different, then read
+again. The *window*, from the container's cgroup being created (its directory's
+timestamp) to its limits being confirmed, is measured: it is the time a
 workload ran uncapped, which a CDI hook makes zero.
 
 A refusal the driver states (no such call, MIG) takes the GPU out of caps for the agent's
@@ -46,12 +47,12 @@ from gpuslice.core.caps import (
     cgroup_candidates,
     check_outcome,
     gpu_capability,
-    wanted_limits,
 )
 from gpuslice.core.cgroups import parse_cgroup
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.protection import NodeProtection, node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
 from gpuslice.podresources import PodResourcesError
@@ -423,6 +424,8 @@ class CapsService:
         self.interval_s = interval_s
         self.rounds = 0
         self._assignments_down = False
+        self.protection: NodeProtection | None = None
+        """Who held what at the last round (`core.protection`), for what is reported."""
 
     def any_capable(self) -> bool:
         return any(c.capable for c in self.applier.capabilities.values())
@@ -449,7 +452,9 @@ class CapsService:
         if self._assignments_down:
             self._assignments_down = False
             log.info("caps-pod-resources-back")
-        wanted = wanted_limits(held, plan, self.applier.capabilities, self.policy)
+        protection = node_protection(plan, held, self.policy)
+        self.protection = protection
+        wanted = protection.limits(self.applier.capabilities)
         keys = {k for k, _ in wanted}
         listed = self._pods() if self._pods is not None else None
         triples = [t for t in (listed or ()) if t[0] in keys]

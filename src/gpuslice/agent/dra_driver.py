@@ -67,6 +67,7 @@ from gpuslice.core.dra.publish import (
 )
 from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
+from gpuslice.core.protection import unreserved_memory
 from gpuslice.core.sharing.model import PhysicalDevice, Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable, boot_time
@@ -152,12 +153,18 @@ class DraCaps:
     hook: CdiCaps | Callable[[], CdiCaps | None] | None
 
     def cdi(
-        self, devices: Sequence[CdiDevice], uses: Sequence[DeviceUse], inventory: Inventory
+        self,
+        devices: Sequence[CdiDevice],
+        uses: Sequence[DeviceUse],
+        inventory: Inventory,
+        unreserved: Mapping[str, int] | None = None,
     ) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
+        """`unreserved`: GPU UUID -> memory no prepared share reserved (the hard limit of a
+        share that reserved none, `core.protection.unreserved_memory`)."""
         physicals: dict[str, PhysicalDevice] = {
             g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
         }
-        limits = claim_limits(uses, physicals, self.capabilities, self.policy)
+        limits = claim_limits(uses, physicals, self.capabilities, self.policy, unreserved)
         hook = self.hook() if callable(self.hook) else self.hook
         return with_limits(devices, limits), hook
 
@@ -587,7 +594,9 @@ class DraDriver:
             dev_root = "/" if snap is None else snap.host_dev_root
             cdi, hook = prepared.cdi, None
             if self.caps is not None and snap is not None:
-                cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory)
+                others = claims_plan(self._claims.values(), snap.inventory, self.settings.node)
+                free = unreserved_memory(others)
+                cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory, free)
             spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)

@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import cast, get_args
 
 from gpuslice.agent.dra_driver import DraDriver
 from gpuslice.aio.waiting import unless_stopped
-from gpuslice.core.caps import guarded
-from gpuslice.core.guard import ContainerKey, GpuMemory, tenants_from
+from gpuslice.core.caps import MemoryLimits
+from gpuslice.core.guard import ContainerKey, GpuMemory
 from gpuslice.core.guard.model import ClaimOverride, GuardMode, claim_mode
+from gpuslice.core.protection import guard_tenants
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.units import MIB
 from gpuslice.guard import GuardView
@@ -48,7 +49,7 @@ def guard_view_reader(
     proc_root: Path,
     *,
     mode_of: Callable[[str], GuardMode | None] | None = None,
-    capped: Callable[[], Set[tuple[ContainerKey, str]]] | None = None,
+    confirmed: Callable[[], Mapping[tuple[ContainerKey, str], MemoryLimits]] | None = None,
 ) -> ReadView:
     """The guard's `read`: None while the plan shares no GPU by time-slicing or MPS (MIG
     and exclusive GPUs are exempt), `IDLE_VIEW` while no GPU has a process, otherwise the
@@ -56,8 +57,9 @@ def guard_view_reader(
 
     `mode_of` (DRA mode) gives a resource's own guard mode, e.g. claim `claim:<ns>/<name>`
     -> its GuardConfig `mode`, None when it has none; it can only lower the node's mode.
-    `capped` gives the (container, GPU) pairs the driver caps (`agent.caps`): the guard
-    steps back for them, their overrun fails their own allocation (`core.caps.guarded`)."""
+    `confirmed` gives the limits the caps loop confirmed (`agent.caps`), with each cgroup's
+    memory: the guard steps back for a container the driver holds within its hard limit,
+    whose overrun fails its own allocation, and keeps one above it (`core.protection`)."""
     told_unified: set[str] = set()
 
     async def read() -> GuardView | None:
@@ -67,9 +69,12 @@ def guard_view_reader(
         if not await _any_gpu_process(backend):
             return IDLE_VIEW
         snap = await shared.refresh()
-        tenants = tenants_from(snap.attribution, mode_of)
-        if capped is not None:
-            tenants = tuple(guarded(tenants, capped()))
+        tenants = guard_tenants(
+            snap.attribution,
+            plan[0],
+            mode_of=mode_of,
+            confirmed=None if confirmed is None else confirmed(),
+        )
         pids = [p for t in tenants for p in t.pids]
         identities = await asyncio.to_thread(cgroup_identities, pids, proc_root) if pids else {}
         gpus = []

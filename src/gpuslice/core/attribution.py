@@ -328,7 +328,8 @@ def entitlement_of(dev: AdvertisedDevice, gpu_sms: int | None) -> Entitlement:
 _KIND_ORDER: dict[EntitlementKind, int] = {"mig": 3, "mps": 2, "time-slicing": 1, "exclusive": 0}
 
 
-def _sum(entitlements: list[Entitlement]) -> Entitlement:
+def sum_entitlements(entitlements: list[Entitlement]) -> Entitlement:
+    """Several devices on one GPU: their memory adds up, the kind that acts most wins."""
     kind = max((e.kind for e in entitlements), key=_KIND_ORDER.__getitem__)
     memory = sum(e.memory_bytes for e in entitlements)
     fractions = [e.sm_fraction for e in entitlements]
@@ -353,7 +354,7 @@ def _usage(key: _Key, h: _Holding, gpu_sms: int | None) -> ContainerGpuUsage:
         resources=tuple(h.resources),
         device_ids=tuple(d.id for d in h.devices),
         physical_uuids=physical,
-        entitlement=_sum([entitlement_of(d, gpu_sms) for d in h.devices]),
+        entitlement=sum_entitlements([entitlement_of(d, gpu_sms) for d in h.devices]),
         memory_used_bytes=h.memory,
         sm_util_percent=sm_util,
         pids=tuple(sorted(h.pids)),

@@ -10,8 +10,9 @@ clears them too; MIG handles are not supported; Linux only, root only. Units are
 
 A cap is the driver's answer to what the memory guard (`core.guard`) can only do after the
 fact: with it, a tenant that overruns fails its *own* allocation, and nobody is stopped. So
-this module decides, per GPU, which protection it gets (`protection`), and per tenant, which
-limits (`limits_for`); the adapters apply them (the CDI hook before the container runs, or
+this module decides, per GPU, which protection it gets (`protection`), and per device, which
+limits (`limits_for`; who holds what, and the limits of each container: `core.protection`);
+the adapters apply them (the CDI hook before the container runs, or
 the agent right after) and the guard steps back on the GPUs that are capped.
 
 What is *not* documented, and so not assumed here: how the driver honours a soft limit (the
@@ -24,13 +25,12 @@ the MPS server enforces, and get no cap from gpuslice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuslice.core.attribution import Assignment, Entitlement, entitlement_of
-from gpuslice.core.guard.model import ContainerKey, Tenant
-from gpuslice.core.sharing.model import AdvertisedDevice, Plan
+from gpuslice.core.attribution import Entitlement
+from gpuslice.core.guard.model import ContainerKey
 
 MIB = 1024 * 1024
 
@@ -268,48 +268,8 @@ def check_outcome(wanted: MemoryLimits, read: MemoryLimits | None) -> CheckOutco
     return "set" if read is None or read.cleared else "repaired"
 
 
-# -- the agent's side: which containers want which limits, where their cgroup is --------
-
-
-def wanted_limits(
-    assignments: Iterable[Assignment],
-    plan: Plan,
-    capabilities: Mapping[str, GpuCapability],
-    policy: CapPolicy,
-) -> dict[tuple[ContainerKey, str], MemoryLimits]:
-    """(container, GPU UUID) -> the limits it should have, for every container the kubelet
-    lists (PodResources) as holding devices of the plan on a capable GPU.
-
-    A container's devices on one GPU add up (two replicas: twice the share), as the guard
-    counts them (`core.attribution`); one that also holds an MPS, MIG or whole-GPU device
-    there gets no cap on that GPU (its other device's limit is not gpuslice's to set)."""
-    devices: dict[str, AdvertisedDevice] = {}
-    for resource in plan.resources:
-        for dev in resource.devices:
-            devices[f"{resource.name}\0{dev.id}"] = dev
-    held: dict[tuple[ContainerKey, str], list[AdvertisedDevice]] = {}
-    for a in assignments:
-        key = ContainerKey(a.namespace, a.pod, a.container)
-        for device_id in a.device_ids:
-            found = devices.get(f"{a.resource}\0{device_id}")
-            if found is not None:
-                held.setdefault((key, found.physical.gpu_uuid), []).append(found)
-    out: dict[tuple[ContainerKey, str], MemoryLimits] = {}
-    for (key, gpu), devs in sorted(held.items()):
-        capability = capabilities.get(gpu)
-        if capability is None or not capability.capable:
-            continue
-        if any(d.physical.kind != "gpu" for d in devs):
-            continue
-        entitlements = [entitlement_of(d, None) for d in dict.fromkeys(devs)]
-        if any(e.kind != "time-slicing" for e in entitlements):
-            continue
-        total = devs[0].physical.memory_mib * MIB
-        memory = sum(e.memory_bytes for e in entitlements)
-        limits = limits_for(Entitlement("time-slicing", memory, None), total, policy)
-        if limits is not None:
-            out[(key, gpu)] = limits
-    return out
+# -- the agent's side: where a container's cgroup is --------------------------------------
+# (which containers want which limits: `core.protection`)
 
 
 def cgroup_candidates(pod_uid: str, container_id: str) -> list[str]:
@@ -329,13 +289,6 @@ def cgroup_candidates(pod_uid: str, container_id: str) -> list[str]:
     for qos in ("", "burstable/", "besteffort/"):
         out.append(f"kubepods/{qos}pod{pod_uid}/{container_id}")
     return out
-
-
-def guarded(tenants: Iterable[Tenant], capped: Set[tuple[ContainerKey, str]]) -> list[Tenant]:
-    """The tenants the guard still watches: all but those the driver caps on that GPU. On a
-    GPU whose every tenant is capped nobody is signalled for memory; an overrun there fails
-    the overrunner's own allocation."""
-    return [t for t in tenants if (t.key, t.gpu_uuid) not in capped]
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,10 @@ class GpuMemoryModel:
     step_s: float = 0.05
     fixed_mib: int = 0
     """Held by processes this model does not grow (fixed-size simulated processes)."""
+    fixed_groups: dict[str, int] = field(default_factory=dict)
+    """cgroup -> the part of `fixed_mib` its processes hold: a cgroup's usage, and what its
+    soft limit still holds back, count fixed memory too (the simulator's control directory
+    puts a fixed process in a cgroup)."""
     now: float | None = None
     procs: dict[int, _Proc] = field(default_factory=dict)
     deaths: list[OomDeath] = field(default_factory=list)
@@ -156,13 +160,14 @@ class GpuMemoryModel:
         self.limits.pop(group, None)
 
     def group_used_mib(self, group: str) -> int:
-        return sum(p.used_mib for p in self.procs.values() if p.group == group)
+        grown = sum(p.used_mib for p in self.procs.values() if p.group == group)
+        return grown + self.fixed_groups.get(group, 0)
 
     def held_back_mib(self, besides: str | None = None) -> int:
         """Memory held for cgroups below their soft limit, other than `besides`."""
         if not self.limits:
             return 0
-        used: dict[str, int] = {}
+        used: dict[str, int] = dict(self.fixed_groups)
         for p in self.procs.values():
             if p.group is not None:
                 used[p.group] = used.get(p.group, 0) + p.used_mib

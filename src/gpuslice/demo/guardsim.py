@@ -7,10 +7,15 @@ polls every `interval_s`, a signalled process lets go of its memory `exit_s` lat
 makes `gpuslice demo --scenario guard` and `bench/bench_guard.py` fast and deterministic;
 the daemon test (`tests/e2e/test_memory_guard.py`) covers the real signals and Events.
 
-With `caps` the GPU is capped by the driver instead (`core.caps`): each pod's cgroup gets
-soft = its share and a hard limit by policy when it starts (the CDI hook's moment), the
-model enforces them (`core.gpumemory` limits), and the guard steps back on the capped GPU,
-as the agent's does: nobody is signalled, an overrunning pod's own allocation fails.
+With `caps` the GPU is capped by the driver (`core.caps`): each pod's cgroup gets soft =
+its share and a hard limit by policy when it starts (the CDI hook's moment), or `caps_after_s`
+later (the device-plugin window, the agent applying them), and the model enforces them
+(`core.gpumemory` limits). The guard, where its mode is not `off`, runs beside them as the
+agent's does (`core.protection.in_guard_view`): it steps back for a pod its cap holds, and
+watches one whose cap came after it allocated more.
+
+A pod may carry its own share and hard limit (`SimPod.share_mib`, `hard_mib`: what
+`core.protection` gives it) and its holder (a claim several pods consume, `holder`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
-from gpuslice.core.caps import CapPolicy
+from gpuslice.core.caps import CapPolicy, MemoryLimits
 from gpuslice.core.guard import ContainerKey, GpuMemory, GuardParams, GuardState, Tenant, evaluate
+from gpuslice.core.protection import in_guard_view
 from gpuslice.core.units import MIB
 
 GPU_UUID = "GPU-sim-0"
@@ -40,6 +46,15 @@ class SimPod:
     """Time-slicing replicas it holds (its share is memory/replicas x this)."""
     well_behaved: bool = True
     """Stays within its share (what the bench counts as a pod that must not be lost)."""
+    share_mib: int | None = None
+    """Its guaranteed share (the soft limit, the guard's share); None: memory / replicas x
+    `replicas`."""
+    soft_mib: int | None = None
+    """Its soft limit under caps; None: its share (a claim's consumer gets its part)."""
+    hard_mib: int | None = None
+    """Its hard limit under caps; None: by the caps policy (the share, or the whole GPU)."""
+    holder: str | None = None
+    """The claim it consumes with other pods, held together to one share (`Tenant.holder`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,8 @@ class SimResult:
     reactions_s: list[float] = field(default_factory=list)
     """For each time free memory fell below the reserve: seconds until the first signal."""
     peak_used_mib: dict[str, int] = field(default_factory=dict)
+    last_used_mib: dict[str, int] = field(default_factory=dict)
+    """What each pod held at the end (or when it last held memory)."""
 
     def lost(self, pods: Sequence[SimPod]) -> list[str]:
         """Well-behaved pods that died of a failed allocation (OOM or their own cap)."""
@@ -83,14 +100,35 @@ def simulate(
     exit_s: float = 0.2,
     first_poll_s: float = 0.0,
     caps: CapPolicy | None = None,
+    caps_after_s: float = 0.0,
 ) -> SimResult:
-    """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling, or the
-    driver capping each pod (`caps`: the hard limit's policy) with the guard stepped back."""
+    """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling, and/or
+    the driver capping each pod (`caps`: the hard limit's policy) from `caps_after_s` after
+    it starts, the guard stepping back for the pods their cap holds."""
     model = GpuMemoryModel(total_mib, step_s=step_s)
     result = SimResult()
     pid_of = {p.name: 1000 + i for i, p in enumerate(pods)}
     by_pid = {pid: name for name, pid in pid_of.items()}
-    share = {p.name: total_mib * MIB * p.replicas // replicas for p in pods}
+    share = {
+        p.name: (
+            p.share_mib * MIB
+            if p.share_mib is not None
+            else total_mib * MIB * p.replicas // replicas
+        )
+        for p in pods
+    }
+
+    def limits_of(pod: SimPod) -> tuple[int, int]:
+        soft = share[pod.name] // MIB if pod.soft_mib is None else pod.soft_mib
+        if pod.hard_mib is not None:
+            return soft, pod.hard_mib
+        return soft, soft if caps == "strict" else total_mib
+
+    group_of = {p.name: f"/sys/fs/cgroup/kubepods.slice/{p.name}" for p in pods}
+    capping: dict[str, float] = {}
+    """Pod -> when the agent applies its limits (after the window)."""
+    capped: dict[str, tuple[int, int]] = {}
+    """Pod -> its limits (MiB), once applied."""
     reserve_mib = params.reserve.of(total_mib * MIB) // MIB
     pending_start = sorted(pods, key=lambda p: (p.start_s, p.name))
     exiting: dict[str, float] = {}
@@ -117,9 +155,12 @@ def simulate(
             pod = pending_start.pop(0)
             group = None
             if caps is not None:
-                group = f"/sys/fs/cgroup/kubepods.slice/{pod.name}"
-                soft = share[pod.name] // MIB
-                model.set_limits(group, soft, soft if caps == "strict" else total_mib)
+                group = group_of[pod.name]
+                if caps_after_s <= 0:
+                    capped[pod.name] = limits_of(pod)
+                    model.set_limits(group, *capped[pod.name])
+                else:
+                    capping[pod.name] = t + caps_after_s
             death = model.start(pid_of[pod.name], pod.allocation, t, group=group)
             result.fates[pod.name] = "running"
             if death is None:
@@ -127,6 +168,11 @@ def simulate(
             else:
                 record_deaths([death])
         record_deaths(model.advance(t))
+        for name, at in list(capping.items()):
+            if t + 1e-9 >= at:
+                del capping[name]
+                capped[name] = limits_of(next(p for p in pods if p.name == name))
+                model.set_limits(group_of[name], *capped[name])
         for name, at in list(exiting.items()):
             if t + 1e-9 >= at:
                 model.stop(pid_of[name])
@@ -138,12 +184,13 @@ def simulate(
             used = model.usage(pid)
             if used is not None:
                 result.peak_used_mib[name] = max(result.peak_used_mib.get(name, 0), used)
+                result.last_used_mib[name] = used
         if model.free_mib < reserve_mib:
             if below_since is None:
                 below_since, reacted = t, False
         elif below_since is not None and not exiting:
             below_since = None
-        if t + 1e-9 >= next_poll and caps is None:
+        if t + 1e-9 >= next_poll and params.mode != "off":
             next_poll += interval_s
             tenants = [
                 Tenant(
@@ -153,10 +200,19 @@ def simulate(
                     share[p.name],
                     (model.usage(pid_of[p.name]) or 0) * MIB,
                     (pid_of[p.name],),
+                    holder=p.holder,
                 )
                 for p in pods
                 if model.usage(pid_of[p.name]) is not None
             ]
+            confirmed = {
+                (t.key, GPU_UUID): MemoryLimits(
+                    capped[t.key.pod][0] * MIB, capped[t.key.pod][1] * MIB, t.used_bytes
+                )
+                for t in tenants
+                if t.key.pod in capped
+            }
+            tenants = list(in_guard_view(tenants, confirmed))
             gpu = GpuMemory(GPU_UUID, 0, total_mib * MIB, model.free_mib * MIB)
             ev = evaluate([gpu], tenants, state, params, t)
             state = ev.state

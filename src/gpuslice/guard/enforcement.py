@@ -193,10 +193,16 @@ def _target(pids: tuple[int, ...], identities: Mapping[int, CgroupIdentity]) -> 
 
 def message(d: Decision, what: str) -> str:
     gpu = f"GPU {d.gpu_index} ({d.gpu_uuid})" if d.gpu_index is not None else d.gpu_uuid
+    share = f"its share is {d.share_bytes // MIB} MiB"
+    if d.holder is not None and d.holder_used_bytes is not None:
+        # a claim's pods are held together to the claim's share
+        share = (
+            f"its claim {d.holder.removeprefix('claim:')}'s pods use "
+            f"{d.holder_used_bytes // MIB} MiB of the claim's {d.share_bytes // MIB} MiB"
+        )
     head = (
         f"container {d.key.container} uses {d.used_bytes // MIB} MiB of {gpu}, "
-        f"its share is {d.share_bytes // MIB} MiB; {d.free_bytes // MIB} MiB free, "
-        f"reserve {d.reserve_bytes // MIB} MiB"
+        f"{share}; {d.free_bytes // MIB} MiB free, reserve {d.reserve_bytes // MIB} MiB"
     )
     if d.borrowing_growth_bytes_per_s > 0 and d.free_bytes >= d.reserve_bytes:
         head += f", borrowing growing {d.borrowing_growth_bytes_per_s // MIB} MiB/s"

@@ -81,6 +81,9 @@ class SimulatedBackend:
         """GPU UUID -> the NVML error its limit calls fail with (`fail_memory_limits`)."""
         self._limit_calls = 0
         self._cgroup_exists = cgroup_exists
+        self._cgroup_of: dict[int, str] = {}
+        """pid -> the cgroup (full sysfs path) its memory is charged to, for the limits'
+        read-back `used` and the hard limit (`put_in_cgroup`, the control directory)."""
         control = control_dir if control_dir is not None else node.control_dir
         self._events_dir: Path | None = None
         if control is not None:
@@ -223,6 +226,7 @@ class SimulatedBackend:
         """Forget every context of `pid` (it exited)."""
         with self._lock:
             self._processes = [p for p in self._processes if p.pid != pid]
+            self._cgroup_of.pop(pid, None)
             for model in self._memory.values():
                 model.stop(pid)
 
@@ -244,7 +248,9 @@ class SimulatedBackend:
         with self._lock:
             self._advance_memory()
             model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
-            model.fixed_mib = self._fixed_mib(gpu.uuid)
+            self._sync_fixed(gpu.uuid, model)
+            if cgroup is not None:
+                self._cgroup_of[pid] = cgroup
             death = model.start(pid, allocation, self._clock(), group=cgroup)
             if death is not None:
                 self._record_deaths(gpu.uuid, [death])
@@ -259,27 +265,55 @@ class SimulatedBackend:
         return _driver_branch(self._node.driver_version) >= LIMITS_BRANCH
 
     def set_memory_limits(self, gpu_uuid: str, cgroup_path: str, limits: MemoryLimits) -> None:
+        self._poll_control()
         gpu = self._limits_gpu(gpu_uuid, cgroup_path)
         with self._lock:
             self._limit_calls += 1
+            self._put_limits(gpu, cgroup_path, limits)
+
+    def put_limits(self, gpu_uuid: str, cgroup_path: str, limits: MemoryLimits) -> None:
+        """Someone other than the agent sets (or clears) a cgroup's limits: a tenant's own
+        hook, an operator, a second agent. Not one of the agent's NVML calls (not counted,
+        never refused), so a test can make the drift the agent's read-back must repair."""
+        gpu = self._gpu(gpu_uuid)
+        with self._lock:
+            self._put_limits(gpu, cgroup_path, limits)
+
+    def put_in_cgroup(self, pid: int, cgroup_path: str | None) -> None:
+        """Charge `pid`'s memory to a cgroup (None: to none), as the driver charges the
+        cgroup the process runs in: its read-back `used` and its hard limit count it."""
+        with self._lock:
             self._advance_memory()
-            key = (gpu.uuid, cgroup_path)
-            if limits.cleared:
-                self._limits.pop(key, None)
+            if cgroup_path is None:
+                self._cgroup_of.pop(pid, None)
             else:
-                self._limits[key] = limits
-            model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
-            hard = None if limits.hard_bytes == LIMIT_MAX else limits.hard_bytes // MIB
-            model.set_limits(cgroup_path, limits.soft_bytes // MIB, hard)
+                self._cgroup_of[pid] = cgroup_path
+
+    def _put_limits(self, gpu: Gpu, cgroup_path: str, limits: MemoryLimits) -> None:
+        """Under the lock."""
+        self._advance_memory()
+        key = (gpu.uuid, cgroup_path)
+        if limits.cleared:
+            self._limits.pop(key, None)
+        else:
+            self._limits[key] = limits
+        model = self._memory.setdefault(gpu.uuid, GpuMemoryModel(gpu.memory_mib))
+        self._sync_fixed(gpu.uuid, model)
+        hard = None if limits.hard_bytes == LIMIT_MAX else limits.hard_bytes // MIB
+        model.set_limits(cgroup_path, limits.soft_bytes // MIB, hard)
 
     def get_memory_limits(self, gpu_uuid: str, cgroup_path: str) -> MemoryLimits:
+        self._poll_control()
         gpu = self._limits_gpu(gpu_uuid, cgroup_path)
         with self._lock:
             self._limit_calls += 1
             self._advance_memory()
             set_ = self._limits.get((gpu.uuid, cgroup_path), CLEARED)
             model = self._memory.get(gpu.uuid)
-            used = 0 if model is None else model.group_used_mib(cgroup_path)
+            if model is None:
+                used = self._fixed_groups(gpu.uuid).get(cgroup_path, 0)
+            else:
+                used = model.group_used_mib(cgroup_path)
             return MemoryLimits(set_.soft_bytes, set_.hard_bytes, used_bytes=used * MIB)
 
     def remove_cgroup(self, cgroup_path: str) -> None:
@@ -324,25 +358,43 @@ class SimulatedBackend:
 
     def oom_deaths(self) -> tuple[tuple[str, OomDeath], ...]:
         """(GPU UUID, death) for every simulated process that died of out-of-memory."""
+        self._poll_control()
         with self._lock:
             self._advance_memory()
             return tuple(self._oom)
 
-    def _fixed_mib(self, gpu_uuid: str) -> int:
+    def _fixed(self, gpu_uuid: str) -> list[GpuProcess]:
+        """Under the lock: the GPU's processes of a fixed size (not grown by its model)."""
         growing = self._memory.get(gpu_uuid)
-        return sum(
-            math.ceil(p.used_memory_bytes / MIB)
+        return [
+            p
             for p in self._processes
             if p.gpu_uuid == gpu_uuid
             and p.used_memory_bytes is not None
             and (growing is None or p.pid not in growing.procs)
-        )
+        ]
+
+    def _fixed_mib(self, gpu_uuid: str) -> int:
+        return sum(math.ceil((p.used_memory_bytes or 0) / MIB) for p in self._fixed(gpu_uuid))
+
+    def _fixed_groups(self, gpu_uuid: str) -> dict[str, int]:
+        """Under the lock: cgroup -> the MiB its fixed-size processes hold on the GPU."""
+        out: dict[str, int] = {}
+        for p in self._fixed(gpu_uuid):
+            group = self._cgroup_of.get(p.pid)
+            if group is not None:
+                out[group] = out.get(group, 0) + math.ceil((p.used_memory_bytes or 0) / MIB)
+        return out
+
+    def _sync_fixed(self, gpu_uuid: str, model: GpuMemoryModel) -> None:
+        model.fixed_mib = self._fixed_mib(gpu_uuid)
+        model.fixed_groups = self._fixed_groups(gpu_uuid)
 
     def _advance_memory(self) -> None:
         """Under the lock: grow, and kill what runs out of memory."""
         now = self._clock()
         for uuid, model in self._memory.items():
-            model.fixed_mib = self._fixed_mib(uuid)
+            self._sync_fixed(uuid, model)
             died = model.advance(now)
             self._record_deaths(uuid, died)
             self._processes = [
@@ -364,6 +416,8 @@ class SimulatedBackend:
             )
             self._oom.append((uuid, death))
         dead = {d.pid for d in died}
+        for pid in dead:
+            self._cgroup_of.pop(pid, None)
         if dead:
             self._processes = [
                 p for p in self._processes if not (p.gpu_uuid == uuid and p.pid in dead)
@@ -507,6 +561,9 @@ class SimulatedBackend:
         if kind == "remove_process":
             self.remove_process(_int(command, "pid"))
             return
+        if kind == "cgroup_removed":
+            self.remove_cgroup(_str(command, "cgroup"))
+            return
         gpu = self.resolve_gpu(_ref(command, "gpu"))
         if kind == "xid":
             self.inject_xid(
@@ -530,6 +587,7 @@ class SimulatedBackend:
                     )
                 )
             )
+            self.put_in_cgroup(_int(command, "pid"), _opt_str(command, "cgroup"))
         elif kind == "mig":
             self.set_mig(gpu.uuid, _bool(command, "enabled"), _opt_str(command, "layout"))
         elif kind == "create_mig":  # an operator's `nvidia-smi mig -cgi P -C` at a placement
@@ -553,7 +611,17 @@ class SimulatedBackend:
                     burst_every_s=_number(command, "burstEveryS"),
                     burst_s=_number(command, "burstS"),
                 ),
+                cgroup=_opt_str(command, "cgroup"),
             )
+        elif kind == "set_limits":
+            hard = _opt_int(command, "hardMiB")
+            soft = _int(command, "softMiB")
+            if soft < 0 or (hard is not None and hard < 0):
+                raise BackendError(f"limits: expected sizes >= 0, got {soft!r}, {hard!r}")
+            limits = MemoryLimits(soft * MIB, LIMIT_MAX if hard is None else hard * MIB)
+            self.put_limits(gpu.uuid, _str(command, "cgroup"), limits)
+        elif kind == "clear_limits":
+            self.put_limits(gpu.uuid, _str(command, "cgroup"), CLEARED)
         elif kind == "set_status":
             power = command.get("powerW")
             if power is not None and not isinstance(power, int | float):
@@ -568,7 +636,8 @@ class SimulatedBackend:
         else:
             raise BackendError(
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
-                "grow_process, remove_process, set_status, mig, create_mig, destroy_mig"
+                "grow_process, remove_process, set_status, mig, create_mig, destroy_mig, "
+                "set_limits, clear_limits, cgroup_removed"
             )
 
 
@@ -592,6 +661,13 @@ def _opt_str(command: dict[str, Any], key: str) -> str | None:
     value = command.get(key)
     if value is not None and not isinstance(value, str):
         raise BackendError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _str(command: dict[str, Any], key: str) -> str:
+    value = command.get(key)
+    if not isinstance(value, str) or not value:
+        raise BackendError(f"{key}: expected a non-empty string, got {value!r}")
     return value
 
 

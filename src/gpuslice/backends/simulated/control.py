@@ -16,10 +16,24 @@ Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under t
     {"kind": "recovered", "gpu": "GPU-..."}
     {"kind": "lost", "gpu": 1}
     {"kind": "add_process", "pid": 4242, "gpu": 0, "mig": null, "usedMemoryMiB": 512,
-     "smUtil": 30, "mps": false}
+     "smUtil": 30, "mps": false, "cgroup": null}
+        Sent again with the same pid and GPU, it sets the process's used memory.
     {"kind": "grow_process", "pid": 4243, "gpu": 0, "startMiB": 2048, "rateMiBPerS": 256,
-     "targetMiB": null, "burstMiB": 0, "burstEveryS": 0, "burstS": 0}
+     "targetMiB": null, "burstMiB": 0, "burstEveryS": 0, "burstS": 0, "cgroup": null}
     {"kind": "remove_process", "pid": 4242}
+        `cgroup`: the full sysfs path of the cgroup the process runs in (a container's), or
+        null. The driver charges a cgroup its processes' memory: the limits' read-back
+        reports it as `used`, and a growing process fails its own allocation past its
+        cgroup's hard limit. A fixed-size process holds what it is told, limits or not: the
+        memory a container allocated before its limits were set (inside the window), which
+        the driver keeps (what it does then is not documented).
+    {"kind": "set_limits", "gpu": 0, "cgroup": "/sys/fs/cgroup/...", "softMiB": 11517,
+     "hardMiB": 11517}
+    {"kind": "clear_limits", "gpu": 0, "cgroup": "/sys/fs/cgroup/..."}
+        Someone other than the agent sets a cgroup's limits on a GPU (`hardMiB` null: no
+        hard limit) or clears them: the drift the agent's read-back must find and repair.
+    {"kind": "cgroup_removed", "cgroup": "/sys/fs/cgroup/..."}
+        The cgroup went: the driver forgets its limits on every GPU.
     {"kind": "set_status", "gpu": 0, "gpuUtil": 80, "memoryUtil": 40, "temperatureC": 61,
      "powerW": 212.5}
     {"kind": "mig", "gpu": 0, "enabled": true, "layout": "1g.10gb*7"}
@@ -87,7 +101,10 @@ class ControlDir:
         used_memory_mib: int | None = None,
         sm_util_percent: int | None = None,
         mps: bool = False,
+        cgroup: str | None = None,
     ) -> Path:
+        """Also what sets a process's used memory: sent again for the same pid and GPU, it
+        replaces the process (`cgroup`: see the module docstring)."""
         return self.send(
             {
                 "kind": "add_process",
@@ -97,6 +114,7 @@ class ControlDir:
                 "usedMemoryMiB": used_memory_mib,
                 "smUtil": sm_util_percent,
                 "mps": mps,
+                "cgroup": cgroup,
             }
         )
 
@@ -111,9 +129,10 @@ class ControlDir:
         burst_mib: int = 0,
         burst_every_s: float = 0.0,
         burst_s: float = 0.0,
+        cgroup: str | None = None,
     ) -> Path:
-        """A process whose memory grows over time and dies of OOM when the GPU is full
-        (see `memory.Allocation`)."""
+        """A process whose memory grows over time and dies of OOM when the GPU is full, or
+        past its `cgroup`'s hard limit (see `memory.Allocation`)."""
         return self.send(
             {
                 "kind": "grow_process",
@@ -125,8 +144,29 @@ class ControlDir:
                 "burstMiB": burst_mib,
                 "burstEveryS": burst_every_s,
                 "burstS": burst_s,
+                "cgroup": cgroup,
             }
         )
+
+    def set_limits(
+        self, gpu: str | int, cgroup: str, *, soft_mib: int, hard_mib: int | None
+    ) -> Path:
+        """Limits set on a cgroup by someone else than the agent (`hard_mib` None: none)."""
+        return self.send(
+            {
+                "kind": "set_limits",
+                "gpu": gpu,
+                "cgroup": cgroup,
+                "softMiB": soft_mib,
+                "hardMiB": hard_mib,
+            }
+        )
+
+    def clear_limits(self, gpu: str | int, cgroup: str) -> Path:
+        return self.send({"kind": "clear_limits", "gpu": gpu, "cgroup": cgroup})
+
+    def cgroup_removed(self, cgroup: str) -> Path:
+        return self.send({"kind": "cgroup_removed", "cgroup": cgroup})
 
     def remove_process(self, pid: int) -> Path:
         return self.send({"kind": "remove_process", "pid": pid})

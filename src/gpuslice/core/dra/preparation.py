@@ -134,8 +134,10 @@ def _share(
             share.strategy,
             share.replicas,
             dw.share_id,
-            # a share that reserved no memory is held to none of its own: the device's
-            share.memory_mib or dw.device.capacity.get("memory", 0) // MIB or None,
+            # what it reserved; 0 for a share that reserved none (guaranteed nothing, and
+            # held to what no share on the GPU reserved: `core.protection`); None on a
+            # unified-memory GPU, which has no memory figure to reserve from
+            share.memory_mib if dw.device.capacity.get("memory", 0) // MIB else None,
             share.thread_percentage if share.strategy == SharingStrategy.MPS else None,
             admin=dw.admin,
         )

@@ -75,7 +75,8 @@ DecisionKind = Literal["over-share", "reclaim", "escalate"]
 `reclaim`: stop it (SIGTERM or eviction); `escalate`: it outlived the grace after `reclaim`
 (SIGKILL)."""
 
-ReclaimReason = Literal["memory-pressure", "strict"]
+ReclaimReason = Literal["memory-pressure", "strict", "over-cap"]
+"""`over-cap`: it holds more than the hard limit its cap confirmed (`Tenant.hard_bytes`)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -113,6 +114,15 @@ class Tenant:
     mode: GuardMode | None = None
     """Its holder's own mode (a DRA claim's GuardConfig `mode`); None: the node's. It can
     only lower the node's mode (`effective_mode`)."""
+    holder: str | None = None
+    """What reserved the memory it uses, when that is not the container alone: a DRA share
+    claim (`claim:<ns>/<name>`) several containers consume (`core.protection`). Tenants
+    with one holder on one GPU are held together to `share_bytes`, the holder's share."""
+    hard_bytes: int | None = None
+    """The hard limit the driver was confirmed to hold it to, when it uses more (the memory
+    it allocated before the limit was set; `core.protection.in_guard_view`). Memory above a
+    hard limit may be what the driver holds back for the others' soft limits, which free
+    memory does not show: so it is reclaimed after the grace, whatever the free memory."""
 
     @property
     def overrun_bytes(self) -> int:
@@ -239,3 +249,7 @@ class Decision:
     borrowing_growth_bytes_per_s: int = 0
     """How fast the containers over their share on this GPU grew since the previous poll; a
     reclaim with free memory still above the reserve is one projected to cross it."""
+    holder: str | None = None
+    """The claim whose share it consumes with other containers (`Tenant.holder`): then
+    `share_bytes` is the claim's, and `holder_used_bytes` what its consumers use together."""
+    holder_used_bytes: int | None = None

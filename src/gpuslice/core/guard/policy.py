@@ -16,10 +16,17 @@ the agent leaves it out of the guard's view. The policy turns that around:
   late and a reclaim waits out the grace, so without this a leak slower than reserve / poll
   interval could still cost a neighbour its memory;
 * a container within its share on a GPU is never chosen because of that GPU;
-* `strict` stops any container over its share once the overrun has lasted the grace;
+* `strict` stops any container over its share once the overrun has lasted the grace; so is
+  one that holds more than its confirmed hard limit (`Tenant.hard_bytes`: memory allocated
+  before its cap was set), whose excess may be what the driver holds back for the others'
+  soft limits, which free memory does not show;
 * a reclaimed container still holding memory after another grace is escalated (SIGKILL);
   while it is being stopped its memory counts as freed, so a slow exit does not pull in
   more victims.
+
+A DRA share claim several containers use is one holder (`Tenant.holder`): its consumers'
+memory together is held to the claim's share, and when the claim is over it, its largest
+consumer is the victim (then the next, while the claim is still over).
 
 MPS tenants are reported but never reclaimed (the MPS server enforces their pinned limit);
 MIG and exclusive tenants are skipped (nobody shares their memory). A container on several
@@ -105,12 +112,22 @@ def evaluate(
         for t in tenants
         if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu and mode(t) != "off"
     ]
-    growth = _borrowing_growth(watched, state, now)
+    holdings: dict[tuple[str, str], list[Tenant]] = {}
+    for t in watched:
+        holdings.setdefault(_holding(t), []).append(t)
+    holding_used = {h: sum(t.used_bytes for t in ts) for h, ts in holdings.items()}
+
+    def overrun(t: Tenant) -> int:
+        """Its holder's overrun: a container alone, or all consumers of one claim."""
+        return holding_used[_holding(t)] - t.share_bytes
+
+    growth = _borrowing_growth(watched, state, now, overrun)
     enforce = params.mode == "enforce"
     decisions: list[Decision] = []
 
     def decide(kind: DecisionKind, t: Tenant, reason: ReclaimReason | None, enforced: bool) -> None:
         g = by_gpu[t.gpu_uuid]
+        shared = t.holder is not None
         decisions.append(
             Decision(
                 kind=kind,
@@ -125,6 +142,8 @@ def evaluate(
                 reason=reason,
                 pids=t.pids,
                 borrowing_growth_bytes_per_s=int(growth.get(g.uuid, 0.0)),
+                holder=t.holder,
+                holder_used_bytes=holding_used[_holding(t)] if shared else None,
             )
         )
 
@@ -144,7 +163,7 @@ def evaluate(
                     break
 
     # Over-share bookkeeping and one notice per crossing.
-    over_now = {(t.key, t.gpu_uuid) for t in watched if t.overrun_bytes > 0}
+    over_now = {(t.key, t.gpu_uuid) for t in watched if overrun(t) > 0}
     over_since: dict[tuple[ContainerKey, str], float] = {}
     for t in sorted(watched, key=lambda t: (t.key, t.gpu_uuid)):
         pair = (t.key, t.gpu_uuid)
@@ -183,10 +202,32 @@ def evaluate(
     reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
     chosen: set[ContainerKey] = set()
     observed: set[ContainerKey] = set()
+    relieved: dict[tuple[str, str], int] = {}
+    """Holding -> memory its consumers being stopped give back: a claim brought back within
+    its share by stopping its largest consumer loses no other."""
+    for t in watched:
+        if t.key in stopping:
+            relieved[_holding(t)] = relieved.get(_holding(t), 0) + t.used_bytes
+
+    def still_over(t: Tenant) -> bool:
+        return overrun(t) - relieved.get(_holding(t), 0) > 0
+
+    holding_hard: dict[tuple[str, str], int] = {}
+    for h, ts in holdings.items():
+        hards = [t.hard_bytes for t in ts]
+        if all(x is not None for x in hards):
+            holding_hard[h] = sum(x for x in hards if x is not None)
+
+    def over_cap(t: Tenant) -> bool:
+        h = _holding(t)
+        hard = holding_hard.get(h)
+        return hard is not None and holding_used[h] - relieved.get(h, 0) > hard
 
     def reclaim(t: Tenant, reason: ReclaimReason) -> None:
         acts = mode(t) == "enforce"
         chosen.add(t.key)
+        if acts or not enforce:
+            relieved[_holding(t)] = relieved.get(_holding(t), 0) + t.used_bytes
         if acts or t.key not in state.reported:
             decide("reclaim", t, reason, acts)
         if acts:
@@ -198,10 +239,17 @@ def evaluate(
             # observing under a node that enforces frees nothing, so others still go.
             count_freed(t.key)
 
+    for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
+        pair = (t.key, t.gpu_uuid)
+        if t.key in chosen or pair not in over_since or not over_cap(t):
+            continue
+        if now - over_since[pair] >= params.grace_s:
+            reclaim(t, "over-cap")
+
     if params.strict:
-        for t in sorted(reclaimable, key=lambda t: (-t.overrun_bytes, t.key, t.gpu_uuid)):
+        for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
             pair = (t.key, t.gpu_uuid)
-            if t.key in chosen or pair not in over_since:
+            if t.key in chosen or pair not in over_since or not still_over(t):
                 continue
             if now - over_since[pair] >= params.grace_s:
                 reclaim(t, "strict")
@@ -213,13 +261,13 @@ def evaluate(
         if since is None or (now - since < params.grace_s and not critical):
             continue
         candidates = sorted(
-            (t for t in reclaimable if t.gpu_uuid == g.uuid and t.overrun_bytes > 0),
-            key=lambda t: (-t.overrun_bytes, t.key),
+            (t for t in reclaimable if t.gpu_uuid == g.uuid and overrun(t) > 0),
+            key=lambda t: (-overrun(t), -t.used_bytes, t.key),
         )
         for t in candidates:
             if ahead[g.uuid] + freeing.get(g.uuid, 0) >= reserve:
                 break
-            if t.key in chosen:
+            if t.key in chosen or not still_over(t):
                 continue
             reclaim(t, "memory-pressure")
 
@@ -237,13 +285,21 @@ def evaluate(
     )
 
 
-def _borrowing_growth(watched: Iterable[Tenant], state: GuardState, now: float) -> dict[str, float]:
-    """GPU UUID -> bytes per second by which the time-sliced containers over their share on
-    it grew since the previous poll (shrinking ones count as 0, new ones as not grown)."""
+def _holding(t: Tenant) -> tuple[str, str]:
+    """What a tenant's memory is held against: its claim's share, or its own."""
+    return (t.holder if t.holder is not None else f"container {t.key}", t.gpu_uuid)
+
+
+def _borrowing_growth(
+    watched: Iterable[Tenant], state: GuardState, now: float, overrun: Callable[[Tenant], int]
+) -> dict[str, float]:
+    """GPU UUID -> bytes per second by which the time-sliced containers over their share
+    (their holder's, `overrun`) on it grew since the previous poll (shrinking ones count as
+    0, new ones as not grown)."""
     out: dict[str, float] = {}
     for t in watched:
         before = state.last_used.get((t.key, t.gpu_uuid))
-        if t.kind != "time-slicing" or t.overrun_bytes <= 0 or before is None:
+        if t.kind != "time-slicing" or overrun(t) <= 0 or before is None:
             continue
         at, used_then = before
         if now > at and t.used_bytes > used_then:
