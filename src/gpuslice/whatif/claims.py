@@ -309,7 +309,7 @@ def node_slices(
         else device_json(d, [], offers.get(d.uuid))
         for d in ours
     ]
-    sets = [d.counter_set for d in dyn.values()]
+    sets = [d.counter_set for d in dyn.values() if d.counter_set is not None]
     specs = slice_specs(devices, driver=driver, node=node, generation=1, counter_sets=sets)
     return [
         {
