@@ -14,7 +14,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -26,9 +26,11 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME, DynamicMig
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
+from gpuslice.backends.simulated.partition import created
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.partitions import dynamic_gpu
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -38,6 +40,7 @@ from gpuslice.k8s.dra import DraApi
 from gpuslice.state import PlanState, Snapshot
 from gpuslice.testing import envtest
 from gpuslice.whatif.claims import DEFAULT_DEVICE_CLASSES, what_if
+from tests.mig_guide import NVIDIA_TABLES
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "dynmig"
@@ -533,3 +536,60 @@ async def test_someone_elses_me_instance_leaves_a_pool_the_scheduler_takes(
     assert plain.fits
     assert [d.device for d in plain.devices] == ["gpu-0-mig-1g10gb-19-1"]
     assert not me.fits
+
+
+def _combinations() -> list[tuple[str, str, list[str], int]]:
+    """Per MIG model, from NVIDIA's table (`tests.mig_guide`): claims in order, and how many
+    of them (the first ones) the GPU holds together; the rest must wait."""
+    out = []
+    for model, rows in sorted(NVIDIA_TABLES.items()):
+        small = rows[0][0]
+        count = rows[0][8]
+        full = rows[-1][0]  # the profile spanning every memory slice
+        mes = [r[0] for r in rows if r[0].endswith("+me")]
+        out.append((model, f"{count} {small} and one more", [small] * (count + 1), count))
+        out.append((model, "two +me: one OFA unit", [mes[0], mes[-1]], 1))
+        out.append((model, f"{full} then {small}", [full, small], 1))
+        if model == "a30":
+            out.append((model, "2g, 2g+me, then 1g", ["2g.12gb", "2g.12gb+me", small], 2))
+        else:
+            four, three = (r[0] for r in rows if r[0][0] in "43" and "+" not in r[0])
+            out.append((model, f"{four}, {three}, then {small}", [three, four, small], 2))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "what", "profiles", "held"),
+    _combinations(),
+    ids=[f"{c[0]}: {c[1]}" for c in _combinations()],
+)
+async def test_each_models_valid_and_invalid_combinations_by_the_real_scheduler(
+    make_node: Callable[[str], Awaitable[Node]],
+    model: str,
+    what: str,
+    profiles: list[str],
+    held: int,
+) -> None:
+    """What the real scheduler allocates together from the published counters is what
+    NVIDIA's table lets the GPU hold: the first `held` claims get devices named with the
+    table's profile IDs, which the driver (the simulator, with the MIG User Guide's rules)
+    creates together; the next one waits."""
+    node = await make_node(f"sim:1x{model}/mig=")
+    await node.publish()
+    for i, profile in enumerate(profiles):
+        node.claim(f"c{i}", profile)
+    got = [await node.device(f"c{i}") for i in range(held)]
+    for i in range(held, len(profiles)):
+        await node.unschedulable(f"c{i}")
+    inventory = node.backend.inventory()
+    gpu = inventory.gpus[0]
+    parts = dynamic_gpu(gpu, inventory).partitions
+    assert [parts[name].profile.name for name in got] == profiles[:held]
+    ids = {row[0]: row[1] for row in NVIDIA_TABLES[model]}
+    for name in got:
+        profile = parts[name].profile.name
+        spelled = profile.replace(".", "").replace("+", "-")
+        assert name == f"gpu-0-mig-{spelled}-{ids[profile]}-{parts[name].start}"
+    for serial, name in enumerate(got):  # the GPU creates them together
+        mig = created(gpu, parts[name].profile.name, parts[name].start, serial)
+        gpu = replace(gpu, mig_devices=(*gpu.mig_devices, mig))
