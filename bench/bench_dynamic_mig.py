@@ -3,8 +3,8 @@
 
 Two simulated nodes of 8 H100 80GB each: **static**, MIG mode with the layout
 `1g.10gb*7` made beforehand (56 MIG devices), and **dynamic**, MIG mode with no instance,
-every GPU marked dynamic (`core.dra.partitions`: per GPU a counter set, 25 partitions and
-the whole GPU). For each:
+every GPU marked dynamic (`core.dra.partitions`: per GPU a counter set and 25 partitions).
+For each:
 
 1. **size**: the slices the node publishes: how many, how many devices, how many bytes of
    JSON (what every watcher of ResourceSlices receives);
