@@ -240,3 +240,24 @@ async def test_a_whole_gpu_claim_on_a_dynamic_gpu_is_refused_not_handed_the_bare
     assert ref.uid not in driver.claims
     assert node.migs() == []
     assert not list((node.tmp / "cdi").glob("*"))
+
+
+async def test_a_me_claim_after_an_operators_me_names_the_instance_holding_the_ofa_unit(
+    node: Node,
+) -> None:
+    """An operator's `1g.10gb+me` made between allocation and Prepare holds the GPU's one
+    OFA unit: the claim's `+me` placement is free, but Prepare refuses it naming the
+    instance that holds what it needs, and creates nothing."""
+    driver, _ = await started(node)
+    ref = node.claim("a", "1g.10gb+me")  # allocated gpu-0-mig-1g10gb-me-20-0
+    gpu = node.backend.inventory().gpus[0].uuid
+    node.backend.create_mig(gpu, "1g.10gb+me", 6)
+    [theirs] = node.backend.inventory().gpus[0].mig_devices
+    failed = (await driver.prepare([ref]))[ref.uid]
+    assert failed.error == (
+        "ResourceClaim ns/a: device gpu-0-mig-1g10gb-me-20-0: 1g.10gb+me at memory slices "
+        f"0..0 of GPU 0 ({gpu}) needs ofa-engines held by MIG device 1g.10gb+me at placement "
+        f"6:1 (GPU instance {theirs.gi_id}, {theirs.uuid}), which gpuslice did not create for "
+        "a claim; it is left alone"
+    )
+    assert node.migs() == ["1g.10gb+me@6"]

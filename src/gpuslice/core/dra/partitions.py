@@ -389,9 +389,14 @@ def _instances(migs: Sequence[MigDevice]) -> str:
         f"(GPU instance {m.gi_id}, {m.uuid})"
         for m in migs
     ]
+    if len(named) > 1:
+        return (
+            f"MIG devices {'; '.join(named)}, which gpuslice did not create for a claim; they "
+            "are left alone"
+        )
     return (
-        f"MIG device{'s' if len(named) > 1 else ''} {'; '.join(named) or 'on the GPU'}, "
-        "which gpuslice did not create for a claim; it is left alone"
+        f"MIG device {''.join(named) or 'on the GPU'}, which gpuslice did not create for a "
+        "claim; it is left alone"
     )
 
 
