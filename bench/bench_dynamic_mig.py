@@ -35,7 +35,7 @@ from functools import partial
 
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+from gpuslice.core.dra.partitions import counter_sets, dynamic_gpus, node_devices, with_consumption
 from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
 from gpuslice.core.jsontypes import Json
 from gpuslice.k8s import make_client
@@ -64,7 +64,7 @@ def wanted(inv: Inventory, dynamic: bool) -> tuple[list[Json], list[Json]]:
         obj = device_json(device, [])
         owner = dyn.get(device.gpu.uuid)
         devices.append(with_consumption(obj, owner) if owner is not None else obj)
-    return devices, [d.counter_set for d in dyn.values()]
+    return devices, counter_sets(dyn)
 
 
 def slices_for(inv: Inventory, dynamic: bool, node: str) -> list[Json]:

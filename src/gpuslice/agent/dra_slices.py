@@ -26,7 +26,12 @@ from datetime import UTC, datetime
 from gpuslice.aio.races import first_of
 from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+from gpuslice.core.dra.partitions import (
+    counter_sets,
+    dynamic_gpus,
+    node_devices,
+    with_consumption,
+)
 from gpuslice.core.dra.publish import (
     REPLICAS,
     DraDevice,
@@ -149,7 +154,7 @@ class SlicePublisher:
                 out.append(with_consumption(device_json(device, device_taints), owner))
             else:
                 out.append(device_json(device, device_taints, offers.get(device.uuid)))
-        return out, [d.counter_set for d in dyn.values() if d.counter_set is not None]
+        return out, counter_sets(dyn)
 
     async def publish_once(self) -> SliceChanges:
         """Make the API hold what should be published; the changes made (empty: none)."""

@@ -318,6 +318,12 @@ def dynamic_gpus(
     }
 
 
+def counter_sets(dynamic: Mapping[str, DynamicGpu]) -> list[Json]:
+    """The counter sets to publish: one per dynamic GPU with a partition left to consume
+    it."""
+    return [d.counter_set for d in dynamic.values() if d.counter_set is not None]
+
+
 def node_devices(
     static: Sequence[DraDevice], dynamic: Mapping[str, DynamicGpu]
 ) -> tuple[DraDevice, ...]:
