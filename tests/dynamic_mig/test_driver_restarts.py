@@ -261,3 +261,24 @@ async def test_a_me_claim_after_an_operators_me_names_the_instance_holding_the_o
         "a claim; it is left alone"
     )
     assert node.migs() == ["1g.10gb+me@6"]
+
+
+async def test_an_instance_made_since_the_gpu_was_last_read_is_named_too(node: Node) -> None:
+    """The operator's `+me` appears after the agent last read the GPU (its snapshot still
+    offers the claim's placement): Prepare, which reads the GPU again before creating,
+    names the instance holding the OFA unit instead of passing on the driver's refusal."""
+    frozen = node.snapshot()
+    node.snapshot = lambda: frozen  # type: ignore[method-assign]  # not re-read since
+    driver, _ = await started(node)
+    ref = node.claim("a", "1g.10gb+me")  # allocated gpu-0-mig-1g10gb-me-20-0
+    gpu = node.backend.inventory().gpus[0].uuid
+    node.backend.create_mig(gpu, "1g.10gb+me", 6)
+    [theirs] = node.backend.inventory().gpus[0].mig_devices
+    failed = (await driver.prepare([ref]))[ref.uid]
+    assert failed.error.endswith(
+        "device gpu-0-mig-1g10gb-me-20-0: 1g.10gb+me at memory slices 0..0 of GPU 0 "
+        f"({gpu}) needs ofa-engines held by MIG device 1g.10gb+me at placement 6:1 (GPU "
+        f"instance {theirs.gi_id}, {theirs.uuid}), which gpuslice did not create for this "
+        "claim; it is left alone"
+    )
+    assert node.migs() == ["1g.10gb+me@6"]

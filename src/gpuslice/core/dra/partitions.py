@@ -368,42 +368,47 @@ def not_offered(
         if part is None:
             continue
         foreign = [m for m in gpu.mig_devices if m.uuid not in ours]
-        span = f"{part.profile.name} at memory slices {part.start}..{part.slots[-1]} of {where}"
-        overlapping = [m for m in foreign if set(part.slots) & set(_held(m))]
-        left = available_counters(geometry, foreign)
-        short = sorted(c for c, v in part.consumes().items() if v > left.get(c, 0))
-        if overlapping:
-            return f"device {name}: {span} is taken by {_instances(overlapping)}"
-        if short:
-            holders = [
-                m for m in foreign if any(foreign_consumption(geometry, [m]).get(c) for c in short)
-            ]
-            return f"device {name}: {span} needs {', '.join(short)} held by {_instances(holders)}"
-        return None
+        why = in_the_way(part, foreign, "which gpuslice did not create for a claim")
+        return None if why is None else f"device {name}: {why}"
     return None
+
+
+def in_the_way(part: Partition, others: Sequence[MigDevice], whose: str) -> str | None:
+    """What of `others` (instances on `part`'s GPU; `whose` says whose they are) keeps
+    `part` from being created: those overlapping its placement, else those holding an engine
+    or a slice count it needs more of than is left; None when nothing does. Named by
+    profile, placement, GPU instance ID and UUID, as `nvidia-smi mig -lgi` shows them."""
+    span = (
+        f"{part.profile.name} at memory slices {part.start}..{part.slots[-1]} of GPU "
+        f"{part.gpu.index} ({part.gpu.uuid})"
+    )
+    overlapping = [m for m in others if set(part.slots) & set(_held(m))]
+    if overlapping:
+        return f"{span} is taken by {_instances(overlapping, whose)}"
+    geometry = part.gpu.mig_geometry
+    if geometry is None:
+        return None
+    left = available_counters(geometry, others)
+    short = sorted(c for c, v in part.consumes().items() if v > left.get(c, 0))
+    if not short:
+        return None
+    holders = [m for m in others if any(foreign_consumption(geometry, [m]).get(c) for c in short)]
+    return f"{span} needs {', '.join(short)} held by {_instances(holders, whose)}"
 
 
 def _held(mig: MigDevice) -> range:
     return range(max(mig.placement_start, 0), mig.placement_start + mig.placement_size)
 
 
-def _instances(migs: Sequence[MigDevice]) -> str:
-    """Someone else's instances, each by profile, placement and UUID, as an operator finds
-    them in `nvidia-smi mig -lgi`."""
+def _instances(migs: Sequence[MigDevice], whose: str) -> str:
     named = [
         f"{m.profile} at placement {m.placement_start}:{m.placement_size} "
         f"(GPU instance {m.gi_id}, {m.uuid})"
         for m in migs
     ]
     if len(named) > 1:
-        return (
-            f"MIG devices {'; '.join(named)}, which gpuslice did not create for a claim; they "
-            "are left alone"
-        )
-    return (
-        f"MIG device {''.join(named) or 'on the GPU'}, which gpuslice did not create for a "
-        "claim; it is left alone"
-    )
+        return f"MIG devices {'; '.join(named)}, {whose}; they are left alone"
+    return f"MIG device {''.join(named) or 'on the GPU'}, {whose}; it is left alone"
 
 
 WOULD_BE_UUID = "MIG-created-at-prepare"
