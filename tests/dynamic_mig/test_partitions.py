@@ -16,7 +16,7 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated.partition import created
-from gpuslice.core.devices import Gpu, Inventory
+from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.dra.partitions import (
     Partition,
     counter_set,
@@ -29,6 +29,7 @@ from gpuslice.core.dra.partitions import (
 )
 from gpuslice.core.dra.publish import device_json, dra_devices, slice_specs
 from gpuslice.core.gpumodels import MODELS
+from gpuslice.core.units import Quantity
 from gpuslice.ports import BackendError
 
 MIG_MODELS = sorted(k for k, m in MODELS.items() if m.mig is not None)
@@ -198,36 +199,50 @@ def test_a_counter_set_fits_the_api() -> None:
         assert all(v["value"] != "0" for v in counters.values())
 
 
-def every_single_instance(model: str) -> Iterator[tuple[str, int]]:
-    geometry = MODELS[model].mig
-    assert geometry is not None
-    for profile in geometry.profiles:
-        for start in profile.starts:
-            yield profile.name, start
+def layouts(gpu: Gpu) -> Iterator[tuple[MigDevice, ...]]:
+    """Every set of instances the GPU creates together, as the driver makes them."""
+    assert gpu.mig_geometry is not None
+    for chosen in disjoint_sets(partitions(gpu, gpu.mig_geometry)):
+        made: list[MigDevice] = []
+        try:
+            for serial, part in enumerate(chosen):
+                here = replace(gpu, mig_devices=tuple(made))
+                made.append(created(here, part.profile.name, part.start, serial))
+        except BackendError:
+            continue
+        yield tuple(made)
 
 
 @pytest.mark.parametrize("model", MIG_MODELS)
-def test_what_someone_elses_instance_leaves_is_a_pool_the_scheduler_takes(model: str) -> None:
-    """For each profile at each placement made by someone else (an operator's `7g`, a `+me`
-    holding the one OFA unit, ...): every counter a published device consumes is in its
-    GPU's set with enough of it (else the scheduler calls the whole pool invalid, every GPU
-    of the node), no set is empty (the API refuses the slice), and a GPU left with nothing
-    to offer publishes neither devices nor a set."""
-    for profile, start in every_single_instance(model):
-        inv = inventory(f"sim:1x{model}/mig=")
-        gpu = inv.gpus[0]
-        theirs = created(gpu, profile, start, 0)
-        gpu = replace(gpu, mig_devices=(theirs,))
+def test_what_someone_elses_instances_leave_is_a_pool_the_scheduler_takes(model: str) -> None:
+    """For every layout the GPU holds made by someone else (an operator's `7g`, a `+me`
+    holding the one OFA unit, an all-`1g` layout, ...): what the GPU publishes is exactly the
+    partitions the driver could still create beside it; every counter a published device
+    consumes is in its GPU's set with enough of it (else the scheduler calls the whole pool
+    invalid, every GPU of the node); no set is empty (the API refuses the slice), and a GPU
+    left with nothing to offer publishes neither devices nor a set."""
+    inv = inventory(f"sim:1x{model}/mig=")
+    bare = inv.gpus[0]
+    assert bare.mig_geometry is not None
+    every = partitions(bare, bare.mig_geometry)
+    tried = 0
+    for theirs in layouts(bare):
+        tried += 1
+        gpu = replace(bare, mig_devices=theirs)
         dyn = dynamic_gpu(gpu, replace(inv, gpus=(gpu,)))
-        what = f"{profile}@{start}"
+        what = [f"{m.profile}@{m.placement_start}" for m in theirs]
+        creatable = {p.name for p in every if driver_admits(gpu, (p,))}
+        assert set(dyn.partitions) == creatable, what
         if dyn.counter_set is None:
             assert dyn.devices == (), what
             continue
-        counters = {k: int(v["value"]) for k, v in dyn.counter_set["counters"].items()}
+        published = dyn.counter_set["counters"].items()
+        counters = {k: Quantity.parse(v["value"]).value for k, v in published}
         assert counters, what
         for device in dyn.devices:
             consumed = {k: v for k, v in dyn.consumption[device.name].items() if v > 0}
             assert all(counters.get(k, 0) >= v for k, v in consumed.items()), (what, device.name)
+    assert tried > 20
 
 
 def test_a_gpu_someone_else_filled_publishes_nothing_and_the_others_stay() -> None:
