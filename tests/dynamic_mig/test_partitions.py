@@ -105,8 +105,8 @@ def test_the_counters_admit_exactly_the_layouts_the_gpu_creates(model: str) -> N
 )
 def test_one_device_per_profile_and_placement_and_no_whole_gpu(model: str, devices: int) -> None:
     """The GPU is in MIG mode: CUDA runs only in MIG devices, so the bare GPU is not offered
-    (NVIDIA's driver offers it only where it can turn MIG mode off at Prepare; gpuslice
-    never changes MIG mode)."""
+    (NVIDIA's driver offers it only where it toggles MIG mode itself, Hopper and later;
+    gpuslice never changes MIG mode)."""
     inv = inventory(f"sim:1x{model}/mig=")
     dyn = dynamic_gpu(inv.gpus[0], inv)
     assert len(dyn.devices) == devices

@@ -25,8 +25,8 @@ taints); at most 32 counters per consumption, 2 consumptions per device.
 
 The whole GPU is not published: a dynamic GPU is in MIG mode, where CUDA runs only inside
 MIG devices, and gpuslice never changes MIG mode. NVIDIA's driver publishes it only where it
-can turn MIG mode off at Prepare without a GPU reset (Hopper and later), and never on a GPU
-whose MIG mode it cannot toggle.
+toggles MIG mode itself without a GPU reset (Hopper and later: on for a MIG device, off once
+none is left), never on an Ampere GPU in MIG mode (`nvlib.go`, `maybeDisableMigMode`).
 
 Instances already on the GPU that gpuslice did not create for a claim (`foreign`: made by an
 operator, another tool, or an earlier layout) are taken out: the counter set shrinks by what
