@@ -3,8 +3,8 @@
 
 Two simulated nodes of 8 H100 80GB each: **static**, MIG mode with the layout
 `1g.10gb*7` made beforehand (56 MIG devices), and **dynamic**, MIG mode with no instance,
-every GPU marked dynamic (`core.dra.partitions`: per GPU a counter set, 25 partitions and
-the whole GPU). For each:
+every GPU marked dynamic (`core.dra.partitions`: per GPU a counter set and 25 partitions).
+For each:
 
 1. **size**: the slices the node publishes: how many, how many devices, how many bytes of
    JSON (what every watcher of ResourceSlices receives);
@@ -35,7 +35,7 @@ from functools import partial
 
 from gpuslice.backends import open_backend
 from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+from gpuslice.core.dra.partitions import counter_sets, dynamic_gpus, node_devices, with_consumption
 from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
 from gpuslice.core.jsontypes import Json
 from gpuslice.k8s import make_client
@@ -64,7 +64,7 @@ def wanted(inv: Inventory, dynamic: bool) -> tuple[list[Json], list[Json]]:
         obj = device_json(device, [])
         owner = dyn.get(device.gpu.uuid)
         devices.append(with_consumption(obj, owner) if owner is not None else obj)
-    return devices, [d.counter_set for d in dyn.values()]
+    return devices, counter_sets(dyn)
 
 
 def slices_for(inv: Inventory, dynamic: bool, node: str) -> list[Json]:

@@ -152,7 +152,12 @@ def test_the_written_claims_ask_for_the_advised_profile_and_fit_a_dynamic_gpu(
     (the emulator's allocator) place on a dynamic H100's 1g.20gb partitions, four of them
     (its four placements) and not a fifth."""
     from gpuslice.backends import open_backend
-    from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+    from gpuslice.core.dra.partitions import (
+        counter_sets,
+        dynamic_gpus,
+        node_devices,
+        with_consumption,
+    )
     from gpuslice.core.dra.publish import device_json, dra_devices, plan_slices
     from gpuslice.whatif.allocator import AllocationError, allocate
 
@@ -170,7 +175,7 @@ def test_the_written_claims_ask_for_the_advised_profile_and_fit_a_dynamic_gpu(
         with_consumption(device_json(d, []), dyn[d.gpu.uuid])
         for d in node_devices(dra_devices(inventory), dyn)
     ]
-    sets = [d.counter_set for d in dyn.values()]
+    sets = counter_sets(dyn)
     slices = plan_slices([], devices, driver="gpu.nvidia.com", node="n", node_uid="",
                          counter_sets=sets).create  # fmt: skip
     expression = (

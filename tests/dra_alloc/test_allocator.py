@@ -465,6 +465,32 @@ def test_a_whole_gpu_and_its_partitions_share_counters() -> None:
         allocate(claim(exact("m", "mig.nvidia.com", small), exact("g")), CLASSES, offer)
 
 
+def test_a_device_consuming_a_counter_its_pool_lacks_invalidates_the_pool() -> None:
+    """As kube-scheduler 1.36 does ("invalid resource pools were encountered", checked on the
+    real one with a `+me` partition left consuming a dropped `ofa-engines`): no claim gets
+    any device of the node, not even one whose own counters are all there, so describe
+    --claims does not say a claim fits that the scheduler leaves pending."""
+    offer = partitionable()
+    offer[0]["spec"]["sharedCounters"][0]["counters"].pop("memory-slice-7")
+    small = f"device.attributes['{DRIVER}'].profile == '1g.5gb'"
+    with pytest.raises(AllocationError) as err:
+        allocate(claim(exact("m", "mig.nvidia.com", small)), CLASSES, offer)
+    assert str(err.value) == (
+        "claim ml/c: invalid resource pools were encountered (pool gpu.nvidia.com/n1: device "
+        "gpu-0 consumes counter memory-slice-7 of counter set gpu-0-counter-set, which the "
+        "pool does not define)"
+    )
+    # another node's invalid pool is not this node's concern
+    assert picked(
+        allocate(
+            claim(exact("g")),
+            CLASSES,
+            [*offer, *slices(devices("sim:1xh100-80gb"), "n2")],
+            node="n2",
+        )
+    ) == ["gpu-0"]
+
+
 # -- consumable capacity ------------------------------------------------------------------
 
 

@@ -78,6 +78,17 @@ def test_each_refusal_names_the_field_and_value(obj: Any, message: str) -> None:
     assert str(err.value).startswith("ResourceClaim ns/c")
 
 
+def test_a_device_the_node_lacks_is_named_with_a_few_of_the_nodes() -> None:
+    """Eight H100s in MIG mode hold 56 MIG devices: the refusal names eight and counts the
+    rest instead of quoting every name."""
+    many = devices("sim:8xh100-80gb/mig=1g.10gb*7")
+    with pytest.raises(ClaimError) as err:
+        claim_work(claim([result("gpu-9")]), REF, driver=DRIVER, pool=POOL, devices=many, offers={})
+    text = str(err.value)
+    assert text.endswith("and 48 more)")
+    assert len(text) < 400
+
+
 def test_results_group_per_config_and_requests_keep_their_main_name() -> None:
     mps = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
     got = work(

@@ -12,7 +12,8 @@ from gpuslice.demo.dynmig_scene import run_dynamic_mig_demo
 async def test_the_scene_creates_and_destroys_what_the_claims_ask_for() -> None:
     result = await run_dynamic_mig_demo()
     published, placed, refused, freed, done = result.steps
-    assert len(published.devices) == 26
+    assert len(published.devices) == 25
+    assert all(d.type == "mig" for d in published.devices)
     assert "gpu-0-counter-set" in published.note
     assert [c.devices for c in placed.claims] == [
         (("mig", "gpu-0-mig-4g40gb-5-0"),),

@@ -180,9 +180,16 @@ async def test_a_placement_someone_else_took_is_refused_and_left(node: Node) -> 
     ref = node.claim("a", "4g.40gb")  # allocated gpu-0-mig-4g40gb-5-0
     gpu = node.backend.inventory().gpus[0].uuid
     node.backend.create_mig(gpu, "2g.20gb", 2)  # an operator, between allocation and Prepare
+    [theirs] = node.backend.inventory().gpus[0].mig_devices
     failed = (await driver.prepare([ref]))[ref.uid]
-    # its placement is no partition of this node any more: refused by name, nothing touched
-    assert "'gpu-0-mig-4g40gb-5-0' is not a device of this node" in failed.error
+    # refused naming the instance in the way (its profile, placement and UUID), not by
+    # listing every device the node publishes; nothing touched
+    assert failed.error == (
+        "ResourceClaim ns/a: device gpu-0-mig-4g40gb-5-0: 4g.40gb at memory slices 0..3 of "
+        f"GPU 0 ({gpu}) is taken by MIG device 2g.20gb at placement 2:2 (GPU instance "
+        f"{theirs.gi_id}, {theirs.uuid}), which gpuslice did not create for a claim; it is "
+        "left alone"
+    )
     assert node.migs() == ["2g.20gb@2"]
 
 
@@ -206,3 +213,72 @@ async def test_a_record_that_cannot_be_written_fails_the_claim_and_leaves_nothin
     assert dynamic.journal.records == ()
     calls = [c[0] for c in node.backend.mig_calls]
     assert calls == (["create", "destroy"] if created else [])
+
+
+async def test_a_whole_gpu_claim_on_a_dynamic_gpu_is_refused_not_handed_the_bare_gpu(
+    node: Node,
+) -> None:
+    """A claim allocated `gpu-0` (from slices an earlier release published) on a GPU in MIG
+    mode: CUDA cannot run on the bare GPU, so Prepare refuses it, saying why, and creates
+    nothing (NVIDIA's driver offers no such GPU whole)."""
+    driver, _ = await started(node)
+    made = node.store.add_claim({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "whole", "namespace": "ns"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    })  # fmt: skip
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}
+    node.store.set_claim_status("ns", "whole", {"allocation": {"devices": {"results": [result]}}})
+    ref = ClaimRef("ns", str(made["metadata"]["uid"]), "whole")
+    failed = (await driver.prepare([ref]))[ref.uid]
+    gpu = node.backend.inventory().gpus[0].uuid
+    assert failed.error.startswith(
+        f"ResourceClaim ns/whole: device gpu-0: GPU 0 ({gpu}) is in MIG mode for dynamic MIG, "
+        "so the whole GPU is not offered"
+    )
+    assert ref.uid not in driver.claims
+    assert node.migs() == []
+    assert not list((node.tmp / "cdi").glob("*"))
+
+
+async def test_a_me_claim_after_an_operators_me_names_the_instance_holding_the_ofa_unit(
+    node: Node,
+) -> None:
+    """An operator's `1g.10gb+me` made between allocation and Prepare holds the GPU's one
+    OFA unit: the claim's `+me` placement is free, but Prepare refuses it naming the
+    instance that holds what it needs, and creates nothing."""
+    driver, _ = await started(node)
+    ref = node.claim("a", "1g.10gb+me")  # allocated gpu-0-mig-1g10gb-me-20-0
+    gpu = node.backend.inventory().gpus[0].uuid
+    node.backend.create_mig(gpu, "1g.10gb+me", 6)
+    [theirs] = node.backend.inventory().gpus[0].mig_devices
+    failed = (await driver.prepare([ref]))[ref.uid]
+    assert failed.error == (
+        "ResourceClaim ns/a: device gpu-0-mig-1g10gb-me-20-0: 1g.10gb+me at memory slices "
+        f"0..0 of GPU 0 ({gpu}) needs ofa-engines held by MIG device 1g.10gb+me at placement "
+        f"6:1 (GPU instance {theirs.gi_id}, {theirs.uuid}), which gpuslice did not create for "
+        "a claim; it is left alone"
+    )
+    assert node.migs() == ["1g.10gb+me@6"]
+
+
+async def test_an_instance_made_since_the_gpu_was_last_read_is_named_too(node: Node) -> None:
+    """The operator's `+me` appears after the agent last read the GPU (its snapshot still
+    offers the claim's placement): Prepare, which reads the GPU again before creating,
+    names the instance holding the OFA unit instead of passing on the driver's refusal."""
+    frozen = node.snapshot()
+    node.snapshot = lambda: frozen  # type: ignore[method-assign]  # not re-read since
+    driver, _ = await started(node)
+    ref = node.claim("a", "1g.10gb+me")  # allocated gpu-0-mig-1g10gb-me-20-0
+    gpu = node.backend.inventory().gpus[0].uuid
+    node.backend.create_mig(gpu, "1g.10gb+me", 6)
+    [theirs] = node.backend.inventory().gpus[0].mig_devices
+    failed = (await driver.prepare([ref]))[ref.uid]
+    assert failed.error.endswith(
+        "device gpu-0-mig-1g10gb-me-20-0: 1g.10gb+me at memory slices 0..0 of GPU 0 "
+        f"({gpu}) needs ofa-engines held by MIG device 1g.10gb+me at placement 6:1 (GPU "
+        f"instance {theirs.gi_id}, {theirs.uuid}), which gpuslice did not create for this "
+        "claim; it is left alone"
+    )
+    assert node.migs() == ["1g.10gb+me@6"]

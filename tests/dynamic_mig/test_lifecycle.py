@@ -8,6 +8,7 @@ does across an agent restart."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,8 @@ async def test_someone_elses_instance_is_refused_and_left(
     theirs = backend.create_mig(gpu_uuid(backend), "2g.20gb", 2)  # slices 2, 3
     dyn = manager(backend, tmp_path)
     await dyn.load(set())
-    with pytest.raises(ClaimError, match=f"taken by MIG device {theirs.uuid}"):
+    taken = f"taken by MIG device 2g.20gb at placement 2:2 (GPU instance {theirs.gi_id}, "
+    with pytest.raises(ClaimError, match=re.escape(f"{taken}{theirs.uuid})")):
         await dyn.materialize(UID, part(backend))
     assert migs(backend) == (theirs,)
     assert on_disk(tmp_path) == []

@@ -60,17 +60,20 @@ def test_each_claim_gets_a_placement_and_the_eighth_1g_is_told_why_not() -> None
     )
 
 
-def test_a_whole_gpu_claim_after_a_mig_claim_is_refused_by_the_counters() -> None:
+def test_a_dynamic_gpu_offers_no_whole_gpu_claim_its_bare_gpu() -> None:
+    """In MIG mode CUDA runs only in MIG devices: a whole-GPU claim fits nowhere, before or
+    after a MIG claim, as NVIDIA's driver offers no such GPU whole."""
     out = report(
         "sim:1xh100-80gb/mig=",
-        [claim("small", "3g.40gb"), claim("whole", cls="gpu.nvidia.com")],
+        [claim("whole", cls="gpu.nvidia.com"), claim("small", "3g.40gb")],
         ("all",),
     )
-    small, whole = out.claims
+    whole, small = out.claims
+    assert not whole.fits
+    assert whole.stage == "allocate"
+    assert "no device matches device class 'gpu.nvidia.com'" in whole.error
     assert small.fits
     assert small.devices[0].device == "gpu-0-mig-3g40gb-9-0"
-    assert not whole.fits
-    assert "counter" in whole.error
 
 
 def test_without_the_marker_the_gpu_offers_what_it_holds() -> None:

@@ -35,7 +35,8 @@ def records(node: DraNode) -> list[Json]:
 
 async def test_a_dynamic_gpu_through_the_daemon(sock_dir: Path, api: FakeApiServer) -> None:
     async with running_dra_node(sock_dir, api, node="sim:1xh100-80gb/mig=", config=CONFIG) as node:
-        await node.wait(lambda: len(devices(node)) == 26, "the partitions and the whole GPU")
+        await node.wait(lambda: len(devices(node)) == 25, "the partitions (not the whole GPU)")
+        assert "gpu-0" not in devices(node)
         assert counter_sets(node) == ["gpu-0-counter-set"]
 
         selector = "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
@@ -52,10 +53,10 @@ async def test_a_dynamic_gpu_through_the_daemon(sock_dir: Path, api: FakeApiServ
         [entry] = node.cdi_spec(ref.uid)["devices"]
         assert f"NVIDIA_VISIBLE_DEVICES={made['created']['uuid']}" in entry["containerEdits"]["env"]
 
-        # an operator's 1g.10gb at memory slice 6: its placements and the whole GPU go
+        # an operator's 1g.10gb at memory slice 6: its placements go
         node.control.send({"kind": "create_mig", "gpu": 0, "profile": "1g.10gb", "start": 6})
         await node.wait(
-            lambda: "gpu-0" not in devices(node) and "gpu-0-mig-1g10gb-19-6" not in devices(node),
+            lambda: "gpu-0-mig-1g10gb-19-6" not in devices(node),
             "the operator's placement taken out",
         )
         assert "gpu-0-mig-3g40gb-9-0" in devices(node)  # ours: the scheduler counts it

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,11 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME, DynamicMig
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
+from gpuslice.backends.simulated.partition import created
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.dra.partitions import dynamic_gpu
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -36,6 +39,8 @@ from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
 from gpuslice.state import PlanState, Snapshot
 from gpuslice.testing import envtest
+from gpuslice.whatif.claims import DEFAULT_DEVICE_CLASSES, what_if
+from tests.mig_guide import NVIDIA_TABLES
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "dynmig"
@@ -221,13 +226,13 @@ async def make_node(
 async def test_eight_dynamic_h100s_are_taken_as_published(
     make_node: Callable[[str], Awaitable[Node]],
 ) -> None:
-    """208 devices and 8 counter sets: four device slices of at most 64, one counter slice;
+    """200 devices and 8 counter sets: four device slices of at most 64, one counter slice;
     what the server stores reads back as published, so a second publish writes nothing."""
     node = await make_node("sim:8xh100-80gb/mig=")
     stored = await node.publish()
     devices = [s for s in stored if s["spec"].get("devices")]
     counters = [s for s in stored if s["spec"].get("sharedCounters")]
-    assert [len(s["spec"]["devices"]) for s in devices] == [64, 64, 64, 16]
+    assert [len(s["spec"]["devices"]) for s in devices] == [64, 64, 64, 8]
     assert [len(s["spec"]["sharedCounters"]) for s in counters] == [8]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {5}
     assert (await node.publisher.publish_once()).empty
@@ -263,19 +268,18 @@ async def test_a_4g_and_a_3g_fit_together(make_node: Callable[[str], Awaitable[N
     await node.unschedulable("more")
 
 
-async def test_the_whole_gpu_blocks_mig_devices_and_the_reverse(
+async def test_a_dynamic_gpu_is_never_allocated_whole(
     make_node: Callable[[str], Awaitable[Node]],
 ) -> None:
+    """In MIG mode CUDA runs only in MIG devices: a whole-GPU claim stays pending on a GPU
+    with nothing allocated, and MIG claims are allocated beside it (NVIDIA's driver offers
+    no GPU whole whose MIG mode it cannot turn off; gpuslice never turns it off)."""
     node = await make_node("sim:1xh100-80gb/mig=")
     await node.publish()
     node.claim("whole", cls="gpu.nvidia.com")
-    assert await node.device("whole") == "gpu-0"
+    await node.unschedulable("whole")
     node.claim("small", "1g.10gb")
-    await node.unschedulable("small")
-    node.delete("whole")
     assert await node.device("small") == "gpu-0-mig-1g10gb-19-0"
-    node.claim("whole2", cls="gpu.nvidia.com")
-    await node.unschedulable("whole2")
 
 
 async def test_prepare_creates_the_allocated_instance_and_unprepare_destroys_it(
@@ -382,3 +386,210 @@ async def test_the_limits_the_publisher_keeps_are_the_servers(
     with pytest.raises(ApiError) as err:
         await node.api.create_slice(_slice(node.name, spec))
     assert err.value.status.code == 422, what
+
+
+def profile_claim(name: str, profile: str) -> Json:
+    expression = f"device.attributes['{DRIVER}'].profile == '{profile}'"
+    selectors = [{"cel": {"expression": expression}}]
+    request = {"deviceClassName": "mig.nvidia.com", "selectors": selectors}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+class CountingApi(DraApi):
+    """The real API, counting this node's slice writes; `spoil` empties every counter set
+    written (what the publisher sent before a filled GPU's set was left out), so the server
+    refuses those slices as it did then."""
+
+    def __init__(self, client: AsyncClient, node: str, *, spoil: bool = False) -> None:
+        super().__init__(client, node, DRIVER)
+        self.spoil = spoil
+        self.writes = 0
+        self.refused: list[float] = []
+        """When each refused write was answered (monotonic seconds)."""
+        self.refusals = asyncio.Event()
+
+    async def _write(self, obj: Json, send: Callable[[Json], Awaitable[Json]]) -> Json:
+        self.writes += 1
+        if self.spoil and obj["spec"].get("sharedCounters"):
+            sets = [{**s, "counters": {}} for s in obj["spec"]["sharedCounters"]]
+            obj = {**obj, "spec": {**obj["spec"], "sharedCounters": sets}}
+        try:
+            return await send(obj)
+        except Exception:
+            self.refused.append(time.monotonic())
+            self.refusals.set()
+            raise
+
+    async def create_slice(self, obj: Json) -> Json:
+        return await self._write(obj, super().create_slice)
+
+    async def replace_slice(self, obj: Json) -> Json:
+        return await self._write(obj, super().replace_slice)
+
+    async def delete_slice(self, name: str) -> None:
+        self.writes += 1
+        await super().delete_slice(name)
+
+
+async def test_a_gpu_someone_else_filled_blocks_no_other_gpu(
+    make_node: Callable[[str], Awaitable[Node]],
+) -> None:
+    """An operator's 7g fills GPU 0: its counter set would be empty, which the server
+    refuses, and with it the node's whole pool. It publishes nothing; GPU 1's partitions
+    are taken in one round of writes (one device slice, one counter slice), a claim gets
+    one, and at rest nothing more is written."""
+    node = await make_node("sim:2xh100-80gb/mig=")
+    node.backend.create_mig(node.backend.inventory().gpus[0].uuid, "7g.80gb", 0)
+    api = CountingApi(node.api._client, node.name)
+    node.publisher = SlicePublisher(
+        api,
+        driver=DRIVER,
+        node=node.name,
+        snapshot=node.snapshot,
+        dynamic=lambda: {"all"},
+        ours=node.dynamic.ours,
+    )
+    stored = await node.publish()
+    assert api.writes == 2
+    assert api.refused == []
+    [counters] = [s for s in stored if s["spec"].get("sharedCounters")]
+    assert [c["name"] for c in counters["spec"]["sharedCounters"]] == ["gpu-1-counter-set"]
+    devices = {d["name"] for s in stored for d in s["spec"].get("devices") or ()}
+    assert len(devices) == 25
+    assert all(name.startswith("gpu-1-mig-") for name in devices)
+    node.claim("seven", "7g.80gb")
+    assert await node.device("seven") == "gpu-1-mig-7g80gb-0-0"
+    assert (await node.publisher.publish_once()).empty
+    assert api.writes == 2
+
+
+async def test_refused_slices_are_retried_with_back_off_not_at_the_echos_pace(
+    make_node: Callable[[str], Awaitable[Node]],
+) -> None:
+    """Slices the server refuses (here: counter sets emptied on the way, as a filled GPU's
+    once were) are retried after the publisher's back-off (0.2 s, doubling), not each time
+    the watch echoes the slices written before the refused one: that echo made 7 to 41
+    requests a second."""
+    node = await make_node("sim:1xh100-80gb/mig=")
+    api = CountingApi(node.api._client, node.name, spoil=True)
+    inventory = node.backend.inventory()
+    state = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory)
+    publisher = SlicePublisher(
+        api,
+        driver=DRIVER,
+        node=node.name,
+        snapshot=lambda: state.current,
+        dynamic=lambda: {"all"},
+        ours=node.dynamic.ours,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(publisher.run(stop, state))
+    try:
+        async with asyncio.timeout(30):
+            while len(api.refused) < 4:
+                api.refusals.clear()
+                await api.refusals.wait()
+    finally:
+        stop.set()
+        await running
+    gaps = [b - a for a, b in itertools.pairwise(api.refused[:4])]
+    # after failure k the next try waits 0.2 * 2**(k-1) s: 0.2, 0.4, 0.8
+    assert all(gap >= 0.9 * 0.2 * 2**k for k, gap in enumerate(gaps)), gaps
+    # each try rewrites the device slice and is refused at the counter slice: two writes
+    assert api.writes <= 2 * len(api.refused) + 2, (api.writes, len(api.refused))
+
+
+async def test_someone_elses_me_instance_leaves_a_pool_the_scheduler_takes(
+    make_node: Callable[[str], Awaitable[Node]],
+) -> None:
+    """An operator's `1g.10gb+me` holds the GPU's one OFA unit: the `+me` partitions (and the
+    7g, which needs it too) are not published, so no device consumes a counter its set no
+    longer has (the scheduler then calls the whole pool invalid and allocates nothing). A
+    `1g.10gb` claim is allocated, a `+me` one waits, and `describe --claims` says the same."""
+    node = await make_node("sim:1xh100-80gb/mig=")
+    node.backend.create_mig(node.backend.inventory().gpus[0].uuid, "1g.10gb+me", 0)
+    stored = await node.publish()
+    [counters] = [s for s in stored if s["spec"].get("sharedCounters")]
+    assert "ofa-engines" not in counters["spec"]["sharedCounters"][0]["counters"]
+    node.claim("plain", "1g.10gb")
+    node.claim("me", "1g.10gb+me")
+    assert await node.device("plain") == "gpu-0-mig-1g10gb-19-1"
+    await node.unschedulable("me")
+
+    inventory = node.backend.inventory()
+    claims = [profile_claim(n, p) for n, p in (("plain", "1g.10gb"), ("me", "1g.10gb+me"))]
+    report = what_if(
+        inventory,
+        build_plan(inventory, parse_config("version: v1\n")),
+        claims,
+        DEFAULT_DEVICE_CLASSES,
+        driver=DRIVER,
+        pool=node.name,
+        dynamic=("all",),
+    )
+    plain, me = report.claims
+    assert plain.fits
+    assert [d.device for d in plain.devices] == ["gpu-0-mig-1g10gb-19-1"]
+    assert not me.fits
+
+
+def _combinations() -> list[tuple[str, str, list[str], int]]:
+    """Per MIG model, from NVIDIA's table (`tests.mig_guide`): claims in order, and how many
+    of them (the first ones) the GPU holds together; the rest must wait."""
+    out = []
+    for model, rows in sorted(NVIDIA_TABLES.items()):
+        small = rows[0][0]
+        count = rows[0][8]
+        full = rows[-1][0]  # the profile spanning every memory slice
+        mes = [r[0] for r in rows if r[0].endswith("+me")]
+        out.append((model, f"{count} {small} and one more", [small] * (count + 1), count))
+        out.append((model, "two +me: one OFA unit", [mes[0], mes[-1]], 1))
+        out.append((model, f"{full} then {small}", [full, small], 1))
+        if model == "a30":
+            out.append((model, "2g, 2g+me, then 1g", ["2g.12gb", "2g.12gb+me", small], 2))
+        else:
+            four, three = (r[0] for r in rows if r[0][0] in "43" and "+" not in r[0])
+            out.append((model, f"{four}, {three}, then {small}", [three, four, small], 2))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "what", "profiles", "held"),
+    _combinations(),
+    ids=[f"{c[0]}: {c[1]}" for c in _combinations()],
+)
+async def test_each_models_valid_and_invalid_combinations_by_the_real_scheduler(
+    make_node: Callable[[str], Awaitable[Node]],
+    model: str,
+    what: str,
+    profiles: list[str],
+    held: int,
+) -> None:
+    """What the real scheduler allocates together from the published counters is what
+    NVIDIA's table lets the GPU hold: the first `held` claims get devices named with the
+    table's profile IDs, which the driver (the simulator, with the MIG User Guide's rules)
+    creates together; the next one waits."""
+    node = await make_node(f"sim:1x{model}/mig=")
+    await node.publish()
+    for i, profile in enumerate(profiles):
+        node.claim(f"c{i}", profile)
+    got = [await node.device(f"c{i}") for i in range(held)]
+    for i in range(held, len(profiles)):
+        await node.unschedulable(f"c{i}")
+    inventory = node.backend.inventory()
+    gpu = inventory.gpus[0]
+    parts = dynamic_gpu(gpu, inventory).partitions
+    assert [parts[name].profile.name for name in got] == profiles[:held]
+    ids = {row[0]: row[1] for row in NVIDIA_TABLES[model]}
+    for name in got:
+        profile = parts[name].profile.name
+        spelled = profile.replace(".", "").replace("+", "-")
+        assert name == f"gpu-0-mig-{spelled}-{ids[profile]}-{parts[name].start}"
+    for serial, name in enumerate(got):  # the GPU creates them together
+        mig = created(gpu, parts[name].profile.name, parts[name].start, serial)
+        gpu = replace(gpu, mig_devices=(*gpu.mig_devices, mig))

@@ -47,7 +47,7 @@ from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_cla
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices
+from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, not_offered
 from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon, preparation
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
@@ -673,11 +673,17 @@ class DraDriver:
         if self._dynamic_mig is None or snap is None:
             return {}
         inventory = snap.inventory
-        dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
+        ours = self._dynamic_mig.ours()
+        dyn = dynamic_gpus(inventory, self._dynamic(), ours)
         parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
+        allocated = _allocated(claim, self.settings.driver, self.settings.node)
+        for name in allocated:  # before anything is created: the whole claim is refused
+            why = None if name in parts else not_offered(name, inventory, self._dynamic(), ours)
+            if why is not None:
+                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: {why}")
         made: dict[str, MigDevice] = {}
         try:
-            for name in _allocated(claim, self.settings.driver, self.settings.node):
+            for name in allocated:
                 part = parts.get(name)
                 if part is not None:
                     made[name] = await self._dynamic_mig.materialize(ref.uid, part)

@@ -26,7 +26,12 @@ from datetime import UTC, datetime
 from gpuslice.aio.races import first_of
 from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, with_consumption
+from gpuslice.core.dra.partitions import (
+    counter_sets,
+    dynamic_gpus,
+    node_devices,
+    with_consumption,
+)
 from gpuslice.core.dra.publish import (
     REPLICAS,
     DraDevice,
@@ -149,7 +154,7 @@ class SlicePublisher:
                 out.append(with_consumption(device_json(device, device_taints), owner))
             else:
                 out.append(device_json(device, device_taints, offers.get(device.uuid)))
-        return out, [d.counter_set for d in dyn.values()]
+        return out, counter_sets(dyn)
 
     async def publish_once(self) -> SliceChanges:
         """Make the API hold what should be published; the changes made (empty: none)."""
@@ -294,8 +299,14 @@ class SlicePublisher:
                     log.warning("dra-slices-publish-failed", error=str(exc), failures=failures)
                 self.rounds += 1
                 version = snap.version
-                retry = None if failures == 0 else min(self.resync_s, self._backoff.delay(failures))
-                await _next_change(stop, state, version, self._moved, retry)
+                if failures == 0:
+                    await _next_change(stop, state, version, self._moved, None)
+                else:
+                    # the watch's echo of this round's own writes (slices written before the
+                    # one refused) must not cut the back-off short: a refusal would then be
+                    # retried as fast as the server echoes, rewriting every slice each time
+                    delay = min(self.resync_s, self._backoff.delay(failures))
+                    await _next_change(stop, state, version, None, delay)
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -354,12 +365,15 @@ async def _next_change(
     stop: asyncio.Event,
     state: PlanState,
     version: int,
-    moved: asyncio.Event,
+    moved: asyncio.Event | None,
     retry_s: float | None,
 ) -> None:
-    """Until the plan moves on, the watch shows a change, `stop`, or (after a failure)
-    the retry delay: with nothing happening, nothing wakes."""
-    await first_of(state.wait_newer(version), moved.wait(), stop.wait(), within_s=retry_s)
+    """Until the plan moves on, the watch shows a change (unless `moved` is None), `stop`,
+    or (after a failure) the retry delay: with nothing happening, nothing wakes."""
+    waits = [state.wait_newer(version), stop.wait()]
+    if moved is not None:
+        waits.append(moved.wait())
+    await first_of(*waits, within_s=retry_s)
 
 
 def _is_partition(device: Json) -> bool:

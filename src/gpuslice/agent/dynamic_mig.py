@@ -33,7 +33,7 @@ from gpuslice.core.dra.migrecord import (
     rebuilt,
     recover,
 )
-from gpuslice.core.dra.partitions import Partition
+from gpuslice.core.dra.partitions import Partition, in_the_way
 from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, MigGone, MigNotOurs, MigPartitioner
@@ -172,14 +172,11 @@ class DynamicMig:
                         return found[0]  # prepared before (a repeated Prepare)
                     await self._forget([record.key])  # gone meanwhile: made again below
             where = f"{part.profile.name} at memory slices {part.start}..{part.slots[-1]}"
-            for mig in live:
-                held = range(mig.placement_start, mig.placement_start + mig.placement_size)
-                if set(held) & set(part.slots):
-                    raise ClaimError(
-                        f"device {part.name}: {where} of GPU {part.gpu.index} is taken by MIG "
-                        f"device {mig.uuid} ({mig.profile} at {mig.placement_start}), which "
-                        "gpuslice did not create for this claim; it is left alone"
-                    )
+            # the live GPU, not the snapshot the partition came from: an instance made since
+            # (an operator's) is named, not left to the driver's terse refusal
+            why = in_the_way(part, live, "which gpuslice did not create for this claim")
+            if why is not None:
+                raise ClaimError(f"device {part.name}: {why}")
             record = MigRecord(claim_uid, part.name, gpu, part.profile.name, part.start)
             self._journal = self._journal.put(record)
             try:

@@ -60,9 +60,11 @@ class MigProfile:
     ofa: int
     encoders: int = 0
     profile_id: int | None = None
-    """NVML's GPU instance profile ID (`nvidia-smi mig -lgip`), what creating an instance
-    takes; None in the simulator's tables, whose names use the shape table instead
-    (`core.dra.publish.gi_profile_id`)."""
+    """NVML's GPU instance profile ID (`nvidia-smi mig -lgip`): what creating an instance
+    takes and what NVIDIA's device names carry. It is the model's, not the shape's (an A30's
+    `2g.12gb` is 5 where an 8-slice GPU's `2g` is 14), so the tables give it per model; None
+    only where a backend could not read it (names then fall back to the shape table,
+    `core.dra.publish.GI_PROFILE_IDS`)."""
 
     @property
     def media_extensions(self) -> bool:
@@ -151,13 +153,15 @@ class GpuModel:
 
 def _p(
     name: str,
+    pid: int,
     sms: int,
     mib: int,
     max_instances: int,
     placement: tuple[tuple[int, ...], int],
     engines: tuple[int, int, int, int],
 ) -> MigProfile:
-    """Table row: engines are (copy, decoder, jpeg, ofa); placement is (starts, size)."""
+    """Table row: `pid` is NVML's profile ID, engines are (copy, decoder, jpeg, ofa);
+    placement is (starts, size)."""
     starts, size = placement
     copy, dec, jpeg, ofa = engines
     return MigProfile(
@@ -172,6 +176,7 @@ def _p(
         decoders=dec,
         jpeg=jpeg,
         ofa=ofa,
+        profile_id=pid,
     )
 
 
@@ -191,13 +196,13 @@ def _ampere_8slice(mem_gb: int, mib: tuple[int, int, int, int]) -> MigGeometry:
         memory_slices=8,
         compute_slices=7,
         profiles=(
-            _p(f"1g.{g}gb", 14, small, 7, _ONE, (1, 0, 0, 0)),
-            _p(f"1g.{g}gb+me", 14, small, 1, _ONE, (1, 1, 1, 1)),
-            _p(f"1g.{2 * g}gb", 14, wide, 4, _ONE_WIDE, (1, 1, 0, 0)),
-            _p(f"2g.{2 * g}gb", 28, wide, 3, _TWO, (2, 1, 0, 0)),
-            _p(f"3g.{4 * g}gb", 42, half, 2, _THREE, (3, 2, 0, 0)),
-            _p(f"4g.{4 * g}gb", 56, half, 1, _FOUR, (4, 2, 0, 0)),
-            _p(f"7g.{mem_gb}gb", 98, full, 1, _SEVEN, (7, 5, 1, 1)),
+            _p(f"1g.{g}gb", 19, 14, small, 7, _ONE, (1, 0, 0, 0)),
+            _p(f"1g.{g}gb+me", 20, 14, small, 1, _ONE, (1, 1, 1, 1)),
+            _p(f"1g.{2 * g}gb", 15, 14, wide, 4, _ONE_WIDE, (1, 1, 0, 0)),
+            _p(f"2g.{2 * g}gb", 14, 28, wide, 3, _TWO, (2, 1, 0, 0)),
+            _p(f"3g.{4 * g}gb", 9, 42, half, 2, _THREE, (3, 2, 0, 0)),
+            _p(f"4g.{4 * g}gb", 5, 56, half, 1, _FOUR, (4, 2, 0, 0)),
+            _p(f"7g.{mem_gb}gb", 0, 98, full, 1, _SEVEN, (7, 5, 1, 1)),
         ),
     )
 
@@ -210,13 +215,13 @@ def _hopper_8slice(names: tuple[str, str, str, str], mib: tuple[int, int, int, i
         memory_slices=8,
         compute_slices=7,
         profiles=(
-            _p(f"1g.{small}", 16, m_small, 7, _ONE, (1, 1, 1, 0)),
-            _p(f"1g.{small}+me", 16, m_small, 1, _ONE, (1, 1, 1, 1)),
-            _p(f"1g.{wide}", 26, m_wide, 4, _ONE_WIDE, (1, 1, 1, 0)),
-            _p(f"2g.{wide}", 32, m_wide, 3, _TWO, (2, 2, 2, 0)),
-            _p(f"3g.{half}", 60, m_half, 2, _THREE, (3, 3, 3, 0)),
-            _p(f"4g.{half}", 64, m_half, 1, _FOUR, (4, 4, 4, 0)),
-            _p(f"7g.{full}", 132, m_full, 1, _SEVEN, (8, 7, 7, 1)),
+            _p(f"1g.{small}", 19, 16, m_small, 7, _ONE, (1, 1, 1, 0)),
+            _p(f"1g.{small}+me", 20, 16, m_small, 1, _ONE, (1, 1, 1, 1)),
+            _p(f"1g.{wide}", 15, 26, m_wide, 4, _ONE_WIDE, (1, 1, 1, 0)),
+            _p(f"2g.{wide}", 14, 32, m_wide, 3, _TWO, (2, 2, 2, 0)),
+            _p(f"3g.{half}", 9, 60, m_half, 2, _THREE, (3, 3, 3, 0)),
+            _p(f"4g.{half}", 5, 64, m_half, 1, _FOUR, (4, 4, 4, 0)),
+            _p(f"7g.{full}", 0, 132, m_full, 1, _SEVEN, (8, 7, 7, 1)),
         ),
     )
 
@@ -232,11 +237,11 @@ A30_MIG = MigGeometry(
     memory_slices=4,
     compute_slices=4,
     profiles=(
-        _p("1g.6gb", 14, 5836, 4, ((0, 1, 2, 3), 1), (1, 0, 0, 0)),
-        _p("1g.6gb+me", 14, 5836, 1, ((0, 1, 2, 3), 1), (1, 1, 1, 1)),
-        _p("2g.12gb", 28, 11672, 2, ((0, 2), 2), (2, 2, 0, 0)),
-        _p("2g.12gb+me", 28, 11672, 1, ((0, 2), 2), (2, 2, 1, 1)),
-        _p("4g.24gb", 56, 23344, 1, ((0,), 4), (4, 4, 1, 1)),
+        _p("1g.6gb", 14, 14, 5836, 4, ((0, 1, 2, 3), 1), (1, 0, 0, 0)),
+        _p("1g.6gb+me", 21, 14, 5836, 1, ((0, 1, 2, 3), 1), (1, 1, 1, 1)),
+        _p("2g.12gb", 5, 28, 11672, 2, ((0, 2), 2), (2, 2, 0, 0)),
+        _p("2g.12gb+me", 6, 28, 11672, 1, ((0, 2), 2), (2, 2, 1, 1)),
+        _p("4g.24gb", 0, 56, 23344, 1, ((0,), 4), (4, 4, 1, 1)),
     ),
 )
 

@@ -2,8 +2,9 @@
 
 The real agent in DRA mode (as `demo --dra` runs it) with `flags.dynamicMig` on its one
 H100 in MIG mode with no instance: it publishes the GPU's counter set and its 25 partitions
-plus the whole GPU. Claims ask for profiles; the scheduler double (`DraStore`, the
-emulator's allocator, which counts shared counters as kube-scheduler does) places them;
+(not the whole GPU: in MIG mode CUDA runs only in MIG devices). Claims ask for profiles;
+the scheduler double (`DraStore`, the emulator's allocator, which counts shared counters as
+kube-scheduler does) places them;
 Prepare creates the MIG devices on the simulated GPU and Unprepare destroys them. Every
 value shown comes back from the agent or the simulated GPU: the published devices, the
 allocations, the CDI env, the GPU's MIG devices after each step.
@@ -86,8 +87,7 @@ async def run_dynamic_mig_demo(node: str = DYNAMIC_NODE) -> DraDemoResult:
             sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ()]
             result.steps.append(
                 DraStep(
-                    "flags.dynamicMig: the GPU publishes every profile and placement it can "
-                    "hold, and the whole GPU",
+                    "flags.dynamicMig: the GPU publishes every profile and placement it can hold",
                     note=f"counter sets: {', '.join(sets)}; {_on_gpu(n)}",
                     devices=slice_devices(slices),
                 )

@@ -18,7 +18,9 @@ where a simple rule does as well as the scheduler's for a single-node emulator:
   later candidates instead of failing on the first greedy pick);
 * only the highest `pool.generation` of each (driver, pool) counts, and a pool with fewer
   slices at that generation than its `resourceSliceCount` is skipped, as an incomplete pool
-  is by the scheduler (the kubelet wipes and the driver republishes slices);
+  is by the scheduler (the kubelet wipes and the driver republishes slices); a pool with a
+  device consuming a counter it does not define is invalid, and no claim is allocated on
+  that node, as the scheduler refuses it ("invalid resource pools were encountered");
 * a CEL runtime error means "this device does not match"; the first error's text is shown
   when no device matched. An unknown attribute domain reads as an empty map, so
   `has(device.attributes['x'].y)` is false there.
@@ -372,6 +374,8 @@ class _Offer:
     by_key: dict[DeviceKey, _Device]
     counters: dict[CounterKey, Fraction]
     """Each shared counter's total."""
+    invalid: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(driver, pool) -> why the scheduler refuses the whole pool."""
 
 
 def _pool_key(spec: Json) -> tuple[tuple[str, str], int]:
@@ -394,10 +398,15 @@ def _offer(slices: Sequence[Json], node: str | None) -> _Offer:
             current.setdefault(key, []).append(spec)
     devices: list[_Device] = []
     counters: dict[CounterKey, Fraction] = {}
+    invalid: dict[tuple[str, str], str] = {}
     for (driver, pool), specs in current.items():
         expected = int((specs[0].get("pool") or {}).get("resourceSliceCount") or 1)
         if len(specs) < expected:
             continue  # incomplete: the scheduler waits for the rest of the pool
+        here = node is None or any(s.get("nodeName") == node or s.get("allNodes") for s in specs)
+        why = _invalid_pool(specs) if here else ""
+        if why:
+            invalid[(driver, pool)] = why
         for spec in specs:
             for counter_set in spec.get("sharedCounters") or ():
                 for counter, value in (counter_set.get("counters") or {}).items():
@@ -407,7 +416,29 @@ def _offer(slices: Sequence[Json], node: str | None) -> _Offer:
             if node is not None and slice_node != node and not spec.get("allNodes"):
                 continue
             devices.extend(_device(driver, pool, slice_node, d) for d in spec.get("devices") or ())
-    return _Offer(devices, {d.key: d for d in devices}, counters)
+    return _Offer(devices, {d.key: d for d in devices}, counters, invalid)
+
+
+def _invalid_pool(specs: Sequence[Json]) -> str:
+    """Why kube-scheduler refuses a pool outright ("" when it does not): a device consuming
+    a counter its pool's counter sets do not define. It then allocates nothing on the node
+    ("invalid resource pools were encountered"), not only nothing of that device, so a
+    what-if that merely skipped the device would say claims fit that never get scheduled."""
+    defined: dict[str, set[str]] = {}
+    for spec in specs:
+        for counter_set in spec.get("sharedCounters") or ():
+            defined[str(counter_set["name"])] = set(counter_set.get("counters") or ())
+    for spec in specs:
+        for device in spec.get("devices") or ():
+            for consumption in device.get("consumesCounters") or ():
+                name = str(consumption.get("counterSet"))
+                for counter in consumption.get("counters") or ():
+                    if counter not in defined.get(name, ()):
+                        return (
+                            f"device {device.get('name')} consumes counter {counter} of counter "
+                            f"set {name}, which the pool does not define"
+                        )
+    return ""
 
 
 def _device(driver: str, pool: str, node: str | None, spec: Json) -> _Device:
@@ -954,6 +985,9 @@ def _allocate_on(
     label = _claim_label(claim)
     devices = (claim.get("spec") or {}).get("devices") or {}
     offer = _offer(slices, node)
+    if offer.invalid:
+        pools = "; ".join(f"pool {d}/{p}: {why}" for (d, p), why in sorted(offer.invalid.items()))
+        raise AllocationError(f"{label}: invalid resource pools were encountered ({pools})")
     by_name = {str(c["metadata"]["name"]): c for c in classes}
     matcher = _Matcher(offer, by_name)
     requests: list[list[_Alternative]] = []

@@ -39,6 +39,7 @@ from gpuslice.core.dra.claims import (
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.partitions import (
     WOULD_BE_UUID,
+    counter_sets,
     dynamic_gpus,
     node_devices,
     with_consumption,
@@ -309,7 +310,7 @@ def node_slices(
         else device_json(d, [], offers.get(d.uuid))
         for d in ours
     ]
-    sets = [d.counter_set for d in dyn.values()]
+    sets = counter_sets(dyn)
     specs = slice_specs(devices, driver=driver, node=node, generation=1, counter_sets=sets)
     return [
         {

@@ -159,7 +159,7 @@ def claim_work(
         if name not in devices:
             raise ClaimError(
                 f"{where}: {field}.device {name!r} is not a device of this node "
-                f"(now: {', '.join(sorted(devices)) or 'none'})"
+                f"(now: {_some(sorted(devices))})"
             )
         if not result.share_id:
             if name in seen:
@@ -407,3 +407,16 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": text,
     }
+
+
+_LISTED = 8
+
+
+def _some(names: list[str]) -> str:
+    """A few of the node's device names: a dynamic MIG node has hundreds, and an error
+    listing them all buries what it says (1 KB for one H100)."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:_LISTED])
+    more = len(names) - _LISTED
+    return f"{shown} and {more} more" if more > 0 else shown

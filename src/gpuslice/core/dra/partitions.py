@@ -1,12 +1,10 @@
 """Dynamic MIG as partitionable devices (KEP-4815): what a GPU marked dynamic publishes.
 
 A static MIG GPU publishes the instances someone already made. A dynamic one publishes what
-it *could* hold: one device per MIG profile and placement, plus the whole GPU, all drawing
-on one counter set per GPU. The scheduler then picks, per claim, a device whose counters
-are still free, and Prepare creates that instance (`agent.dynamic_mig`). Overlapping
-placements exclude each other because they consume the same `memory-slice-<N>` counters;
-the whole GPU consumes every counter, so it and any MIG device of that GPU exclude each
-other both ways.
+it *could* hold: one device per MIG profile and placement, all drawing on one counter set
+per GPU. The scheduler then picks, per claim, a device whose counters are still free, and
+Prepare creates that instance (`agent.dynamic_mig`). Overlapping placements exclude each
+other because they consume the same `memory-slice-<N>` counters.
 
 The counters are NVIDIA's (`cmd/gpu-kubelet-plugin/partitions.go` in its DRA driver): one
 per capacity of a GPU instance profile (`multiprocessors`, `copy-engines`, `decoders`,
@@ -25,10 +23,19 @@ tests): a slice holds devices or counter sets, never both; at most 8 counter set
 and 32 counters per set; at most 64 devices in a slice once any consumes counters (or has
 taints); at most 32 counters per consumption, 2 consumptions per device.
 
+The whole GPU is not published: a dynamic GPU is in MIG mode, where CUDA runs only inside
+MIG devices, and gpuslice never changes MIG mode. NVIDIA's driver publishes it only where it
+toggles MIG mode itself without a GPU reset (Hopper and later: on for a MIG device, off once
+none is left), never on an Ampere GPU in MIG mode (`nvlib.go`, `maybeDisableMigMode`).
+
 Instances already on the GPU that gpuslice did not create for a claim (`foreign`: made by an
 operator, another tool, or an earlier layout) are taken out: the counter set shrinks by what
-they hold, the placements they overlap are not published, nor is the whole GPU. Instances
-gpuslice created are the scheduler's allocations and are already counted by it.
+they hold, and the partitions they overlap, or that need more of a counter than is left (a
+`+me` once someone else's `+me` holds the one OFA unit), are not published. So every counter
+a published device consumes is in its set, with enough of it: the scheduler refuses the
+whole pool, every GPU of the node, when one is not. A GPU they fill publishes nothing, not
+even its counter set (the API refuses a set without counters). Instances gpuslice created
+are the scheduler's allocations and are already counted by it.
 """
 
 from __future__ import annotations
@@ -203,6 +210,11 @@ def counters_json(values: Mapping[str, int]) -> Json:
     return {name: {"value": canonical_quantity(v)} for name, v in sorted(values.items()) if v > 0}
 
 
+def fits(values: Mapping[str, int], available: Mapping[str, int]) -> bool:
+    """Whether a consumption fits what is left of a counter set."""
+    return all(v <= available.get(name, 0) for name, v in values.items() if v > 0)
+
+
 def counter_set(gpu: Gpu, geometry: MigGeometry, foreign: Iterable[MigDevice] = ()) -> Json:
     counters = available_counters(geometry, foreign)
     if len(counters) > MAX_COUNTERS_PER_SET:
@@ -221,26 +233,19 @@ def consumption_json(gpu: Gpu, values: Mapping[str, int]) -> list[Json]:
     return [{"counterSet": counter_set_name(gpu), "counters": counters_json(values)}]
 
 
-def whole_gpu_consumption(geometry: MigGeometry) -> dict[str, int]:
-    """The whole GPU holds every counter: allocated, no MIG device of it fits; any MIG
-    device allocated, it does not."""
-    return full_counters(geometry)
-
-
 @dataclass(frozen=True, slots=True)
 class DynamicGpu:
-    """What one dynamic GPU publishes: its devices (the whole GPU first, unless a foreign
-    instance holds part of it, then its partitions), what each consumes, and its counter
-    set."""
+    """What one dynamic GPU publishes: its partitions, what each consumes, and its counter
+    set (None when no partition is left to consume it: the API refuses an empty set)."""
 
     gpu: Gpu
     geometry: MigGeometry
     devices: tuple[DraDevice, ...]
     partitions: Mapping[str, Partition]
-    """Device name -> partition (every device but the whole GPU)."""
+    """Device name -> partition."""
     consumption: Mapping[str, Mapping[str, int]]
     """Device name -> the counters it consumes."""
-    counter_set: Json
+    counter_set: Json | None
 
 
 def is_dynamic(gpu: Gpu, dynamic: Collection[str]) -> bool:
@@ -269,19 +274,10 @@ def dynamic_gpu(gpu: Gpu, inventory: Inventory, ours: Collection[str] = frozense
     common = common_attributes(gpu, inventory)
     devices: list[DraDevice] = []
     consumption: dict[str, Mapping[str, int]] = {}
-    if not foreign:
-        attrs: dict[str, tuple[AttrKind, str | int | bool]] = {
-            "type": ("string", "gpu"),
-            "uuid": ("string", gpu.uuid),
-            **common,
-        }
-        capacity = {"memory": gpu.memory_mib * MIB} if gpu.memory_reported else {}
-        whole = DraDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu, None, attrs, capacity)
-        devices.append(whole)
-        consumption[whole.name] = whole_gpu_consumption(geometry)
-    parts = partitions(gpu, geometry, foreign)
+    left = available_counters(geometry, foreign)
+    parts = [p for p in partitions(gpu, geometry, foreign) if fits(p.consumes(), left)]
     for part in parts:
-        attrs = {
+        attrs: dict[str, tuple[AttrKind, str | int | bool]] = {
             "type": ("string", "mig"),
             "parentUUID": ("string", gpu.uuid),
             "profile": ("string", part.profile.name),
@@ -297,7 +293,7 @@ def dynamic_gpu(gpu: Gpu, inventory: Inventory, ours: Collection[str] = frozense
         tuple(devices),
         {p.name: p for p in parts},
         consumption,
-        counter_set(gpu, geometry, foreign),
+        counter_set(gpu, geometry, foreign) if parts else None,
     )
 
 
@@ -322,11 +318,17 @@ def dynamic_gpus(
     }
 
 
+def counter_sets(dynamic: Mapping[str, DynamicGpu]) -> list[Json]:
+    """The counter sets to publish: one per dynamic GPU with a partition left to consume
+    it."""
+    return [d.counter_set for d in dynamic.values() if d.counter_set is not None]
+
+
 def node_devices(
     static: Sequence[DraDevice], dynamic: Mapping[str, DynamicGpu]
 ) -> tuple[DraDevice, ...]:
     """The node's devices in GPU order: a dynamic GPU's partitions in place of the MIG
-    devices (or whole GPU) `publish.dra_devices` gave for it."""
+    devices `publish.dra_devices` gave for it."""
     out: list[DraDevice] = []
     done: set[str] = set()
     for device in static:
@@ -341,6 +343,72 @@ def node_devices(
             out.extend(dyn.devices)
     out.sort(key=lambda d: d.gpu.index)
     return tuple(out)
+
+
+def not_offered(
+    name: str, inventory: Inventory, dynamic: Collection[str], ours: Collection[str] = frozenset()
+) -> str | None:
+    """Why a dynamic GPU does not offer device `name` now, for Prepare's refusal of a claim
+    allocated it (from slices published before the GPU changed); None when `name` is no
+    such device or is offered. A claim allocated the whole GPU must not get the bare GPU in
+    MIG mode, where CUDA cannot run; one whose placement someone else's instance took hears
+    which instance (profile, placement, UUID) is in the way, not the node's device list."""
+    for gpu in inventory.gpus:
+        geometry = gpu.mig_geometry
+        if not is_dynamic(gpu, dynamic) or geometry is None:
+            continue
+        where = f"GPU {gpu.index} ({gpu.uuid})"
+        if name == f"gpu-{gpu.minor}":
+            return (
+                f"device {name}: {where} is in MIG mode for dynamic MIG, so the whole GPU is "
+                "not offered: CUDA runs only in its MIG devices, and gpuslice never changes "
+                "MIG mode. Ask for a MIG device (DeviceClass mig.nvidia.com) instead"
+            )
+        part = next((p for p in partitions(gpu, geometry) if p.name == name), None)
+        if part is None:
+            continue
+        foreign = [m for m in gpu.mig_devices if m.uuid not in ours]
+        why = in_the_way(part, foreign, "which gpuslice did not create for a claim")
+        return None if why is None else f"device {name}: {why}"
+    return None
+
+
+def in_the_way(part: Partition, others: Sequence[MigDevice], whose: str) -> str | None:
+    """What of `others` (instances on `part`'s GPU; `whose` says whose they are) keeps
+    `part` from being created: those overlapping its placement, else those holding an engine
+    or a slice count it needs more of than is left; None when nothing does. Named by
+    profile, placement, GPU instance ID and UUID, as `nvidia-smi mig -lgi` shows them."""
+    span = (
+        f"{part.profile.name} at memory slices {part.start}..{part.slots[-1]} of GPU "
+        f"{part.gpu.index} ({part.gpu.uuid})"
+    )
+    overlapping = [m for m in others if set(part.slots) & set(_held(m))]
+    if overlapping:
+        return f"{span} is taken by {_instances(overlapping, whose)}"
+    geometry = part.gpu.mig_geometry
+    if geometry is None:
+        return None
+    left = available_counters(geometry, others)
+    short = sorted(c for c, v in part.consumes().items() if v > left.get(c, 0))
+    if not short:
+        return None
+    holders = [m for m in others if any(foreign_consumption(geometry, [m]).get(c) for c in short)]
+    return f"{span} needs {', '.join(short)} held by {_instances(holders, whose)}"
+
+
+def _held(mig: MigDevice) -> range:
+    return range(max(mig.placement_start, 0), mig.placement_start + mig.placement_size)
+
+
+def _instances(migs: Sequence[MigDevice], whose: str) -> str:
+    named = [
+        f"{m.profile} at placement {m.placement_start}:{m.placement_size} "
+        f"(GPU instance {m.gi_id}, {m.uuid})"
+        for m in migs
+    ]
+    if len(named) > 1:
+        return f"MIG devices {'; '.join(named)}, {whose}; they are left alone"
+    return f"MIG device {''.join(named) or 'on the GPU'}, {whose}; it is left alone"
 
 
 WOULD_BE_UUID = "MIG-created-at-prepare"

@@ -61,7 +61,8 @@ SharesKind = Literal["replicas", "disabled", "memory", "unlimited", "count"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # `nvidia-smi mig -lgip` profile IDs by GPU-instance shape (REFERENCE.md §2.2): the same on
-# A100, H100 and H200. Keyed by (memory slices, placement size, media-extensions variant).
+# A100, H100 and H200 (not on A30: a GPU's own table comes first, `gi_profile_id`). Keyed by
+# (compute slices, placement size, media-extensions variant).
 GI_PROFILE_IDS = {
     (1, 1, "+me"): 20,
     (1, 1, ""): 19,
@@ -187,7 +188,14 @@ def cuda_version(encoded: int) -> str:
     return f"{encoded // 1000}.{encoded % 1000 // 10}.0"
 
 
-def gi_profile_id(mig: MigDevice) -> int | None:
+def gi_profile_id(mig: MigDevice, gpu: Gpu | None = None) -> int | None:
+    """The profile ID NVML gives `mig`'s profile on `gpu`: the GPU's own table's where it
+    has one (IDs are per model: an A30's `2g.12gb` is 5, an A100's `2g.10gb` 14), else the
+    8-slice GPUs' ID for its shape."""
+    geometry = gpu.mig_geometry if gpu is not None else None
+    known = geometry.profile(mig.profile) if geometry is not None else None
+    if known is not None and known.profile_id is not None:
+        return known.profile_id
     variant = "+me" if mig.profile.endswith("+me") else ""
     return GI_PROFILE_IDS.get((mig.slices_gi, mig.placement_size, variant))
 
@@ -195,7 +203,7 @@ def gi_profile_id(mig: MigDevice) -> int | None:
 def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
     # NVIDIA's spelling: dots dropped, `+` (media extensions) as `-`: `1g10gb-me`
     profile = re.sub(r"[^a-z0-9-]", "", mig.profile.lower().replace("+", "-"))
-    pid = gi_profile_id(mig)
+    pid = gi_profile_id(mig, gpu)
     # an unknown shape (new GPUs) keeps a unique, stable name from the GI ID instead
     ident = str(pid) if pid is not None else f"gi{mig.gi_id}"
     return f"gpu-{gpu.minor}-mig-{profile}-{ident}-{mig.placement_start}"
