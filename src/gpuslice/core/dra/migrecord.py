@@ -110,10 +110,10 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     if raw is None:
         return DecodedJournal("empty", empty)
     try:
-        opened = unsealed(raw, FORMAT, "a gpuslice dynamic MIG record")
+        opened = unsealed(raw, (FORMAT,), "a gpuslice dynamic MIG record")
         if isinstance(opened, str):
             return DecodedJournal("corrupt", empty, opened)
-        data, version = opened
+        data, version = opened.data, opened.version
         if version != VERSION:
             return DecodedJournal("corrupt", empty, f"version {version!r} unknown")
         records = tuple(_record(r) for r in data.get("records") or ())
