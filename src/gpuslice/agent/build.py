@@ -159,7 +159,8 @@ def dra_front_end(
     mps = MpsDaemonManager(
         [],
         ControlProgram.factory(settings.mps_control),
-        compute_mode=smi if settings.set_compute_mode else None,
+        # no compute_mode: the driver sets it as a recorded step of each claim, so a crash
+        # mid-Prepare is undone from the record (core.dra.preparation.SetComputeMode)
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
@@ -193,6 +194,7 @@ def dra_front_end(
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
+        compute_mode=smi if settings.set_compute_mode else None,
     )
     publisher = SlicePublisher(
         objects,

@@ -83,6 +83,10 @@ class AppliedSharing:
     Kept so a restarted agent rebuilds the same daemon and takes it over."""
     multi_user: bool = False
     """The daemon was started multi-user (`-M`), for the same reason."""
+    compute_mode: str | None = None
+    """The compute mode set on `gpu_uuids` (EXCLUSIVE_PROCESS for an MPS daemon), to reset
+    to DEFAULT at Unprepare. A reader that does not know the field reads the step as one
+    that changed nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +347,8 @@ def _applied_json(a: AppliedSharing) -> dict[str, Any]:
         out["migDevices"] = list(a.mig_uuids)
     if a.multi_user:
         out["multiUser"] = True
+    if a.compute_mode is not None:
+        out["computeMode"] = a.compute_mode
     return out
 
 
@@ -362,7 +368,14 @@ def _applied(a: Mapping[str, Any]) -> AppliedSharing:
         ),
         mig_uuids=_mig_uuids(a.get("migDevices", [])),
         multi_user=a.get("multiUser") is True,
+        compute_mode=_compute_mode(a.get("computeMode")),
     )
+
+
+def _compute_mode(value: object) -> str | None:
+    """Only the mode this version sets; any other (a newer version's) reads as none, so
+    nothing this version does not know is reset."""
+    return "EXCLUSIVE_PROCESS" if value == "EXCLUSIVE_PROCESS" else None
 
 
 def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
