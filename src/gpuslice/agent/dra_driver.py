@@ -329,7 +329,8 @@ class DraDriver:
             await self._dynamic_mig.reconcile(
                 set(claims) if complete else None,
                 [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
-                [g.uuid for g in snap.inventory.gpus] if snap is not None else [],
+                # the dynamic GPUs: a static MIG device is never rebuilt as one made here
+                list(dynamic_gpus(snap.inventory, self._dynamic())) if snap is not None else [],
             )
         self.loaded = True
         log.info(
