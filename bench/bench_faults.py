@@ -28,8 +28,8 @@ relative to a baseline taken in the same run on the same daemon:
   without MPS or with it renamed, a crash mid-Prepare, a rollback to the previous release
   after an API-less start, a lost dynamic MIG record, with claims or pods in place;
   what each lost or left behind (goal: 0), and what already holds (3,000
-  Prepare/Unprepare cycles flat, a kubelet restart mid-Prepare undone). In the full run and under `--lifecycle` (alone);
-  `--quick` skips it.
+  Prepare/Unprepare cycles flat, a kubelet restart mid-Prepare undone). In the full run
+  and under `--lifecycle` (alone); `--quick` skips it.
 
     PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick] [--lifecycle]
         [--require-nothing-lost]
