@@ -6,9 +6,9 @@ for another claim (the driver is the last line of defence against a double alloc
 records `PrepareStarted`, applies the sharing (EXCLUSIVE_PROCESS on a whole GPU before its
 MPS daemon, an MPS control daemon per MPS config group, one per shared GPU for MPS shares, a
 time-slice interval when one is asked for), writes the claim's CDI spec and records
-`PrepareCompleted` with what it returned. A repeated Prepare
-returns the recorded answer without touching the node again; Unprepare undoes exactly what
-the record says, and succeeds for a claim it never prepared.
+`PrepareCompleted` with what it returned. A repeated Prepare returns the recorded answer
+without touching the node again; Unprepare undoes exactly what the record says, and
+succeeds for a claim it never prepared.
 
 Claims are independent: each is prepared on its own task, serialized only with work on the
 same claim and, step by step, with work on the same GPU; devices are reserved before the
