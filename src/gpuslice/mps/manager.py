@@ -221,12 +221,13 @@ class MpsDaemonManager:
         exclusive = {u for s in self._specs if not s.mig_uuids for u in s.gpu_uuids}
         found = await asyncio.to_thread(_left_resources, Path(mps_root(root)))
         reset: list[str] = []
-        for resource in found:
+        for resource, listening in found:
             spec = wanted.get(resource) or left_behind_spec(root, resource)
             recorded = _recorded(spec) or {}
             gpus = [] if recorded.get("mig_uuids") else _gpu_uuids(recorded.get("gpu_uuids"))
             if resource not in wanted:
-                await self.quit_stray(spec)
+                if listening:  # no control socket, no daemon to ask
+                    await self.quit_stray(spec)
                 self._log.info(
                     "MPS daemon for %s, left by the previous agent, is not in this config: stopped",
                     resource,
@@ -533,11 +534,12 @@ def _recorded(spec: MpsDaemonSpec) -> dict[str, object] | None:
     return found if isinstance(found, dict) else None
 
 
-def _left_resources(root: Path) -> list[str]:
+def _left_resources(root: Path) -> list[tuple[str, bool]]:
     """`<domain>/<name>` of each resource directory under `root` an earlier daemon used
-    (a pipe directory or a started marker in it), never through a symlink. The shared shm
-    directory is skipped: client pods write there, so what lies in it is theirs."""
-    out: list[str] = []
+    (a pipe directory or a started marker in it), never through a symlink, and whether a
+    control socket is there to ask. The shared shm directory is skipped: client pods write
+    there, so what lies in it is theirs."""
+    out: list[tuple[str, bool]] = []
     shm = Path(shm_dir(str(root))).name
     try:
         domains = sorted(os.scandir(root), key=lambda e: e.name)
@@ -556,7 +558,8 @@ def _left_resources(root: Path) -> list[str]:
             here = Path(name.path)
             pipe = here / "pipe"
             if (pipe.is_dir() and not pipe.is_symlink()) or (here / STARTED_MARKER).is_file():
-                out.append(f"{domain.name}/{name.name}")
+                listening = os.path.lexists(pipe / SOCKET_NAME)
+                out.append((f"{domain.name}/{name.name}", listening))
     return out
 
 
