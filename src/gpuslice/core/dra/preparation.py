@@ -64,14 +64,13 @@ class SetComputeMode:
 
 Step = SetComputeMode | StartDaemon | SetInterval
 
-EXCLUSIVE = "EXCLUSIVE_PROCESS"
 COMPUTE_MODE = "ComputeMode"
 """The `strategy` of a compute-mode step's record (`AppliedSharing`)."""
 
 
 def exclusive(gpu_uuid: str) -> SetComputeMode:
     return SetComputeMode(
-        gpu_uuid, AppliedSharing(COMPUTE_MODE, (gpu_uuid,), compute_mode=EXCLUSIVE)
+        gpu_uuid, AppliedSharing(COMPUTE_MODE, (gpu_uuid,), compute_mode="EXCLUSIVE_PROCESS")
     )
 
 

@@ -83,7 +83,7 @@ class AppliedSharing:
     Kept so a restarted agent rebuilds the same daemon and takes it over."""
     multi_user: bool = False
     """The daemon was started multi-user (`-M`), for the same reason."""
-    compute_mode: str | None = None
+    compute_mode: Literal["EXCLUSIVE_PROCESS"] | None = None
     """The compute mode set on `gpu_uuids` (EXCLUSIVE_PROCESS for an MPS daemon), to reset
     to DEFAULT at Unprepare. A reader that does not know the field reads the step as one
     that changed nothing."""
@@ -372,7 +372,7 @@ def _applied(a: Mapping[str, Any]) -> AppliedSharing:
     )
 
 
-def _compute_mode(value: object) -> str | None:
+def _compute_mode(value: object) -> Literal["EXCLUSIVE_PROCESS"] | None:
     """Only the mode this version sets; any other (a newer version's) reads as none, so
     nothing this version does not know is reset."""
     return "EXCLUSIVE_PROCESS" if value == "EXCLUSIVE_PROCESS" else None
