@@ -24,10 +24,12 @@ relative to a baseline taken in the same run on the same daemon:
   clients on the HTTP endpoint; probe latency p50/p99 / an unloaded probe, probes not 200.
 - lifecycle (`faults_lifecycle.py`, agents of their own per case): upgrade, checkpoint
   removed, API-less start then restart, two agents (DRA and device plugin), SIGKILL (DRA
-  and device plugin) and SIGTERM under MPS clients, reboot, with claims or pods in place;
-  what each lost (goal: 0), and what already holds (3,000 Prepare/Unprepare cycles flat, a
-  kubelet restart mid-Prepare undone). In the full run and under `--lifecycle` (alone);
-  `--quick` skips it.
+  and device plugin) and SIGTERM under MPS clients, reboot, a restart into a config
+  without MPS or with it renamed, a crash mid-Prepare, a rollback to the previous release
+  after an API-less start, a lost dynamic MIG record, with claims or pods in place;
+  what each lost or left behind (goal: 0), and what already holds (3,000
+  Prepare/Unprepare cycles flat, a kubelet restart mid-Prepare undone). In the full run
+  and under `--lifecycle` (alone); `--quick` skips it.
 
     PYTHONPATH=src .venv/bin/python bench/bench_faults.py [--quick] [--lifecycle]
         [--require-nothing-lost]

@@ -142,17 +142,23 @@ class DraNode:
 
 
 def dra_agent(
-    root: Path, kubeconfig: Path, node_spec: str = NODE_SPEC, log_name: str = "daemon.log"
+    root: Path,
+    kubeconfig: Path,
+    node_spec: str = NODE_SPEC,
+    log_name: str = "daemon.log",
+    nvidia_smi: Path | None = None,
 ) -> DaemonProcess:
     """The `gpuslice plugin --dra` process of the node in `root` (not started): a function
-    of its own so the lifecycle bench can start a second one, or one without an API."""
+    of its own so the lifecycle bench can start a second one, or one without an API.
+    `nvidia_smi`: the agent sets MPS GPUs' compute modes through it (else it sets none)."""
+    modes = ["--nvidia-smi", str(nvidia_smi)] if nvidia_smi else ["--no-compute-mode"]
     return DaemonProcess(
         [
             "--node", node_spec, "--config-file", str(root / "config.yaml"),
             "--node-name", NODE_NAME, "--kubeconfig", str(kubeconfig),
             "--dra", "--dra-plugin-dir", str(root / "plug"),
             "--dra-registry-dir", str(root / "reg"), "--cdi-root", str(root / "cdi"),
-            "--no-compute-mode", "--mps-control", FAKE_MPS, "--no-labels",
+            *modes, "--mps-control", FAKE_MPS, "--no-labels",
         ],
         log_path=root / log_name,
         env={"GPUSLICE_SIM_CONTROL_DIR": str(root / "ctl"), HOLD_ENV: str(root / "hold")},

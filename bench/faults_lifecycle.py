@@ -16,7 +16,10 @@ counts what was lost (the goal of every column is 0):
   died, or that no longer answer (their clients were cut off);
 - MPS dirs left: claim MPS directories still there after every claim was unprepared;
 - extra registrations: registrations the kubelet emulator accepted beyond one per agent
-  start that should register (two agents fighting over a socket register in a loop).
+  start that should register (two agents fighting over a socket register in a loop);
+- left behind: what the event left on the node that neither the config nor any claim wants
+  any more: an MPS daemon still running, a GPU still in EXCLUSIVE_PROCESS, a MIG instance
+  gpuslice made that nothing will destroy (the instance of a claim unprepared at the end).
 
 The cases, each on a node of its own:
 
@@ -33,7 +36,19 @@ The cases, each on a node of its own:
 - reboot: the agent and every MPS daemon killed, the record's boot ID changed (the agent
   reads the real one, so a record from "another boot" is what a reboot leaves), pid files
   left behind; the kubelet then prepares one MPS claim and the plain one again (their
-  pods restart) and unprepares the other MPS claim (its pod is gone).
+  pods restart) and unprepares the other MPS claim (its pod is gone);
+- restart into another config (device plugin, MPS, compute modes set; issue 41 item 1):
+  the agent stopped and started on a config without MPS (time-slicing), or with the MPS
+  resource renamed: the old daemon and the GPU's EXCLUSIVE_PROCESS are left behind unless
+  the new agent undoes them before it advertises;
+- crash mid-Prepare (DRA, compute modes set; item 2): the agent SIGKILLed inside an MPS
+  claim's Prepare, after EXCLUSIVE_PROCESS and before the daemon answered, and started
+  again; the claims in place must lose nothing, the cut one must leave nothing;
+- rollback (item 3): an API-less start over a corrupt record, then the previous release's
+  own agent (`git archive` of `PREVIOUS_RELEASE`) with the API back;
+- dynamic MIG record lost (item 4, in-process drivers: a simulated GPU lives in its
+  process): the record removed while a claim is prepared, or the agent killed while it
+  writes the rebuild of a corrupt one; then the claim is unprepared.
 
 And what already holds, kept in view: 3,000 Prepare/Unprepare cycles (`--quick`: 300) with
 the agent's file descriptors, threads and RSS flat (end against start after a warm-up), and
@@ -51,15 +66,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from faults_claims import DRIVER, MPS, DraNode, dra_agent, dra_node, timed_cycle
@@ -114,6 +133,7 @@ class Row:
     replaced: int | None = None
     dirs_left: int | None = None
     extra_registrations: int | None = None
+    left: int | None = None
     notes: list[str] = field(default_factory=list)
     failed: bool = False
     """Something went wrong besides a loss (an agent that never came back, a failed call):
@@ -135,6 +155,7 @@ class Row:
             self.replaced,
             self.dirs_left,
             self.extra_registrations,
+            self.left,
         )
         return sum(c for c in counts if c is not None)
 
@@ -327,13 +348,23 @@ def dead_kubeconfig(node: DraNode) -> Path:
 
 
 async def start_agent(
-    node: DraNode, log_name: str, kubeconfig: Path | None = None, within_s: float = WAIT_S
+    node: DraNode,
+    log_name: str,
+    kubeconfig: Path | None = None,
+    within_s: float = WAIT_S,
+    *,
+    nvidia_smi: Path | None = None,
+    code: Path | None = None,
 ) -> bool:
     """Start a new agent process for the node (it replaces `node.daemon`) and wait until it
     loaded its record and, with the API up, registered anew; False if it did not within
-    `within_s` (or exited)."""
+    `within_s` (or exited). `nvidia_smi`: it sets compute modes through that; `code`: the
+    `src` tree it runs (another release's), instead of this one."""
     before = node.kubelet.registration(DRIVER)
-    node.daemon = dra_agent(node.root, kubeconfig or node.root / "kubeconfig", DRA_SPEC, log_name)
+    kube = kubeconfig or node.root / "kubeconfig"
+    node.daemon = dra_agent(node.root, kube, DRA_SPEC, log_name, nvidia_smi)
+    if code is not None:
+        node.daemon.env = {**node.daemon.env, "PYTHONPATH": str(code)}
     await node.daemon.start()
     try:
         loaded = "dra-checkpoint-loaded"
@@ -549,6 +580,7 @@ class DpNode:
     kubelet: KubeletEmulator
     daemon: DaemonProcess
     starts: int = 1
+    nvidia_smi: Path | None = None
 
     @property
     def pipe(self) -> Path:
@@ -556,7 +588,7 @@ class DpNode:
 
     def agent(self) -> DaemonProcess:
         self.starts += 1
-        return dp_agent(self.root, f"agent-{self.starts}.log")
+        return dp_agent(self.root, f"agent-{self.starts}.log", self.nvidia_smi)
 
     async def until(self, predicate: Callable[[], bool], within_s: float = WAIT_S) -> bool:
         try:
@@ -566,12 +598,14 @@ class DpNode:
         return True
 
 
-def dp_agent(root: Path, log_name: str) -> DaemonProcess:
-    """The device-plugin agent with MPS, as `tests/e2e/test_mps.py` starts it."""
+def dp_agent(root: Path, log_name: str, nvidia_smi: Path | None = None) -> DaemonProcess:
+    """The device-plugin agent with MPS, as `tests/e2e/test_mps.py` starts it; setting
+    compute modes through `nvidia_smi` when given."""
+    modes = ["--nvidia-smi", str(nvidia_smi)] if nvidia_smi else ["--no-compute-mode"]
     return DaemonProcess(
         [
             "--node", "sim:1xl40s", "--config-file", str(root / "config.yaml"),
-            "--device-plugin-path", str(root / "dp"), "--no-compute-mode",
+            "--device-plugin-path", str(root / "dp"), *modes,
             "--mps-control", " ".join(FAKE_MPS), "--mps-root", str(root / "mps"),
             "--mps-health-interval", "0.5", "--no-labels",
         ],
@@ -581,9 +615,11 @@ def dp_agent(root: Path, log_name: str) -> DaemonProcess:
 
 
 @contextlib.asynccontextmanager
-async def dp_node() -> AsyncIterator[DpNode]:
+async def dp_node(compute_modes: bool = False) -> AsyncIterator[DpNode]:
+    """`compute_modes`: the agents set them, through a recording `nvidia-smi`."""
     root = Path(tempfile.mkdtemp(prefix="gsl-", dir="/tmp"))
     (root / "dp").mkdir()
+    smi = recording_smi(root) if compute_modes else None
     (root / "config.yaml").write_text(
         "version: v1\nsharing:\n  mps:\n    resources:\n"
         f"    - name: {DP_RES}\n      replicas: {DP_REPLICAS}\n",
@@ -591,7 +627,7 @@ async def dp_node() -> AsyncIterator[DpNode]:
     )
     kubelet = KubeletEmulator(root / "dp")
     await kubelet.start()
-    node = DpNode(root, kubelet, dp_agent(root, "agent-1.log"))
+    node = DpNode(root, kubelet, dp_agent(root, "agent-1.log", smi), nvidia_smi=smi)
     await node.daemon.start()
     try:
         if not await node.until(lambda: kubelet.allocatable(DP_RES) == DP_REPLICAS):
@@ -665,6 +701,309 @@ async def _second_dp_agent(node: DpNode) -> int:
 
 async def case_two_dp_agents() -> list[Row]:
     return await dp_case("two agents (device plugin, MPS)", _second_dp_agent)
+
+
+# -- issue 41: restarts into another config, crashes mid-step, rollbacks, MIG records ----------
+
+
+def recording_smi(root: Path) -> Path:
+    """An `nvidia-smi` that only records its arguments (`exclusive_left` reads them)."""
+    script = root / "nvidia-smi"
+    script.write_text(f'#!/bin/sh\necho "$*" >> {root / "nvidia-smi.calls"}\n', encoding="utf-8")
+    script.chmod(0o755)
+    return script
+
+
+def exclusive_left(root: Path) -> set[str]:
+    """GPUs whose last compute mode set through `recording_smi` is EXCLUSIVE_PROCESS."""
+    modes: dict[str, str] = {}
+    path = root / "nvidia-smi.calls"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        args = line.split()
+        if "-i" in args and "-c" in args:
+            modes[args[args.index("-i") + 1]] = args[args.index("-c") + 1]
+    return {gpu for gpu, mode in modes.items() if mode == "EXCLUSIVE_PROCESS"}
+
+
+TIME_SLICED = (
+    f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+    f"    - name: {DP_RES}\n      replicas: {DP_REPLICAS}\n"
+)
+RENAMED_RES = "nvidia.com/gpu.shared"
+RENAMED = (
+    f"version: v1\nsharing:\n  mps:\n    resources:\n    - name: {DP_RES}\n"
+    f"      rename: {RENAMED_RES}\n      replicas: {DP_REPLICAS}\n"
+)
+
+
+async def dp_restarted_into(case: str, config: str, resource: str) -> list[Row]:
+    """MPS with compute modes set and two pods admitted; the agent stopped (SIGTERM: it
+    leaves the daemon to its clients) and started on `config`. Counted the moment the
+    kubelet sees `resource`'s replicas: daemons of the old resource still running, and
+    GPUs left in EXCLUSIVE_PROCESS that no daemon of the new config serves."""
+    async with dp_node(compute_modes=True) as node:
+        for i in range(2):
+            await node.kubelet.admit("default", f"client-{i}", [("main", {DP_RES: 1})])
+        pid = _read_pid(node.pipe)
+        row = Row(case, 2)
+        await node.daemon.terminate()
+        (node.root / "config.yaml").write_text(config, encoding="utf-8")
+        node.daemon = node.agent()
+        await node.daemon.start()
+        if not await node.until(lambda: node.kubelet.allocatable(resource) == DP_REPLICAS):
+            row.fail(f"{resource} never advertised")
+        stray = int(process_alive(pid))
+        renamed = node.root / "mps" / resource / "pipe"
+        serving = resource != DP_RES and await answers(renamed)
+        modes = 0 if serving else len(exclusive_left(node.root))
+        row.left = stray + modes
+        if stray:
+            row.notes.append("the old daemon still runs")
+        if modes:
+            row.notes.append("GPU left in EXCLUSIVE_PROCESS")
+        if resource != DP_RES:
+            if not serving:
+                row.fail("the renamed resource's daemon does not answer")
+            with contextlib.suppress(MpsError):  # no agent follows: the node's cleanup
+                await ControlProgram(renamed, renamed.parent / "log", command=FAKE_MPS).send("quit")
+        return [row]
+
+
+async def case_dp_restart_without_mps() -> list[Row]:
+    return await dp_restarted_into("restart into time-slicing (DP)", TIME_SLICED, DP_RES)
+
+
+async def case_dp_restart_renamed_mps() -> list[Row]:
+    return await dp_restarted_into("restart, MPS resource renamed (DP)", RENAMED, RENAMED_RES)
+
+
+async def case_dra_crash_mid_prepare() -> list[Row]:
+    """Claims in place under an agent that sets compute modes; a fourth, MPS, claim's
+    daemon held at its start; the agent SIGKILLed once the GPU is EXCLUSIVE_PROCESS; the
+    next agent must undo that claim (its daemon, the compute mode) and keep the others."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        smi = recording_smi(node.root)
+        row = Row("crash mid-Prepare (DRA, MPS)", len(held))
+        with Registrations(node.kubelet) as regs:
+            await node.daemon.terminate()
+            if not await start_agent(node, "agent-2.log", nvidia_smi=smi):
+                row.fail("the agent did not come back")
+            seen = regs.count
+            mps = [{"opaque": {"driver": DRIVER, "parameters": MPS}}]
+            ref = node.claim("crashed", "gpu-3", mps)
+            gpu = node.gpu_uuid("gpu-3")
+            key = claim_daemon_key(ref.uid, [gpu])
+            (node.hold_dir / key).touch()
+            pending = asyncio.create_task(node.kubelet.prepare(DRIVER, [ref]))
+            pipe = node.plugin_dir / "mps" / key / "pipe"
+            await node.until(
+                lambda: _read_pid(pipe) != 0 and gpu in exclusive_left(node.root),
+                "the held daemon and EXCLUSIVE_PROCESS",
+            )
+            assert node.daemon.proc is not None
+            node.daemon.proc.kill()  # the crash
+            await node.daemon.proc.wait()
+            with contextlib.suppress(DraKubeletError):
+                await pending
+            cut = _read_pid(pipe)
+            (node.hold_dir / key).unlink()  # it answers now, supervised by nobody
+            if not await start_agent(node, "agent-3.log", nvidia_smi=smi):
+                row.fail("the agent did not come back after the crash")
+            await measure(node, held, row)
+            row.left = int(gpu in exclusive_left(node.root)) + int(process_alive(cut))
+            if row.left:
+                row.notes.append("the cut claim's daemon or EXCLUSIVE_PROCESS left")
+            await unprepare_all(node, held, row)
+            row.extra_registrations = regs.count - seen - 1
+        return [row]
+
+
+PREVIOUS_RELEASE = "a7f2648"
+"""The main-line commit before the DRA record could be incomplete: the release a rollback
+meets whose reader knows nothing of that (tests/e2e_dra/test_dra_rollback.py)."""
+
+
+def previous_release(into: Path) -> Path | None:
+    """`PREVIOUS_RELEASE`'s `src` tree from git, or None (not a git checkout)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", PREVIOUS_RELEASE, "src"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+async def case_rollback() -> list[Row]:
+    """A corrupt record met with the API unreachable (the record written is incomplete),
+    then `helm rollback`: the previous release's agent with the API back."""
+    async with dra_node(node_spec=DRA_SPEC) as node:
+        held = await place(node, IN_PLACE)
+        row = Row(f"API-less start, rollback ({PREVIOUS_RELEASE})", len(held))
+        code = previous_release(node.root / "previous")
+        if code is None:
+            row.fail(f"{PREVIOUS_RELEASE} is not in a git checkout here")
+            return [row]
+        with Registrations(node.kubelet) as regs:
+            await node.daemon.terminate()
+            path = node.plugin_dir / CHECKPOINT_NAME
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
+            if not await start_agent(node, "agent-2.log", dead_kubeconfig(node)):
+                row.fail("the agent did not load its record")
+            await node.daemon.terminate()
+            seen = regs.count
+            if not await start_agent(node, "previous.log", code=code):
+                row.fail("the previous release did not come up")
+            await measure(node, held, row)
+            await unprepare_all(node, held, row)
+            row.extra_registrations = regs.count - seen - 1
+        return [row]
+
+
+class MigNode:
+    """Dynamic MIG in-process (a simulated GPU lives in its process, so agent restarts are
+    new drivers on the same files and the same backend, as `tests/dynamic_mig` has them)."""
+
+    CONFIG = "version: v1\nflags:\n  dynamicMig: {}\n"
+
+    def __init__(self, root: Path) -> None:
+        from gpuslice.backends import open_backend
+        from gpuslice.backends.simulated import SimulatedBackend
+        from gpuslice.emulator.dra_store import DraStore
+        from gpuslice.whatif.claims import DEFAULT_DEVICE_CLASSES
+
+        backend = open_backend("sim:1xh100-80gb/mig=")
+        assert isinstance(backend, SimulatedBackend)
+        self.backend = backend
+        self.root = root
+        self.store = DraStore("n1", DRIVER)
+        for cls in DEFAULT_DEVICE_CLASSES:
+            self.store.add_device_class(cls)
+        self.fail_write = 0
+        """The record write (1-based, from a driver's start) that fails as a kill would."""
+
+    def snapshot(self) -> Any:
+        from gpuslice.core.config import parse_config
+        from gpuslice.core.sharing.plan import build_plan
+        from gpuslice.state import PlanState
+
+        inventory = self.backend.inventory()
+        return PlanState(build_plan(inventory, parse_config(self.CONFIG)), inventory).current
+
+    async def started(self) -> Any:
+        """A driver as an agent's start builds one, loaded and its slices published."""
+        from gpuslice.agent.dra_driver import DraDriver, DriverSettings
+        from gpuslice.agent.dra_slices import SlicePublisher
+        from gpuslice.agent.dynamic_mig import JOURNAL_NAME, DynamicMig
+        from gpuslice.core.dra.cdispec import CDI_KIND
+        from gpuslice.host.cdi_store import CdiSpecStore
+        from gpuslice.host.checkpoint_file import CheckpointFile
+
+        fail_at = self.fail_write
+
+        class Record(CheckpointFile):
+            writes = 0
+
+            def write(self, data: bytes) -> None:
+                Record.writes += 1
+                if Record.writes == fail_at:
+                    raise OSError("killed while writing")
+                super().write(data)
+
+        def dynamic() -> tuple[str, ...]:
+            return tuple(self.snapshot().plan.dynamic_mig)
+
+        mig = DynamicMig(self.backend, Record(self.root / JOURNAL_NAME), "boot")
+        driver = DraDriver(
+            DriverSettings(DRIVER, "n1", mps_root=str(self.root / "mps")),
+            objects=self.store,
+            checkpoint=CheckpointFile(self.root / CHECKPOINT_NAME),
+            cdi=CdiSpecStore(self.root / "cdi", CDI_KIND),
+            snapshot=self.snapshot,
+            boot_id="boot",
+            dynamic_mig=mig,
+            dynamic=dynamic,
+        )
+        await driver.load()
+        await SlicePublisher(
+            self.store, driver=DRIVER, node="n1", snapshot=self.snapshot, dynamic=dynamic,
+            ours=mig.ours,
+        ).publish_once()  # fmt: skip
+        return driver
+
+    def claim(self, name: str, profile: str) -> ClaimRef:
+        selector = f"device.attributes['{DRIVER}'].profile == '{profile}'"
+        request = {"deviceClassName": "mig.nvidia.com",
+                   "selectors": [{"cel": {"expression": selector}}]}  # fmt: skip
+        made = self.store.add_claim({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}},
+        })  # fmt: skip
+        self.store.allocate_claim("ns", name, pod_uid=f"pod-{name}", pod_name=name)
+        return ClaimRef("ns", str(made["metadata"]["uid"]), name)
+
+    def instances(self) -> int:
+        return len(self.backend.inventory().gpus[0].mig_devices)
+
+
+async def mig_record_case(case: str, damage: Callable[[MigNode], None]) -> Row:
+    """A claim on a dynamic MIG partition prepared; `damage` done to the record (and to the
+    next start); the agent started again; the claim unprepared: its instance must go."""
+    from gpuslice.agent.dynamic_mig import JOURNAL_NAME
+
+    root = Path(tempfile.mkdtemp(prefix="gsm-", dir="/tmp"))
+    row = Row(case, 1)
+    try:
+        node = MigNode(root)
+        first = await node.started()
+        ref = node.claim("a", "3g.40gb")
+        if (error := (await first.prepare([ref]))[ref.uid].error) != "":
+            row.fail(f"Prepare failed: {error}")
+            return row
+        damage(node)
+        if node.fail_write:
+            with contextlib.suppress(OSError):  # the kill
+                await node.started()
+            node.fail_write = 0
+            if not (root / JOURNAL_NAME).exists():
+                row.notes.append("no record at the path after the kill")
+        again = await node.started()
+        row.lost_records = int(ref.uid not in again.claims)
+        if errors := [e for e in (await again.unprepare([ref])).values() if e]:
+            row.fail(f"Unprepare failed: {errors[0][:80]}")
+        row.left = node.instances()
+        if row.left:
+            row.notes.append("the claim's MIG instance is never destroyed")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+def _record_removed(node: MigNode) -> None:
+    from gpuslice.agent.dynamic_mig import JOURNAL_NAME
+
+    (node.root / JOURNAL_NAME).unlink()
+
+
+def _corrupt_then_killed(node: MigNode) -> None:
+    from gpuslice.agent.dynamic_mig import JOURNAL_NAME
+
+    (node.root / JOURNAL_NAME).write_bytes(b"\x00garbage")
+    node.fail_write = 1  # the next start dies writing the rebuild
+
+
+async def case_mig_record_lost() -> list[Row]:
+    return [
+        await mig_record_case("dynamic MIG record removed", _record_removed),
+        await mig_record_case("  corrupt, killed mid-rebuild", _corrupt_then_killed),
+    ]
 
 
 # -- what already holds ----------------------------------------------------------------------
@@ -754,6 +1093,11 @@ CASES: list[Callable[[], Awaitable[list[Row]]]] = [
     case_two_dp_agents,
     case_dp_sigkill,
     case_dp_sigterm,
+    case_dp_restart_without_mps,
+    case_dp_restart_renamed_mps,
+    case_dra_crash_mid_prepare,
+    case_rollback,
+    case_mig_record_lost,
 ]
 
 
@@ -764,12 +1108,12 @@ def _cell(value: int | None) -> str:
 def print_table(rows: list[Row]) -> None:
     print("\nlifecycle: what each event lost (goal: 0 in every column; '-': does not apply)")
     head = ("case", "claims/pods", "lost CDI", "lost records", "daemons replaced",
-            "MPS dirs left", "extra regs")  # fmt: skip
-    print(f"{head[0]:<34}" + "".join(f"{h:>{len(h) + 2}}" for h in head[1:]) + "  notes")
+            "MPS dirs left", "extra regs", "left behind")  # fmt: skip
+    print(f"{head[0]:<36}" + "".join(f"{h:>{len(h) + 2}}" for h in head[1:]) + "  notes")
     for r in rows:
         cells = (r.claims, r.lost_specs, r.lost_records, r.replaced, r.dirs_left,
-                 r.extra_registrations)  # fmt: skip
-        line = f"{r.case:<34}" + "".join(
+                 r.extra_registrations, r.left)  # fmt: skip
+        line = f"{r.case:<36}" + "".join(
             f"{_cell(c):>{len(h) + 2}}" for c, h in zip(cells, head[1:], strict=True)
         )
         print(line + ("  " + "; ".join(r.notes) if r.notes else ""))

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts, cdi_id, claim_spec
 from gpuslice.core.dra.kubelet_api import PreparedDevice
 from gpuslice.core.dra.prepared import (
+    FORMAT,
+    INCOMPLETE_FORMAT,
     AppliedSharing,
     Checkpoint,
     PreparedClaim,
@@ -96,19 +98,27 @@ def test_a_file_from_a_newer_version_with_extra_fields_still_reads() -> None:
 
 
 def test_a_record_rebuilt_without_the_api_says_it_is_incomplete() -> None:
-    """Kept across restarts, so a later start rebuilds again instead of trusting it; only
-    such a record carries the field, so a complete one reads the same in every version."""
+    """Kept across restarts, so a later start rebuilds again instead of trusting it. It
+    says so with its format name, which no earlier reader accepts (they would read a field
+    inside the old format as complete: tests/e2e_dra/test_dra_rollback.py); a complete
+    record is written as it always was."""
     incomplete = encode(Checkpoint("b", {UID: CLAIM}, complete=False))
+    assert json.loads(incomplete)["format"] == INCOMPLETE_FORMAT != FORMAT
     got = decode(incomplete, "b")
     assert (got.status, got.checkpoint.complete) == ("ok", False)
     assert got.checkpoint.claims == {UID: CLAIM}
     complete = encode(Checkpoint("b", {UID: CLAIM}))
+    assert json.loads(complete)["format"] == FORMAT
     assert "incomplete" not in json.loads(complete)["data"]
     assert decode(complete, "b").checkpoint.complete
-    doc = json.loads(incomplete)
-    doc["data"]["incomplete"] = "yes"  # not `true`: read as complete, never raised
     from gpuslice.core.dra.prepared import _checksum
 
+    # how the release before the format name said it: still read as incomplete
+    doc = json.loads(complete)
+    doc["data"]["incomplete"] = True
+    doc["checksum"] = _checksum(doc["data"])
+    assert not decode(json.dumps(doc).encode(), "b").checkpoint.complete
+    doc["data"]["incomplete"] = "yes"  # not `true`: read as complete, never raised
     doc["checksum"] = _checksum(doc["data"])
     assert decode(json.dumps(doc).encode(), "b").checkpoint.complete
 

@@ -143,12 +143,12 @@ def test_a_limit_key_outside_the_mig_devices_is_refused_naming_it() -> None:
 def test_multi_user_starts_the_daemon_with_dash_m_and_records_it(
     devs: dict[str, DraDevice], name: str, kind: str
 ) -> None:
-    (step,) = prepare(mps_claim([name], kind, {"multiUser": True}), devs).steps
+    *_, step = prepare(mps_claim([name], kind, {"multiUser": True}), devs).steps
     assert isinstance(step, StartDaemon)
     assert step.spec.multi_user
     assert step.spec.start_args == ("-d", "-M")
     assert step.record.multi_user
-    (plain,) = prepare(mps_claim([name], kind, {"multiUser": False}), devs).steps
+    *_, plain = prepare(mps_claim([name], kind, {"multiUser": False}), devs).steps
     assert isinstance(plain, StartDaemon)
     assert plain.spec.start_args == ("-d",)
     assert plain.spec.resource == step.spec.resource  # same claim, same devices
@@ -163,7 +163,7 @@ def test_multi_user_on_a_gpu_older_than_volta_is_refused_naming_field_and_device
         prepare(mps_claim(["gpu-0"], "GpuConfig", {"multiUser": True}), devs)
     assert "config[0]: mpsConfig.multiUser true needs a Volta or newer GPU" in str(err.value)
     assert "device gpu-0 has 6.0" in str(err.value)
-    (step,) = prepare(mps_claim(["gpu-0"], "GpuConfig"), devs).steps  # without it: fine
+    *_, step = prepare(mps_claim(["gpu-0"], "GpuConfig"), devs).steps  # without it: fine
     assert isinstance(step, StartDaemon)
 
 

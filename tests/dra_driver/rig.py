@@ -48,6 +48,7 @@ class Rig:
     warnings: list[tuple[str, str]] = field(default_factory=list)
     mps: MpsDaemonManager | None = None
     timeslice: Any = None
+    compute_mode: Any = None
     old_name: str = "pre-rename-checkpoint.json"
     """Where an earlier build kept the record (`checkpoint.json` in the agent)."""
 
@@ -66,6 +67,7 @@ class Rig:
             timeslice=self.timeslice,
             warn=warn,
             old_checkpoint=CheckpointFile(self.workdir / self.old_name),
+            compute_mode=self.compute_mode,
         )
 
     async def publish(self) -> None:

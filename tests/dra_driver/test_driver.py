@@ -261,6 +261,65 @@ async def test_two_shares_unprepared_in_one_call_stop_their_daemon(
     assert driver.claims == {}
 
 
+class RecordingComputeMode:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def set_mode(self, gpu_uuid: str, mode: str) -> None:
+        self.calls.append((gpu_uuid, mode))
+
+
+async def test_mps_shares_keep_exclusive_process_until_the_last_share_goes(
+    make_rig: Callable[..., Awaitable[Rig]], mps_manager: MpsDaemonManager
+) -> None:
+    """The compute mode is a step of each share claim: the GPU's daemon serves them all,
+    so the mode goes back to DEFAULT with the last of them, after its daemon."""
+    rig = await make_rig("sim:1xh100-80gb", SHARED_4.format(strategy="mps"))
+    rig.mps, rig.compute_mode = mps_manager, RecordingComputeMode()
+    driver = rig.driver()
+    await driver.load()
+    gpu = rig.state.current.inventory.gpus[0].uuid
+    a, b = rig.claim("a"), rig.claim("b")
+    assert all(r.error == "" for r in (await driver.prepare([a, b])).values())
+    assert rig.compute_mode.calls == [(gpu, "EXCLUSIVE_PROCESS")] * 2
+    recorded = json.loads((rig.workdir / "checkpoint.json").read_text())["data"]["claims"]
+    assert {"strategy": "ComputeMode", "gpus": [gpu], "computeMode": "EXCLUSIVE_PROCESS"} in (
+        recorded[a.uid]["applied"]
+    )
+    await driver.unprepare([a])
+    assert rig.compute_mode.calls[-1] == (gpu, "EXCLUSIVE_PROCESS"), "b's daemon still runs"
+    await driver.unprepare([b])
+    assert mps_manager.specs == ()
+    assert rig.compute_mode.calls[-1] == (gpu, "DEFAULT")
+
+
+async def test_a_claim_recorded_before_the_compute_mode_was_a_step_still_resets_it(
+    make_rig: Callable[..., Awaitable[Rig]], mps_manager: MpsDaemonManager
+) -> None:
+    """An upgrade: the previous release's MPS manager set EXCLUSIVE_PROCESS for the claim's
+    daemon and recorded nothing of it; the Unprepare after the upgrade still resets it."""
+    rig = await make_rig()
+    rig.mps, rig.compute_mode = mps_manager, RecordingComputeMode()
+    driver = rig.driver()
+    await driver.load()
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS"}}  # fmt: skip
+    ref = rig.claim("mps", mps)
+    assert (await driver.prepare([ref]))[ref.uid].error == ""
+    [(gpu, _)] = rig.compute_mode.calls
+
+    def as_before(data: dict[str, Any]) -> None:
+        claim = data["claims"][ref.uid]
+        claim["applied"] = [a for a in claim["applied"] if "computeMode" not in a]
+
+    rig.edit_checkpoint(as_before)
+    rig.compute_mode = RecordingComputeMode()
+    upgraded = rig.driver()
+    await upgraded.load()
+    assert await upgraded.unprepare([ref]) == {ref.uid: ""}
+    assert rig.compute_mode.calls == [(gpu, "DEFAULT")]
+
+
 async def test_guard_mode_and_shared_by_come_from_the_claims_guard_config(
     make_rig: Callable[..., Awaitable[Rig]],
 ) -> None:

@@ -76,6 +76,31 @@ def test_checkpoint_round_trip_private_and_quarantine(tmp_path: Path) -> None:
     assert cp.quarantine() is None
 
 
+def test_replace_keeping_leaves_a_record_at_the_path_at_every_step(tmp_path: Path) -> None:
+    """The old bytes are linked aside before the new ones replace them; what cannot be
+    linked (a directory) is moved aside; whatever was there is kept, never followed."""
+    cp = CheckpointFile(tmp_path / "record.json")
+    assert cp.replace_keeping(b"new") is None  # nothing there: nothing kept
+    kept = cp.replace_keeping(b"newer")
+    assert kept is not None
+    assert (kept.read_bytes(), cp.read()) == (b"new", b"newer")
+    assert cp.replace_keeping(b"newest") != kept  # a kept name is never reused
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"not ours")
+    cp.path.unlink()
+    cp.path.symlink_to(target)
+    kept = cp.replace_keeping(b"after a symlink")
+    assert kept is not None
+    assert kept.is_symlink()
+    assert (target.read_bytes(), cp.read()) == (b"not ours", b"after a symlink")
+    cp.path.unlink()
+    cp.path.mkdir()
+    kept = cp.replace_keeping(b"after a directory")
+    assert kept is not None
+    assert kept.is_dir()
+    assert cp.read() == b"after a directory"
+
+
 def test_boot_id(tmp_path: Path) -> None:
     f = tmp_path / "boot_id"
     f.write_text("3c1f0f2e-aaaa-bbbb-cccc-000000000000\n")

@@ -50,10 +50,11 @@ class Node:
         self.cdi_fails = False
         self.record_fails_at: int | None = None
         """The write of the dynamic MIG record (1-based, from the driver's start) that fails."""
+        self.config = CONFIG
 
     def snapshot(self) -> Snapshot:
         inventory = self.backend.inventory()
-        return PlanState(build_plan(inventory, parse_config(CONFIG)), inventory).current
+        return PlanState(build_plan(inventory, parse_config(self.config)), inventory).current
 
     def driver(self) -> tuple[DraDriver, DynamicMig]:
         """A driver as the agent builds one at its start, on this node's files."""
@@ -157,6 +158,71 @@ async def test_a_corrupt_dra_record_is_rebuilt_and_the_instance_stays(node: Node
     assert ref.uid in again.claims  # rebuilt from the API and the claim's CDI spec
     assert await again.unprepare([ref]) == {ref.uid: ""}
     assert node.migs() == []
+
+
+async def test_a_dynamic_mig_record_removed_while_a_claim_is_prepared_is_rebuilt(
+    node: Node,
+) -> None:
+    """Removed by hand (or lost to a kill between setting a corrupt one aside and writing
+    its rebuild): the prepared claim's instance is known again from the DRA record's uses,
+    so its Unprepare destroys it and the whole GPU is offered again."""
+    first, _ = await started(node)
+    ref = node.claim("a", "3g.40gb")
+    assert (await first.prepare([ref]))[ref.uid].error == ""
+    (node.tmp / JOURNAL_NAME).unlink()
+    again, dynamic = await started(node)
+    [mig] = node.backend.inventory().gpus[0].mig_devices
+    assert dynamic.ours() == {mig.uuid}
+    assert (node.tmp / JOURNAL_NAME).is_file()
+    assert await again.unprepare([ref]) == {ref.uid: ""}
+    assert node.migs() == []  # its placements and the whole GPU are free again
+    assert dynamic.journal.records == ()
+
+
+async def test_a_corrupt_dynamic_mig_record_is_rebuilt_in_place_before_it_is_set_aside(
+    node: Node,
+) -> None:
+    """The agent killed while it writes the rebuild of a corrupt record: the corrupt one is
+    still at the path (and kept aside), so the next start rebuilds again instead of
+    finding no record and losing the claim's instance."""
+    first, _ = await started(node)
+    ref = node.claim("a", "2g.20gb")
+    assert (await first.prepare([ref]))[ref.uid].error == ""
+    (node.tmp / JOURNAL_NAME).write_bytes(b"\x00garbage")
+    node.record_fails_at = 1  # the rebuild's write: the agent dies there
+    with pytest.raises(OSError, match="No space left"):
+        await started(node)
+    assert (node.tmp / JOURNAL_NAME).read_bytes() == b"\x00garbage"
+    assert [p.read_bytes() for p in node.tmp.glob(f"{JOURNAL_NAME}.corrupt-*")] == [b"\x00garbage"]
+    node.record_fails_at = None
+    again, dynamic = await started(node)
+    assert len(dynamic.ours()) == 1
+    assert await again.unprepare([ref]) == {ref.uid: ""}
+    assert node.migs() == []
+
+
+async def test_a_static_mig_device_a_claim_uses_is_never_rebuilt_as_one_made_here(
+    node: Node,
+) -> None:
+    """Without dynamic MIG on the GPU, a claim's MIG device is an operator's layout: a
+    dynamic MIG record rebuilt (corrupt, or missing) must not take it for one gpuslice
+    created, or the claim's Unprepare would destroy the operator's instance."""
+    node.config = "version: v1\n"
+    gpu = node.backend.inventory().gpus[0].uuid
+    node.backend.create_mig(gpu, "3g.40gb", 0)  # the operator's static layout
+    first, _ = await started(node)
+    ref = node.claim("a", "3g.40gb")
+    assert (await first.prepare([ref]))[ref.uid].error == ""
+    for damage in (b"\x00garbage", None):
+        if damage is None:
+            (node.tmp / JOURNAL_NAME).unlink()
+        else:
+            (node.tmp / JOURNAL_NAME).write_bytes(damage)
+        _, dynamic = await started(node)
+        assert dynamic.ours() == frozenset()
+    again, _ = await started(node)
+    assert await again.unprepare([ref]) == {ref.uid: ""}
+    assert node.migs() == ["3g.40gb@0"], "the operator's instance stays"
 
 
 async def test_a_prepare_that_fails_after_creation_destroys_it_and_can_be_retried(

@@ -203,9 +203,11 @@ async def running_dra_node(
     kubelet_versions: Sequence[str] | None = None,
     plugin_files: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
+    compute_mode: bool = False,
 ) -> AsyncIterator[DraNode]:
     """`plugin_files`: files already in the plugin directory (another driver's state);
-    `env`: more environment for the daemon (and the programs it runs)."""
+    `env`: more environment for the daemon (and the programs it runs); `compute_mode`: the
+    agent sets MPS GPUs' compute modes (through the recording `nvidia-smi`)."""
     api.add_node(NODE)
     for cls in (GPU_CLASS, MIG_CLASS):
         api.add_device_class(cls)
@@ -238,7 +240,7 @@ async def running_dra_node(
             "--cdi-root", str(cdi_root),
             "--nvidia-smi", str(smi),
             "--dra-resync-interval", "0.5",
-            "--no-compute-mode",
+            *(() if compute_mode else ("--no-compute-mode",)),
             "--mps-control", FAKE_MPS,
             "--no-labels",
             *args,

@@ -101,8 +101,9 @@ def wire_mps(
 
     The daemons outlive the agent (as in DRA mode): quitting one cuts every client of every
     pod using it, so a stopping agent leaves them and the next one takes over those started
-    with the settings its plan wants. Only a plan without them (a config reload) or with
-    other settings stops them.
+    with the settings its plan wants. Only a plan without them or with other settings stops
+    them: a config reload, or the next agent's first plan (`quit_left_behind`, before the
+    front end advertises anything).
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
@@ -125,8 +126,14 @@ def wire_mps(
         keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
     )
 
+    started = False
+
     async def on_plan(plan: Plan, _inventory: Inventory) -> None:
+        nonlocal started
         await manager.reconfigure(mps_specs(plan))
+        if not started:  # the first plan, put in force before the front end serves it
+            started = True
+            await manager.quit_left_behind(plan.allocate.mps_root)
         withdraw_down_daemons()
 
     hooks.on_plan.append(on_plan)
@@ -159,7 +166,8 @@ def dra_front_end(
     mps = MpsDaemonManager(
         [],
         ControlProgram.factory(settings.mps_control),
-        compute_mode=smi if settings.set_compute_mode else None,
+        # no compute_mode: the driver sets it as a recorded step of each claim, so a crash
+        # mid-Prepare is undone from the record (core.dra.preparation.SetComputeMode)
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
     )
@@ -193,6 +201,7 @@ def dra_front_end(
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
+        compute_mode=smi if settings.set_compute_mode else None,
     )
     publisher = SlicePublisher(
         objects,

@@ -3,11 +3,12 @@
 Prepare reads the claim (the kubelet sends only namespace, UID and name), lets the core
 decide what it means on this node (`core.dra.claims`), refuses a device already prepared
 for another claim (the driver is the last line of defence against a double allocation),
-records `PrepareStarted`, applies the sharing (an MPS control daemon per MPS config group,
-one per shared GPU for MPS shares, a time-slice interval when one is asked for), writes the
-claim's CDI spec and records `PrepareCompleted` with what it returned. A repeated Prepare
-returns the recorded answer without touching the node again; Unprepare undoes exactly what
-the record says, and succeeds for a claim it never prepared.
+records `PrepareStarted`, applies the sharing (EXCLUSIVE_PROCESS on a whole GPU before its
+MPS daemon, an MPS control daemon per MPS config group, one per shared GPU for MPS shares, a
+time-slice interval when one is asked for), writes the claim's CDI spec and records
+`PrepareCompleted` with what it returned. A repeated Prepare returns the recorded answer
+without touching the node again; Unprepare undoes exactly what the record says, and
+succeeds for a claim it never prepared.
 
 Claims are independent: each is prepared on its own task, serialized only with work on the
 same claim and, step by step, with work on the same GPU; devices are reserved before the
@@ -48,7 +49,14 @@ from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_s
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
 from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, not_offered
-from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon, preparation
+from gpuslice.core.dra.preparation import (
+    Preparation,
+    SetComputeMode,
+    SetInterval,
+    StartDaemon,
+    preparation,
+    with_compute_modes,
+)
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
     Checkpoint,
@@ -75,7 +83,7 @@ from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
-from gpuslice.ports import DraObjectNotFound, DraObjects, TimesliceSetter
+from gpuslice.ports import ComputeModeSetter, DraObjectNotFound, DraObjects, TimesliceSetter
 from gpuslice.state import Snapshot
 
 log = get_logger("gpuslice.dra.driver")
@@ -103,6 +111,8 @@ class DriverSettings:
     the claims concerned well within the kubelet's 45 s, and never holds the others."""
     timeslice_timeout_s: float = 10.0
     """How long setting (or resetting) one GPU's time-slice interval may take."""
+    compute_mode_timeout_s: float = 10.0
+    """How long setting (or resetting) one GPU's compute mode may take."""
     prepare_timeout_s: float = 30.0
     """One claim's whole Prepare, from the API read to the record. A claim whose steps
     together take longer is undone and gets its own error; the 15 s left of the kubelet's
@@ -117,6 +127,7 @@ class DriverSettings:
             "mps_ready_timeout_s",
             "api_timeout_s",
             "timeslice_timeout_s",
+            "compute_mode_timeout_s",
             "prepare_timeout_s",
         ):
             value = getattr(self, name)
@@ -185,13 +196,17 @@ class DraDriver:
         old_checkpoint: CheckpointFile | None = None,
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
+        compute_mode: ComputeModeSetter | None = None,
     ) -> None:
         """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
         at each Prepare, so a config reload that moves the driver root counts.
         `old_checkpoint` is where an earlier build kept the record
         (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
         `checkpoint` holds nothing. `dynamic_mig` creates and destroys the MIG devices of
-        the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`)."""
+        the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`). `compute_mode` sets
+        a whole GPU's compute mode around its MPS daemon as a step of the claim (None: the
+        node leaves compute modes alone, `--no-compute-mode`); the MPS manager then sets
+        none, so the claim's record is the one carrier of that change."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -204,6 +219,7 @@ class DraDriver:
         self._boot_id = boot_id
         self._mps = mps
         self._timeslice = timeslice
+        self._compute_mode = compute_mode
         self._warn = warn
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
@@ -285,6 +301,11 @@ class DraDriver:
             claims = dict(decoded.checkpoint.claims)
             rebuilt = False
         self._complete = complete
+        if self._compute_mode is not None:
+            # records from before the compute mode was a step: their daemons' GPUs were set
+            claims = {
+                u: replace(c, applied=with_compute_modes(c.applied)) for u, c in claims.items()
+            }
         unfinished = [c for c in claims.values() if c.state != "PrepareCompleted"]
         for claim in unfinished:
             log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
@@ -303,8 +324,8 @@ class DraDriver:
         if decoded.status != "ok" or raw is None or rebuilt:
             await self._write_quietly()
         for claim in unfinished:
-            # a Prepare cut short by a crash: undo what its planned steps may have done (a
-            # time-slice interval reset to Default; its MPS daemon is a stray, quit below)
+            # a Prepare cut short by a crash: undo what its planned steps may have done (its
+            # MPS daemon quit, the GPU's compute mode and time-slice interval reset)
             await self._undo(claim.uid, claim.applied)
         if self._mps is not None:
             if complete:
@@ -318,7 +339,8 @@ class DraDriver:
             await self._dynamic_mig.reconcile(
                 set(claims) if complete else None,
                 [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
-                [g.uuid for g in snap.inventory.gpus] if snap is not None else [],
+                # the dynamic GPUs: a static MIG device is never rebuilt as one made here
+                list(dynamic_gpus(snap.inventory, self._dynamic())) if snap is not None else [],
             )
         self.loaded = True
         log.info(
@@ -788,6 +810,9 @@ class DraDriver:
                     # recorded first: a daemon that never answers is still one to stop
                     applied.append(step.record)
                     await self._start_daemon(step.spec)
+            elif isinstance(step, SetComputeMode):
+                async with self._gpu_locks.holding([step.gpu_uuid]):
+                    await self._set_exclusive(step, applied)
             else:
                 async with self._gpu_locks.holding([step.gpu_uuid]):
                     await self._set_interval(step, applied)
@@ -815,6 +840,40 @@ class DraDriver:
                 f"{step.source}: setting time-slice interval {step.interval} on GPU "
                 f"{step.gpu_uuid} did not finish within {timeout:g} s"
             ) from None
+
+    async def _set_exclusive(self, step: SetComputeMode, applied: list[AppliedSharing]) -> None:
+        """EXCLUSIVE_PROCESS before the GPU's MPS daemon starts, recorded before it is set
+        (a crash in between leaves a record the next start undoes). MPS works without it,
+        as NVIDIA's driver has it: a refusal is told, and the claim goes on."""
+        if self._compute_mode is None:
+            return
+        applied.append(step.record)
+        try:
+            await asyncio.wait_for(
+                self._compute_mode.set_mode(step.gpu_uuid, "EXCLUSIVE_PROCESS"),
+                self.settings.compute_mode_timeout_s,
+            )
+        except (MpsError, TimeoutError) as exc:
+            if isinstance(exc, MpsError):
+                applied.pop()  # nvidia-smi refused: nothing to reset
+            log.warning(
+                "dra-compute-mode-not-set",
+                gpu=step.gpu_uuid,
+                error=_described(exc),
+                effect="MPS runs without it; another process may open the GPU",
+            )
+
+    async def _reset_compute_mode(self, gpu_uuid: str) -> None:
+        assert self._compute_mode is not None
+        try:
+            await asyncio.wait_for(
+                self._compute_mode.set_mode(gpu_uuid, "DEFAULT"),
+                self.settings.compute_mode_timeout_s,
+            )
+        except (MpsError, TimeoutError) as exc:
+            log.warning("dra-compute-mode-reset-failed", gpu=gpu_uuid, error=_described(exc))
+        else:
+            log.info("dra-compute-mode-reset", gpu=gpu_uuid)
 
     async def _start_daemon(self, spec: MpsDaemonSpec) -> None:
         if self._mps is None:
@@ -885,21 +944,49 @@ class DraDriver:
         """Undo what the record says, best effort: a step that fails is logged, never
         blocks the rest (the claim is gone for the kubelet either way). Runs under the
         locks of every GPU it touches, so a claim starting a daemon on one of them either
-        finished (and keeps the daemon) or starts after the stop."""
+        finished (and keeps the daemon) or starts after the stop.
+
+        A daemon of the claim's that no one supervises (its Prepare was cut short by a
+        crash) is quit here, and the GPUs' compute modes are reset after the daemons went.
+        While the record is incomplete, a GPU's share daemon and compute mode may serve a
+        claim the record lacks: only the claim's own daemons and their GPUs are undone."""
         gpus = [u for a in applied for u in a.gpu_uuids]
         async with self._gpu_locks.holding(gpus):
             still_used = self._daemons_used_by_others(claim_uid)
             stopped: list[str] = []
+            strays: list[str] = []
             for a in applied:
-                if a.mps_key and a.mps_key not in still_used and a.mps_key in self._daemons:
-                    del self._daemons[a.mps_key]
-                    stopped.append(a.mps_key)
+                if a.mps_key and a.mps_key not in still_used:
+                    if a.mps_key in self._daemons:
+                        del self._daemons[a.mps_key]
+                        stopped.append(a.mps_key)
+                    elif a.mps_key not in strays and self._undoable(claim_uid, a.mps_key):
+                        strays.append(a.mps_key)
                 if a.interval is not None and a.interval != 0 and self._timeslice is not None:
                     for uuid in a.gpu_uuids:
                         await self._reset_interval(uuid)
-            if stopped and self._mps is not None:
-                await self._mps.reconfigure(tuple(self._daemons.values()))
-            for key in stopped:
+            if self._mps is not None:
+                if stopped:
+                    await self._mps.reconfigure(tuple(self._daemons.values()))
+                for key in strays:
+                    await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
+            # after the daemons: the mode goes back once no MPS server holds the GPU
+            if self._compute_mode is not None:
+                keep = self._exclusive_for_others(claim_uid)
+                if not self._complete:
+                    own = {
+                        u
+                        for a in applied
+                        if self._undoable(claim_uid, a.mps_key)
+                        for u in a.gpu_uuids
+                    }
+                    keep |= set(gpus) - own
+                for uuid in dict.fromkeys(
+                    u for a in applied if a.compute_mode for u in a.gpu_uuids
+                ):
+                    if uuid not in keep:
+                        await self._reset_compute_mode(uuid)
+            for key in (*stopped, *strays):
                 await asyncio.to_thread(self._remove_daemon_dir, key)
         try:
             await asyncio.to_thread(self._cdi.remove, claim_uid)
@@ -951,6 +1038,25 @@ class DraDriver:
             if a.mps_key
         )
         return used
+
+    def _undoable(self, claim_uid: str, mps_key: str) -> bool:
+        """Whether the daemon `mps_key` serves no claim but `claim_uid`'s, as far as the
+        record can tell: its own (`<uid>-<digest>`), or any while the record is complete."""
+        return bool(mps_key) and (self._complete or mps_key.startswith(f"{claim_uid}-"))
+
+    def _exclusive_for_others(self, claim_uid: str) -> set[str]:
+        """GPUs another claim (prepared, or being prepared) set to EXCLUSIVE_PROCESS: MPS
+        shares of one GPU share its daemon, and the mode stays until the last one goes."""
+        applied = [
+            a
+            for uid, c in self._claims.items()
+            if uid != claim_uid and uid not in self._leaving
+            for a in c.applied
+        ]
+        applied.extend(
+            a for uid, flight in self._in_flight.items() if uid != claim_uid for a in flight.sharing
+        )
+        return {u for a in applied if a.compute_mode for u in a.gpu_uuids}
 
     async def _reset_interval(self, gpu_uuid: str) -> None:
         assert self._timeslice is not None

@@ -115,13 +115,18 @@ class DynamicMig:
         """Reconcile the record `read` found with the GPUs (`core.dra.migrecord.recover`):
         `prepared` are the claims the DRA record holds as prepared (None: unknown, then
         nothing is destroyed); `uses` its (claim UID, device, physical UUID) triples, which
-        rebuild a record that cannot be read, looking on `gpus` (the dynamic GPUs)."""
+        rebuild a record that cannot be read or is missing, looking on `gpus` (the dynamic
+        GPUs only: a static MIG device a claim uses is never taken for one gpuslice made)."""
         decoded = self._decoded
         records = decoded.journal.records
         if decoded.status == "corrupt":
-            kept = await asyncio.to_thread(self._file.quarantine)
             live = await self._live(gpus)
             records = rebuilt(uses, live)
+            # the rebuilt record is in place before the old one is kept aside: an agent
+            # killed in between leaves one or the other at the path, never no record
+            kept = await asyncio.to_thread(
+                self._file.replace_keeping, encode(MigJournal(self._boot_id, records))
+            )
             message = (
                 f"dynamic MIG record {self._file.path} could not be used ({decoded.reason}); "
                 f"kept as {kept}. Rebuilt {len(records)} record(s) from the prepared claims; "
@@ -129,6 +134,20 @@ class DynamicMig:
             )
             log.error("dynamic-mig-record-corrupt", message=message)
             await self._post("DynamicMigRecordCorrupt", message)
+        elif decoded.status == "empty":
+            # no file: a first start, or a record lost (removed by hand; an earlier build
+            # killed between setting a corrupt one aside and writing its rebuild). Only the
+            # prepared claims' MIG devices that live on the dynamic GPUs tell them apart
+            records = rebuilt(uses, await self._live(gpus))
+            if records:
+                message = (
+                    f"dynamic MIG record {self._file.path} is missing while prepared claims "
+                    f"use {len(records)} MIG device(s) on dynamic MIG GPUs; rebuilt from "
+                    "those claims, so Unprepare destroys them; MIG devices no prepared "
+                    "claim uses are left alone"
+                )
+                log.error("dynamic-mig-record-missing", message=message)
+                await self._post("DynamicMigRecordMissing", message)
         live = await self._live({r.gpu_uuid for r in records})
         plan = recover(records, live, prepared)
         for record, why in plan.dropped:

@@ -202,3 +202,23 @@ def mps_specs(plan: Plan) -> tuple[MpsDaemonSpec, ...]:
         if r.strategy == SharingStrategy.MPS
     )
     return tuple(s for s in specs if s is not None)
+
+
+def left_behind_spec(root: str, resource: str) -> MpsDaemonSpec:
+    """A daemon an earlier agent left at `<root>/<resource>/` that no spec of the plan in
+    force names (a config without MPS, a renamed resource): only its paths, to ask it to
+    quit and read the settings its started marker records (`gpu_uuids` among them)."""
+    base = mps_root(root)
+    return MpsDaemonSpec(
+        resource=ResourceName(resource),
+        root=base,
+        pipe_dir=pipe_dir(base, resource),
+        log_dir=log_dir(base, resource),
+        shm_dir=shm_dir(base),
+        started_marker=f"{resource_dir(base, resource)}/{STARTED_MARKER}",
+        ready_marker=ready_marker(base),
+        gpu_uuids=(),
+        gpu_indices=(),
+        active_thread_percentage=100,
+        pinned_mem_limits_mib=(),
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuslice.core.errors import GpusliceError
@@ -82,14 +83,44 @@ class CheckpointFile:
         `<name>.corrupt-<unix time>` (`-2`, `-3`... when that name is taken: nothing kept
         is ever overwritten); its new path, None when nothing was there. OSError when it
         cannot be moved."""
-        stamp = f"{self.path.name}.corrupt-{int(time.time())}"
-        for n in range(1, 1000):
-            target = self.path.with_name(stamp if n == 1 else f"{stamp}-{n}")
-            if os.path.lexists(target):
-                continue
+        for target in self._aside_names():
             try:
                 self.path.rename(target)
             except FileNotFoundError:
                 return None
             return target
-        raise OSError(f"no free name to move {self.path} aside as {stamp}")
+        raise OSError(f"no free name to move {self.path} aside")
+
+    def replace_keeping(self, data: bytes) -> Path | None:
+        """Write `data` over what is at the path, keeping that aside as `quarantine` does,
+        with the path never empty in between: what is there is first linked under the kept
+        name, then replaced atomically. An agent killed at any point leaves the old record
+        or the new one, never none (no record reads as "nothing created", and what it
+        recorded would be lost). Only what cannot be linked (a directory) is moved aside
+        first. The kept path, None when nothing was there."""
+        for target in self._aside_names():
+            try:
+                os.link(self.path, target, follow_symlinks=False)
+            except FileNotFoundError:
+                if os.path.lexists(target):
+                    continue  # taken meanwhile
+                self.write(data)
+                return None
+            except FileExistsError:
+                continue
+            except (IsADirectoryError, PermissionError):  # link(2) says EPERM for a directory
+                if self.path.is_symlink() or not self.path.is_dir():
+                    raise
+                kept = self.quarantine()
+                self.write(data)
+                return kept
+            self.write(data)
+            return target
+        raise OSError(f"no free name to keep {self.path} aside")
+
+    def _aside_names(self) -> Iterator[Path]:
+        stamp = f"{self.path.name}.corrupt-{int(time.time())}"
+        for n in range(1, 1000):
+            target = self.path.with_name(stamp if n == 1 else f"{stamp}-{n}")
+            if not os.path.lexists(target):
+                yield target

@@ -13,13 +13,21 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import re
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
-from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.core.mps import (
+    STARTED_MARKER,
+    MpsDaemonSpec,
+    left_behind_spec,
+    mps_root,
+    shm_dir,
+)
 from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
 from gpuslice.mps.identity import IdentityError, read_bounded
 from gpuslice.mps.readiness import Readiness, ReadinessListener
@@ -185,15 +193,59 @@ class MpsDaemonManager:
     async def quit_stray(self, spec: MpsDaemonSpec) -> bool:
         """Ask a daemon at `spec`'s pipe directory that this manager does not supervise to
         quit (one left running for a claim the record no longer holds); True if one
-        answered. Only `quit`: a daemon this process did not start is never signalled."""
+        answered. Only `quit`: a daemon this process did not start is never signalled. One
+        that can be identified (`MpsControl.watch_running`) is waited for, so what follows
+        (a compute mode reset) comes after it ended."""
         if spec.resource in self._daemons:
             return False
         control = self._factory(spec)
         if await self._check(control) is not None:
             return False
+        control.watch_running()
         await _quietly(control.terminate())
         self._log.info("stray MPS daemon in %s asked to quit", spec.pipe_dir)
         return True
+
+    async def quit_left_behind(self, root: str) -> None:
+        """At the agent's start, before anything is advertised: what an earlier agent left
+        under `root` (`keep_running`) that this manager's specs no longer want, undone as a
+        live reload to the same config undoes it. A daemon of a resource no spec names (a
+        restart into a config without MPS, a renamed MPS resource, another node label) is
+        asked to quit and its started marker removed; then the GPUs its marker records,
+        and those a wanted resource's daemon no longer serves, get their compute mode
+        reset (with a `compute_mode` setter), unless a spec's daemon wants them exclusive.
+        Without this a time-sliced replica would be advertised on a GPU left in
+        EXCLUSIVE_PROCESS, where its pods find every CUDA device busy, and a renamed
+        resource would run a second daemon on the same GPU."""
+        wanted: dict[str, MpsDaemonSpec] = {s.resource: s for s in self._specs}
+        exclusive = {u for s in self._specs if not s.mig_uuids for u in s.gpu_uuids}
+        found = await asyncio.to_thread(_left_resources, Path(mps_root(root)))
+        reset: list[str] = []
+        for resource, listening in found:
+            spec = wanted.get(resource) or left_behind_spec(root, resource)
+            recorded = _recorded(spec) or {}
+            gpus = [] if recorded.get("mig_uuids") else _gpu_uuids(recorded.get("gpu_uuids"))
+            if resource not in wanted:
+                if listening:  # no control socket, no daemon to ask
+                    await self.quit_stray(spec)
+                self._log.info(
+                    "MPS daemon for %s, left by the previous agent, is not in this config: stopped",
+                    resource,
+                )
+                try:
+                    await asyncio.to_thread(Path(spec.started_marker).unlink, missing_ok=True)
+                except OSError as exc:
+                    self._report(f"could not remove {spec.started_marker}: {exc}")
+            reset.extend(u for u in gpus if u not in exclusive and u not in reset)
+        if self._compute_mode is None:
+            return
+        for uuid in reset:
+            try:
+                await self._compute_mode.set_mode(uuid, "DEFAULT")
+            except MpsError as exc:
+                self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
+            else:
+                self._log.info("compute mode of %s reset to DEFAULT (no MPS daemon here)", uuid)
 
     def _launch(self, spec: MpsDaemonSpec) -> None:
         assert self._group is not None
@@ -480,6 +532,45 @@ def _recorded(spec: MpsDaemonSpec) -> dict[str, object] | None:
     except (IdentityError, ValueError):
         return None
     return found if isinstance(found, dict) else None
+
+
+def _left_resources(root: Path) -> list[tuple[str, bool]]:
+    """`<domain>/<name>` of each resource directory under `root` an earlier daemon used
+    (a pipe directory or a started marker in it), never through a symlink, and whether a
+    control socket is there to ask. The shared shm directory is skipped: client pods write
+    there, so what lies in it is theirs."""
+    out: list[tuple[str, bool]] = []
+    shm = Path(shm_dir(str(root))).name
+    try:
+        domains = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return out
+    for domain in domains:
+        if domain.name == shm or not domain.is_dir(follow_symlinks=False):
+            continue
+        try:
+            names = sorted(os.scandir(domain.path), key=lambda e: e.name)
+        except OSError:
+            continue
+        for name in names:
+            if not name.is_dir(follow_symlinks=False):
+                continue
+            here = Path(name.path)
+            pipe = here / "pipe"
+            if (pipe.is_dir() and not pipe.is_symlink()) or (here / STARTED_MARKER).is_file():
+                listening = os.path.lexists(pipe / SOCKET_NAME)
+                out.append((f"{domain.name}/{name.name}", listening))
+    return out
+
+
+_GPU_UUID = re.compile(r"GPU-[A-Za-z0-9-]{1,80}")
+
+
+def _gpu_uuids(value: object) -> list[str]:
+    """GPU UUIDs from a started marker: only ones shaped as such reach `nvidia-smi -i`."""
+    if not isinstance(value, list):
+        return []
+    return [u for u in value if isinstance(u, str) and _GPU_UUID.fullmatch(u)]
 
 
 def _unique(specs: Iterable[MpsDaemonSpec]) -> tuple[MpsDaemonSpec, ...]:

@@ -21,9 +21,13 @@ After a crash the record is reconciled with what the GPUs hold (`recover`):
 - Written before a reboot: every instance died with it (MIG instances do not survive a GPU
   reset); the records go and nothing is destroyed, whatever now sits at those placements.
 
-A record that cannot be read is rebuilt from the DRA record's device uses (claim, device
-name, MIG UUID) for the instances that still exist (`rebuilt`): the instances of prepared
+A record that cannot be read, or that is missing while prepared claims use MIG devices of
+the dynamic GPUs, is rebuilt from the DRA record's device uses (claim, device name, MIG
+UUID) for the instances that still exist there (`rebuilt`): the instances of prepared
 claims are known again, and any other instance is left alone, reported, never destroyed.
+The rebuilt record is written before the unreadable one is kept aside
+(`host.checkpoint_file.CheckpointFile.replace_keeping`): a missing file is what a kill in
+between used to leave.
 
 The file is JSON in the DRA record's envelope (`prepared.sealed`: format name, version,
 checksum).
@@ -110,10 +114,10 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     if raw is None:
         return DecodedJournal("empty", empty)
     try:
-        opened = unsealed(raw, FORMAT, "a gpuslice dynamic MIG record")
+        opened = unsealed(raw, (FORMAT,), "a gpuslice dynamic MIG record")
         if isinstance(opened, str):
             return DecodedJournal("corrupt", empty, opened)
-        data, version = opened
+        data, version = opened.data, opened.version
         if version != VERSION:
             return DecodedJournal("corrupt", empty, f"version {version!r} unknown")
         records = tuple(_record(r) for r in data.get("records") or ())

@@ -1,6 +1,7 @@
-"""The steps that prepare one claim on this node, as data: which MPS daemons must answer,
-which time-slice intervals to set, what each step records for Unprepare, the CDI devices
-to write and what the claim's pods are entitled to.
+"""The steps that prepare one claim on this node, as data: which GPUs go to EXCLUSIVE_PROCESS
+for their MPS daemon, which MPS daemons must answer, which time-slice intervals to set, what
+each step records for Unprepare, the CDI devices to write and what the claim's pods are
+entitled to.
 
 The driver carries the steps out (`agent.dra_driver`); `gpuslice describe --claims` shows
 them without running any (`whatif.claims`). One derivation serves both, so what the
@@ -9,6 +10,7 @@ what-if view predicts is what Prepare does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts
@@ -48,7 +50,46 @@ class SetInterval:
     record: AppliedSharing
 
 
-Step = StartDaemon | SetInterval
+@dataclass(frozen=True, slots=True)
+class SetComputeMode:
+    """EXCLUSIVE_PROCESS on a whole GPU before its MPS daemon starts (NVIDIA sets it so only
+    the MPS server opens the GPU). A step of its own, recorded before it is taken, so the
+    undo of a Prepare cut short by a crash (the next agent's, or the kubelet's Unprepare)
+    resets it: a GPU left in EXCLUSIVE_PROCESS fails every later claim with more than one
+    CUDA process. A MIG daemon has none: the mode is the whole GPU's."""
+
+    gpu_uuid: str
+    record: AppliedSharing
+
+
+Step = SetComputeMode | StartDaemon | SetInterval
+
+COMPUTE_MODE = "ComputeMode"
+"""The `strategy` of a compute-mode step's record (`AppliedSharing`)."""
+
+
+def exclusive(gpu_uuid: str) -> SetComputeMode:
+    return SetComputeMode(
+        gpu_uuid, AppliedSharing(COMPUTE_MODE, (gpu_uuid,), compute_mode="EXCLUSIVE_PROCESS")
+    )
+
+
+def with_compute_modes(applied: Sequence[AppliedSharing]) -> tuple[AppliedSharing, ...]:
+    """`applied` as this version records it: a record written before the compute mode was a
+    step of its own has a whole-GPU MPS daemon and no compute-mode step, though the agent
+    that wrote it set EXCLUSIVE_PROCESS on that GPU wherever the node sets compute modes.
+    The step is added before its daemon, so Unprepare resets the mode as for a claim
+    prepared now."""
+    recorded = {u for a in applied if a.compute_mode for u in a.gpu_uuids}
+    out: list[AppliedSharing] = []
+    for a in applied:
+        if a.mps_key and not a.mig_uuids:
+            for uuid in a.gpu_uuids:
+                if uuid not in recorded:
+                    recorded.add(uuid)
+                    out.append(exclusive(uuid).record)
+        out.append(a)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +165,7 @@ def _share(
     if share.strategy == SharingStrategy.MPS:
         key = share_daemon_key(gpu.uuid)
         spec = daemon_spec(key, mps_root, [(gpu.uuid, gpu.index)])
+        steps.append(exclusive(gpu.uuid))
         steps.append(StartDaemon(spec, AppliedSharing("mps-shares", (gpu.uuid,), mps_key=key)))
         mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
     cdi.append(_device(dw, mounts, **share_envs(share, dw.device.capacity.get("memory", 0) // MIB)))
@@ -163,6 +205,8 @@ def _mps(
         mig_uuids=spec.mig_uuids,
         multi_user=spec.multi_user,
     )
+    if not spec.mig_uuids:
+        steps.extend(exclusive(uuid) for uuid in spec.gpu_uuids)
     steps.append(StartDaemon(spec, record))
     limits = dict(spec.pinned_mem_limits_mib)
     mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)

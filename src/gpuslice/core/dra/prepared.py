@@ -16,10 +16,16 @@ took claims recorded before a reboot as still prepared (#951). Here:
   (only root writes the file, so a bad name there is defence in depth);
 * the node's boot ID is stored; a different one means a reboot: nothing prepared survives
   one (MPS daemons, time-slice settings), so the record is `stale` and dropped;
-* a record rebuilt while the API could not be read says so (`incomplete`): it may lack
-  claims that are still prepared, so the next start rebuilds it again and, until a rebuild
-  succeeds, nothing on the node is removed for not being in it. The field is written only
-  then, so a complete record reads the same in every version.
+* a record rebuilt while the API could not be read says so: it may lack claims that are
+  still prepared, so the next start rebuilds it again and, until a rebuild succeeds,
+  nothing on the node is removed for not being in it. It says so with its format name
+  (`INCOMPLETE_FORMAT`), not with a field inside version 1: a release before this one
+  ignores fields it does not know, so on a rollback it read such a record as complete and
+  empty and deleted every running claim's CDI spec and MPS daemon. Under another format
+  name every earlier release refuses the file as not its checkpoint, moves it aside and
+  rebuilds, as this one does with any record it cannot read. A complete record is written
+  as it always was, so it reads the same in every version; the `incomplete` field that
+  release wrote is still read.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,6 +48,9 @@ from gpuslice.core.dra.names import (
 from gpuslice.core.sharing.model import SharingStrategy
 
 FORMAT = "gpuslice.io/dra-checkpoint"
+INCOMPLETE_FORMAT = "gpuslice.io/dra-checkpoint-incomplete"
+"""The format name of a record that may lack prepared claims (see the module's docstring):
+the same document, which no reader that knows only `FORMAT` accepts."""
 VERSION = 1
 """The version this code writes. A change an older reader can ignore (a new optional
 field) keeps it; one it cannot (a field renamed, a meaning changed) bumps it and adds the
@@ -74,6 +83,10 @@ class AppliedSharing:
     Kept so a restarted agent rebuilds the same daemon and takes it over."""
     multi_user: bool = False
     """The daemon was started multi-user (`-M`), for the same reason."""
+    compute_mode: Literal["EXCLUSIVE_PROCESS"] | None = None
+    """The compute mode set on `gpu_uuids` (EXCLUSIVE_PROCESS for an MPS daemon), to reset
+    to DEFAULT at Unprepare. A reader that does not know the field reads the step as one
+    that changed nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +141,7 @@ def encode(cp: Checkpoint) -> bytes:
         "bootID": cp.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(cp.claims.items())},
     }
-    if not cp.complete:
-        data["incomplete"] = True
-    return sealed(data)
+    return sealed(data, FORMAT if cp.complete else INCOMPLETE_FORMAT)
 
 
 def sealed(data: Mapping[str, Any], format: str = FORMAT, version: int = VERSION) -> bytes:
@@ -147,16 +158,17 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     if raw is None:
         return Decoded("empty", Checkpoint(boot_id))
     try:
-        opened = unsealed(raw, FORMAT, "a gpuslice DRA checkpoint")
+        opened = unsealed(raw, (FORMAT, INCOMPLETE_FORMAT), "a gpuslice DRA checkpoint")
         if isinstance(opened, str):
             return Decoded("corrupt", Checkpoint(boot_id), opened)
-        data = migrate(*opened)
+        data = migrate(opened.data, opened.version)
         stored = data.get("claims")
         if stored is not None and not isinstance(stored, dict):
             raise ValueError("claims: not an object")
         claims = {str(uid): _claim(uid, c) for uid, c in (stored or {}).items()}
         stored_boot = str(data.get("bootID", ""))
-        complete = data.get("incomplete") is not True
+        # `incomplete` inside FORMAT: how the release before INCOMPLETE_FORMAT said it
+        complete = opened.format == FORMAT and data.get("incomplete") is not True
     except RecursionError:
         return Decoded("corrupt", Checkpoint(boot_id), "nested too deeply to be a checkpoint")
     except BadName as exc:
@@ -175,17 +187,26 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
     return Decoded("ok", Checkpoint(boot_id, claims, complete))
 
 
-def unsealed(raw: bytes, format: str, what: str) -> tuple[dict[str, Any], object] | str:
-    """A sealed document's data and version, or why it is not one of `format` (`what`
-    names it in that reason). Raises what `json` raises on a text that is no JSON, which
-    callers count as corruption with their own other decoding errors."""
+@dataclass(frozen=True, slots=True)
+class Unsealed:
+    """A sealed document opened: its data, the version it claims and its format name."""
+
+    data: dict[str, Any]
+    version: object
+    format: str
+
+
+def unsealed(raw: bytes, formats: Collection[str], what: str) -> Unsealed | str:
+    """A sealed document of one of `formats`, or why it is not one (`what` names it in
+    that reason). Raises what `json` raises on a text that is no JSON, which callers count
+    as corruption with their own other decoding errors."""
     doc = json.loads(raw.decode("utf-8"), parse_float=_no_float, parse_constant=_no_float)
-    if not isinstance(doc, dict) or doc.get("format") != format:
+    if not isinstance(doc, dict) or doc.get("format") not in formats:
         return f"not {what}"
     data = doc.get("data")
     if not isinstance(data, dict) or doc.get("checksum") != _checksum(data):
         return "checksum mismatch"
-    return data, doc.get("version")
+    return Unsealed(data, doc.get("version"), str(doc["format"]))
 
 
 def migrate(
@@ -326,6 +347,8 @@ def _applied_json(a: AppliedSharing) -> dict[str, Any]:
         out["migDevices"] = list(a.mig_uuids)
     if a.multi_user:
         out["multiUser"] = True
+    if a.compute_mode is not None:
+        out["computeMode"] = a.compute_mode
     return out
 
 
@@ -345,7 +368,14 @@ def _applied(a: Mapping[str, Any]) -> AppliedSharing:
         ),
         mig_uuids=_mig_uuids(a.get("migDevices", [])),
         multi_user=a.get("multiUser") is True,
+        compute_mode=_compute_mode(a.get("computeMode")),
     )
+
+
+def _compute_mode(value: object) -> Literal["EXCLUSIVE_PROCESS"] | None:
+    """Only the mode this version sets; any other (a newer version's) reads as none, so
+    nothing this version does not know is reset."""
+    return "EXCLUSIVE_PROCESS" if value == "EXCLUSIVE_PROCESS" else None
 
 
 def _claim(uid: object, c: Mapping[str, Any]) -> PreparedClaim:
