@@ -404,10 +404,11 @@ def wire_caps(
     inventory = agent.state.current.inventory
     capabilities = gpu_capabilities(inventory, limiter, node, caps_settings.mode)
     capable = any(c.capable for c in capabilities.values())
+    hook = None
     if agent.front_end.writes_cdi_specs:
         driver_root = agent.loaded.config.flags.nvidia_driver_root
         hook = cdi_hook(caps_settings.hook_path, driver_root, node, capable)
-        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
+    agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
     guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:
         return WiredCaps(capabilities, guard_mode, None)
