@@ -356,12 +356,57 @@ class MpsDaemonManager:
                 raise MpsError(f"stopped before it answered: {problem}")
 
     async def _watch(self, daemon: _Daemon) -> str | None:
-        """Health-check until stopped (None) or the daemon fails (what went wrong)."""
+        """Health-check until stopped (None) or the daemon fails (what went wrong); each
+        round also holds the daemon to its settings (`_hold_settings`)."""
         while not await _pause(daemon.stop, self._timings.health_interval_s):
             problem = await self._check(daemon.control)
             if problem is not None:
                 return problem
+            await self._hold_settings(daemon)
         return None
+
+    async def _hold_settings(self, daemon: _Daemon) -> None:
+        """Read the daemon's defaults back and send them again where they changed.
+
+        The pipe directory is mounted into every client container, so any client can reach
+        the control daemon and send `set_default_device_pinned_mem_limit 0 0` or
+        `set_default_active_thread_percentage 100`: every MPS server started from then on
+        (a new user's, or the next one once its clients are gone) would serve the whole GPU
+        to whichever client asks. The drift is logged and reported with what was read; a
+        daemon that does not take its settings back is unready (its replicas Unhealthy, no
+        new claim on it) until a later round does, and is not restarted: a restart would cut
+        the clients it serves."""
+        spec = daemon.spec
+        try:
+            drift = [
+                (command, answer, wanted)
+                for command, wanted in spec.readbacks
+                if (answer := (await daemon.control.send(command)).strip()) != wanted
+            ]
+        except MpsError:
+            return  # the next health command tells a daemon that stopped answering
+        if not drift:
+            if not self.ready(spec.resource):  # a repair that failed earlier took later
+                with contextlib.suppress(OSError):
+                    _record(spec)
+                self._mark(spec, True)
+            return
+        seen = "; ".join(f"`{c}` answered {a!r}, expected {w!r}" for c, a, w in drift)
+        try:
+            await _configure(daemon.control, spec)
+        except MpsError as exc:
+            self._report(
+                f"MPS daemon for {spec.resource}: its settings were changed behind the agent "
+                f"({seen}) and it did not take them back ({exc}); unready until it does"
+            )
+            self._mark(spec, False)
+            return
+        with contextlib.suppress(OSError):
+            _record(spec)
+        self._report(
+            f"MPS daemon for {spec.resource}: its settings were changed behind the agent "
+            f"({seen}); sent again: {'; '.join(spec.commands)}"
+        )
 
     @staticmethod
     async def _check(control: MpsControl) -> str | None:
