@@ -48,7 +48,14 @@ from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_s
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
 from gpuslice.core.dra.partitions import dynamic_gpus, node_devices
-from gpuslice.core.dra.preparation import Preparation, SetInterval, StartDaemon, preparation
+from gpuslice.core.dra.preparation import (
+    SHARES_RECORD,
+    Preparation,
+    SetInterval,
+    StartDaemon,
+    preparation,
+    share_daemon_spec,
+)
 from gpuslice.core.dra.prepared import (
     AppliedSharing,
     Checkpoint,
@@ -479,6 +486,22 @@ class DraDriver:
         except FileNotFoundError:
             return []
 
+    def _served(self, spec: MpsDaemonSpec, *, without: str = "") -> MpsDaemonSpec:
+        """A share daemon sized by every share on its GPU, of the claims prepared or being
+        prepared (but `without` and those leaving), as `share_daemon_spec` says; any other
+        daemon as it is."""
+        if not spec.retunable:
+            return spec
+        uses = [
+            u
+            for ref, held in self._holders()
+            if ref.uid != without and ref.uid not in self._leaving
+            for u in held
+        ]
+        return share_daemon_spec(
+            self.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses
+        )
+
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:
         if not applied.mps_key:
             return None
@@ -486,6 +509,9 @@ class DraDriver:
         gpus = [(u, indices[u]) for u in applied.gpu_uuids if u in indices]
         if not gpus:
             return None
+        if applied.strategy == SHARES_RECORD:
+            uuid, index = gpus[0]
+            return self._served(share_daemon_spec(self.settings.mps_root, uuid, index, ()))
         return daemon_spec(
             applied.mps_key,
             self.settings.mps_root,
@@ -769,7 +795,7 @@ class DraDriver:
                 async with self._gpu_locks.holding(step.spec.gpu_uuids):
                     # recorded first: a daemon that never answers is still one to stop
                     applied.append(step.record)
-                    await self._start_daemon(step.spec)
+                    await self._start_daemon(self._served(step.spec))
             else:
                 async with self._gpu_locks.holding([step.gpu_uuid]):
                     await self._set_interval(step, applied)
@@ -872,14 +898,20 @@ class DraDriver:
         async with self._gpu_locks.holding(gpus):
             still_used = self._daemons_used_by_others(claim_uid)
             stopped: list[str] = []
+            retuned = False
             for a in applied:
                 if a.mps_key and a.mps_key not in still_used and a.mps_key in self._daemons:
                     del self._daemons[a.mps_key]
                     stopped.append(a.mps_key)
+                elif a.mps_key in self._daemons and self._daemons[a.mps_key].retunable:
+                    # the shares left on the GPU may hold less than this one did
+                    spec = self._served(self._daemons[a.mps_key], without=claim_uid)
+                    retuned = retuned or spec != self._daemons[a.mps_key]
+                    self._daemons[a.mps_key] = spec
                 if a.interval is not None and a.interval != 0 and self._timeslice is not None:
                     for uuid in a.gpu_uuids:
                         await self._reset_interval(uuid)
-            if stopped and self._mps is not None:
+            if (stopped or retuned) and self._mps is not None:
                 await self._mps.reconfigure(tuple(self._daemons.values()))
             for key in stopped:
                 await asyncio.to_thread(self._remove_daemon_dir, key)

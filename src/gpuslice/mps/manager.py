@@ -157,6 +157,13 @@ class MpsDaemonManager:
             if self._group is None:
                 return
             by_name: dict[str, MpsDaemonSpec] = {s.resource: s for s in wanted}
+            retuned = [
+                d
+                for r, d in self._daemons.items()
+                if r in by_name and by_name[r] != d.spec and d.spec.same_daemon(by_name[r])
+            ]
+            for daemon in retuned:
+                daemon.spec = by_name[daemon.spec.resource]
             outdated = [d for r, d in self._daemons.items() if by_name.get(r) != d.spec]
             for daemon in outdated:
                 daemon.stop.set()
@@ -173,6 +180,36 @@ class MpsDaemonManager:
         # quit grace period) does not hold up starting the daemons of other resources.
         for daemon in outdated:
             await self._stopped(daemon.spec.resource)
+        for daemon in retuned:
+            await self._retune(daemon)
+
+    async def _retune(self, daemon: _Daemon) -> None:
+        """Send a running retunable daemon its new defaults, and its running MPS servers the
+        same limits (a server keeps the defaults it started with; `set_device_pinned_mem_limit`
+        and `set_active_thread_percentage` on its PID shape the clients it accepts from now
+        on). A daemon still starting is sent them as it starts; one that does not take them
+        is unready until a health round finds them in place (`_hold_settings`)."""
+        spec = daemon.spec
+        if not self.ready(spec.resource):
+            return
+        try:
+            await _configure(daemon.control, spec)
+            servers = (await daemon.control.send("get_server_list")).split()
+            for pid in (p for p in servers if p.isdigit()):
+                for index, mib in spec.pinned_mem_limits_mib:
+                    await daemon.control.send(f"set_device_pinned_mem_limit {pid} {index} {mib}M")
+                await daemon.control.send(
+                    f"set_active_thread_percentage {pid} {spec.active_thread_percentage}"
+                )
+            _record(spec)
+        except (MpsError, OSError) as exc:
+            self._report(
+                f"MPS daemon for {spec.resource} did not take its new defaults ({exc}); "
+                "unready until it does"
+            )
+            self._mark(spec, False)
+            return
+        self._log.info("MPS daemon for %s now serves %s", spec.resource, "; ".join(spec.commands))
 
     async def _stopped(self, resource: str) -> None:
         task = self._stopping.get(resource)
@@ -285,7 +322,7 @@ class MpsDaemonManager:
         spec = daemon.spec
         if self._keep_running and await self._check(daemon.control) is None:
             recorded = _recorded(spec)
-            if recorded is None or recorded == _settings(spec):
+            if recorded is None or recorded == _settings(spec) or spec.retunable:
                 return await self._take_over(daemon, known=recorded is not None)
             self._log.info(
                 "MPS daemon for %s runs with other settings (%s, wanted %s); replacing it",
@@ -299,6 +336,7 @@ class MpsDaemonManager:
             await daemon.control.terminate()
             await daemon.control.start_daemon()
             await self._wait_answering(daemon)
+            spec = daemon.spec  # a retunable daemon's defaults may have moved meanwhile
             await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
