@@ -21,8 +21,10 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.claims import share_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.mps import pinned_limit_shown
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -239,3 +241,43 @@ def test_an_unknown_consumable_shares_value_stops_the_agent_naming_it() -> None:
     assert result.exit_code == 2
     assert "--consumable-shares 'hafl': must be 'replicas'" in result.output
     assert "Traceback" not in result.output
+
+
+async def _defaults(control: ControlProgram) -> tuple[str, str]:
+    return (
+        await control.send("get_default_active_thread_percentage"),
+        await control.send("get_default_device_pinned_mem_limit 0"),
+    )
+
+
+async def test_the_share_daemon_serves_no_more_than_the_largest_share(
+    sock_dir: Path, mps_manager: MpsDaemonManager
+) -> None:
+    """MPS shares held whatever their env says: the GPU's share daemon runs with defaults
+    no larger than the largest share prepared on it (a client that unsets `CUDA_MPS_*` gets
+    those, not the whole GPU), raised before a larger share's Prepare returns (its clients'
+    env can only lower them) and lowered when it goes, sent to the running daemon, never
+    restarted."""
+    node = await make_node(sock_dir, REPLICAS, MPS_4)
+    node.mps = mps_manager
+    driver = node.driver()
+    await driver.load()
+    gpu = node.state.current.inventory.gpus[0]
+    quarter = gpu.memory_mib // 4
+    pipe = sock_dir / "mps" / share_daemon_key(gpu.uuid)
+    control = ControlProgram(pipe / "pipe", pipe / "log", command=FAKE_MPS)
+
+    small = node.claim("small")
+    assert (await driver.prepare([small]))[small.uid].error == ""
+    assert await _defaults(control) == ("25.0", pinned_limit_shown(quarter))
+    pid = control.daemon_pid()
+
+    large = node.claim("large", memory="40Gi", cores="50")
+    assert (await driver.prepare([large]))[large.uid].error == ""
+    assert node.env(large)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert await _defaults(control) == ("50.0", "40G")  # the large share's own clients fit
+
+    assert await driver.unprepare([large]) == {large.uid: ""}
+    assert await _defaults(control) == ("25.0", pinned_limit_shown(quarter))
+    assert control.daemon_pid() == pid  # never restarted: the small share's clients go on
+    await driver.unprepare([small])
