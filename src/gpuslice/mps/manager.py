@@ -219,6 +219,34 @@ class MpsDaemonManager:
         if self._stopping.get(resource) is task:
             del self._stopping[resource]
 
+    async def terminate_clients(self, gpu_uuid: str, pids: Iterable[int]) -> int:
+        """Ask each MPS server serving `gpu_uuid` to terminate these client processes
+        (`terminate_client <server PID> <client PID>`), before the memory guard signals them:
+        NVIDIA's MPS documentation says killing a client without it is unsupported (its
+        server and the other clients may hang). PIDs are the host's, as the control daemon
+        sees them. Returns how many (server, client) pairs were asked; a server answers for
+        its own clients only, and a daemon that does not answer is skipped (the signal still
+        follows)."""
+        wanted = sorted(set(pids))
+        asked = 0
+        for daemon in list(self._daemons.values()):
+            if gpu_uuid not in daemon.spec.gpu_uuids or not wanted:
+                continue
+            try:
+                listed = (await daemon.control.send("get_server_list")).split()
+                for server in (p for p in listed if p.isdigit()):
+                    for pid in wanted:
+                        await daemon.control.send(f"terminate_client {server} {pid}")
+                        asked += 1
+            except MpsError as exc:
+                self._log.warning(
+                    "MPS daemon for %s: could not terminate clients %s: %s",
+                    daemon.spec.resource,
+                    ",".join(map(str, wanted)),
+                    exc,
+                )
+        return asked
+
     async def quit_stray(self, spec: MpsDaemonSpec) -> bool:
         """Ask a daemon at `spec`'s pipe directory that this manager does not supervise to
         quit (one left running for a claim the record no longer holds); True if one

@@ -21,8 +21,11 @@ the agent leaves it out of the guard's view. The policy turns that around:
   while it is being stopped its memory counts as freed, so a slow exit does not pull in
   more victims.
 
-MPS tenants are reported but never reclaimed (the MPS server enforces their pinned limit);
-MIG and exclusive tenants are skipped (nobody shares their memory). A container on several
+MPS tenants are reclaimed like time-sliced ones: the MPS server holds each client process
+to the daemon's pinned limit, but a client can unset its own lower limit (a DRA share
+daemon's default is the largest share on its GPU) and a container can run several clients,
+so an MPS share over its share is one the server did not hold. MIG and exclusive tenants
+are skipped (nobody shares their memory). A container on several
 GPUs is one victim: stopping it frees its memory on each of them.
 
 A tenant may carry its own mode (a DRA claim's GuardConfig), which can only lower the
@@ -38,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuslice.core.attribution import Attribution
+from gpuslice.core.attribution import Attribution, EntitlementKind
 from gpuslice.core.guard.model import (
     ContainerKey,
     Decision,
@@ -52,6 +55,9 @@ from gpuslice.core.guard.model import (
     effective_mode,
     holder_mode,
 )
+
+RECLAIMABLE: frozenset[EntitlementKind] = frozenset({"time-slicing", "mps"})
+"""The tenants a reclaim may stop: those sharing a GPU's memory with others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +186,7 @@ def evaluate(
         if projected < reserve or (g.uuid in state.pressure_since and free < release):
             pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
 
-    reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
+    reclaimable = [t for t in watched if t.kind in RECLAIMABLE and t.key not in stopping]
     chosen: set[ContainerKey] = set()
     observed: set[ContainerKey] = set()
 
@@ -238,12 +244,12 @@ def evaluate(
 
 
 def _borrowing_growth(watched: Iterable[Tenant], state: GuardState, now: float) -> dict[str, float]:
-    """GPU UUID -> bytes per second by which the time-sliced containers over their share on
+    """GPU UUID -> bytes per second by which the sharing containers over their share on
     it grew since the previous poll (shrinking ones count as 0, new ones as not grown)."""
     out: dict[str, float] = {}
     for t in watched:
         before = state.last_used.get((t.key, t.gpu_uuid))
-        if t.kind != "time-slicing" or t.overrun_bytes <= 0 or before is None:
+        if t.kind not in RECLAIMABLE or t.overrun_bytes <= 0 or before is None:
             continue
         at, used_then = before
         if now > at and t.used_bytes > used_then:
