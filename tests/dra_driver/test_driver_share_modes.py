@@ -31,6 +31,7 @@ from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.state import PlanState
+from gpuslice.testing.eventually import eventually
 from gpuslice.whatif.allocator import AllocationError
 
 DRIVER = "gpu.nvidia.com"
@@ -281,3 +282,51 @@ async def test_the_share_daemon_serves_no_more_than_the_largest_share(
     assert await _defaults(control) == ("25.0", pinned_limit_shown(quarter))
     assert control.daemon_pid() == pid  # never restarted: the small share's clients go on
     await driver.unprepare([small])
+
+
+async def test_a_restarted_agent_takes_the_share_daemon_over_with_its_defaults(
+    sock_dir: Path,
+) -> None:
+    """The share daemon outlives the agent (its clients do); the next agent derives its
+    defaults again from the recorded claims and takes it over, never restarting it, and
+    goes on lowering them as shares leave."""
+    node = await make_node(sock_dir, REPLICAS, MPS_4)
+    gpu = node.state.current.inventory.gpus[0]
+    pipe = sock_dir / "mps" / share_daemon_key(gpu.uuid)
+    control = ControlProgram(pipe / "pipe", pipe / "log", command=FAKE_MPS)
+
+    async def agent() -> tuple[MpsDaemonManager, asyncio.Event, asyncio.Task[None]]:
+        manager = MpsDaemonManager(
+            [],
+            ControlProgram.factory(FAKE_MPS),
+            timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+            keep_running=True,
+        )
+        stop = asyncio.Event()
+        return manager, stop, asyncio.create_task(manager.run(stop))
+
+    first, stop, task = await agent()
+    node.mps = first
+    driver = node.driver()
+    await driver.load()
+    small, large = node.claim("small"), node.claim("large", memory="40Gi", cores="50")
+    assert all(r.error == "" for r in (await driver.prepare([small, large])).values())
+    pid = control.daemon_pid()
+    stop.set()
+    await task  # the agent stops; the daemon is left for the next one
+
+    second, stop, task = await agent()
+    try:
+        node.mps = second
+        driver = node.driver()
+        await driver.load()
+        await eventually(lambda: second.ready(share_daemon_key(gpu.uuid)), "taken over")
+        assert control.daemon_pid() == pid
+        assert await _defaults(control) == ("50.0", "40G")
+        assert await driver.unprepare([large]) == {large.uid: ""}
+        assert await _defaults(control) == ("25.0", pinned_limit_shown(gpu.memory_mib // 4))
+        assert control.daemon_pid() == pid
+        assert await driver.unprepare([small]) == {small.uid: ""}
+    finally:
+        stop.set()
+        await task
