@@ -15,7 +15,7 @@ as the agent's does: nobody is signalled, an overrunning pod's own allocation fa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -83,9 +83,13 @@ def simulate(
     exit_s: float = 0.2,
     first_poll_s: float = 0.0,
     caps: CapPolicy | None = None,
+    client_limits_mib: Mapping[str, int] | None = None,
 ) -> SimResult:
     """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling, or the
-    driver capping each pod (`caps`: the hard limit's policy) with the guard stepped back."""
+    driver capping each pod (`caps`: the hard limit's policy) with the guard stepped back.
+    `client_limits_mib`: pod -> the most its process may allocate whatever the guard does,
+    as an MPS server's pinned limit holds a client (no guarantee below it); the guard goes
+    on polling and sees those pods as MPS tenants."""
     model = GpuMemoryModel(total_mib, step_s=step_s)
     result = SimResult()
     pid_of = {p.name: 1000 + i for i, p in enumerate(pods)}
@@ -120,6 +124,9 @@ def simulate(
                 group = f"/sys/fs/cgroup/kubepods.slice/{pod.name}"
                 soft = share[pod.name] // MIB
                 model.set_limits(group, soft, soft if caps == "strict" else total_mib)
+            elif client_limits_mib is not None and pod.name in client_limits_mib:
+                group = f"/mps/{pod.name}"
+                model.set_limits(group, 0, client_limits_mib[pod.name])
             death = model.start(pid_of[pod.name], pod.allocation, t, group=group)
             result.fates[pod.name] = "running"
             if death is None:
@@ -149,7 +156,7 @@ def simulate(
                 Tenant(
                     ContainerKey("default", p.name, "main"),
                     GPU_UUID,
-                    "time-slicing",
+                    "mps" if client_limits_mib is not None else "time-slicing",
                     share[p.name],
                     (model.usage(pid_of[p.name]) or 0) * MIB,
                     (pid_of[p.name],),
