@@ -36,6 +36,7 @@ Figures, all in one run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -508,6 +509,7 @@ def main() -> None:
             f"{sum(stopped[label].values())} pods stopped by the agent, "
             f"{leakers_capped[label]}/{leakers_total} leakers failed their own allocation"
         )
+    tenant_rows(per_rate, args.seed)
     off = sum(lost["off"].values())
     default = f"enforce, {g}"
     kept = sum(lost[default].values())
@@ -522,6 +524,83 @@ def main() -> None:
         f"({strict}) {capped} were lost ({caps_share}) and "
         f"{sum(stopped[strict].values())} pods stopped."
     )
+
+
+def _neighbour_doubled(s: Scenario) -> Scenario:
+    """The same GPU with its last well-behaved pod gone and the first holding two shares:
+    a share claim twice as big, so the MPS share daemon's default is two shares."""
+    wb = [p for p in s.pods if p.well_behaved]
+    if len(wb) < 2:
+        return s
+    doubled = dataclasses.replace(wb[0], replicas=2)
+    pods = tuple(doubled if p is wb[0] else p for p in s.pods if p is not wb[-1])
+    return Scenario(s.total_mib, s.replicas, pods)
+
+
+def tenant_rows(per_rate: int, seed: int) -> None:
+    """Issue 40's tenants, on the same kind of scenarios: the leakers are MPS clients that
+    unset their `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (well-behaved pods keep theirs, their
+    share), or pods that set `NVIDIA_GPU_MEMORY_LIMIT` to the whole GPU themselves.
+
+    * MPS, before: the share daemon ran with no pinned limit and the guard only observed
+      MPS tenants (modelled as observe: reported, never stopped);
+    * MPS, now: the daemon's default is the largest share prepared on the GPU (a client
+      that unset its limit gets that) and the guard, enforcing, stops an MPS share over its
+      share; with equal shares and with a neighbour holding two shares (the leaker may
+      then reach two shares before its own allocation fails);
+    * a tenant's own limit variables, device plugin through CDI: the OCI spec holds
+      Allocate's pair first and the toolkit's hook takes the first (measured on containerd
+      2.4, tests/real_node/test_tenant_env_on_a_real_node.py), so the leaker is capped at
+      its share from its start: the caps strict model."""
+    rng = random.Random(seed)
+    g = GuardParams(mode="enforce", reserve=RESERVE, lookahead_s=LOOKAHEAD_S)
+    rows: dict[str, list[int]] = {}
+    total_wb = leakers = 0
+
+    def add(label: str, sc: Scenario, r: SimResult) -> None:
+        row = rows.setdefault(label, [0, 0, 0])
+        row[0] += len(r.lost(sc.pods))
+        row[1] += r.stopped()
+        row[2] += sum(
+            1 for p in sc.pods if not p.well_behaved and r.fates[p.name] in ("capped", "oom")
+        )
+
+    for multiple in MULTIPLES:
+        for _ in range(per_rate):
+            s = scenario(rng, multiple)
+            phase = rng.uniform(0, INTERVAL_S)
+            total_wb += sum(1 for p in s.pods if p.well_behaved)
+            leakers += sum(1 for p in s.pods if not p.well_behaved)
+            for label, sc, largest in (
+                ("MPS env unset, before (no daemon limit)", s, None),
+                ("MPS env unset, now, equal shares", s, 1),
+                ("MPS env unset, now, a neighbour holds 2", _neighbour_doubled(s), 2),
+            ):
+                share = sc.total_mib // sc.replicas
+                limits = {p.name: share * p.replicas for p in sc.pods if p.well_behaved}
+                for p in sc.pods:
+                    if not p.well_behaved:  # unset: the daemon's default, or none
+                        limits[p.name] = sc.total_mib if largest is None else share * largest
+                mode = "observe" if largest is None else "enforce"
+                r = simulate(
+                    sc.total_mib, sc.replicas, sc.pods,
+                    dataclasses.replace(g, mode=mode),  # type: ignore[arg-type]
+                    interval_s=INTERVAL_S, until_s=UNTIL_S, exit_s=EXIT_S,
+                    first_poll_s=phase, client_limits_mib=limits,
+                )  # fmt: skip
+                add(label, sc, r)
+            own = run(s, "caps", 0.0, phase, 0.0, "strict")
+            add("own NVIDIA_GPU_MEMORY_LIMIT, Allocate's first", s, own)
+    print()
+    print(
+        f"tenants (issue 40): {per_rate * len(MULTIPLES)} scenarios per row; "
+        "well-behaved pods lost / pods stopped by the agent / leakers whose own allocation "
+        "failed (the 'neighbour holds 2' row has one well-behaved pod fewer per scenario):"
+    )
+    for label, (lost, stopped, failed) in rows.items():
+        print(f"  {label:<46} {lost:>5} lost   {stopped:>5} stopped   {failed:>5} failed")
+    print(f"  ({total_wb} well-behaved pods, {leakers} leakers in the base scenarios)")
+    print()
 
 
 if __name__ == "__main__":

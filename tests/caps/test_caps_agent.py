@@ -552,3 +552,33 @@ async def test_a_share_claims_memory_is_divided_among_the_pods_that_use_it(tmp_p
     assert r is not None
     assert r.repaired == 1
     assert hard(1) == 12288
+
+
+def test_a_tenants_own_limit_above_its_share_is_told_and_set_back(tmp_path: Path) -> None:
+    """A pod's own `NVIDIA_GPU_MEMORY_LIMIT` wins over Allocate's in its env (measured on
+    containerd: tests/real_node/test_tenant_env_on_a_real_node.py), and the toolkit's hook
+    applies it at createRuntime: the read-back finds it above the share, says whose doing
+    it is, and sets the share again; until then the guard watches the container."""
+    b = node()
+    inv = b.inventory()
+    gpu = inv.gpus[0].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, caps, "strict")
+    [(_, share)] = wanted.items()
+    path = make_cgroup(tmp_path, 1)
+    whole = inv.gpus[0].memory_mib * MIB
+    b.set_memory_limits(gpu, path, MemoryLimits(whole, whole))  # the tenant's own, by the hook
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path)
+    tenant = Tenant(key(1), gpu, "time-slicing", share.soft_bytes, whole)
+    assert in_guard_view([tenant], applier.readings()) == (tenant,)
+    with structlog.testing.capture_logs() as logs:
+        r = applier.sync(wanted, {key(1): path})
+    assert (r.raised, r.repaired, r.set) == (1, 0, 0)
+    assert b.get_memory_limits(gpu, path).same_limits(share)
+    [told] = [e for e in logs if e["event"] == "caps-limit-raised"]
+    assert (told["container"], told["found"]) == (str(key(1)), str(MemoryLimits(whole, whole)))
+    assert [e["outcome"] for e in logs if e["event"] == "caps-applied"] == ["raised"]
+    # a lower one (another claim's pair given by a hook) is only repaired, not a tenant's doing
+    b.set_memory_limits(gpu, path, MemoryLimits(MIB, MIB))
+    assert applier.sync(wanted, {key(1): path}).repaired == 1

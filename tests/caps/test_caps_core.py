@@ -130,7 +130,10 @@ def test_check_outcome() -> None:
     assert check_outcome(want, MemoryLimits(GIB, 2 * GIB, used_bytes=5)) == "ok"
     assert check_outcome(want, None) == "set"
     assert check_outcome(want, CLEARED) == "set"
-    assert check_outcome(want, MemoryLimits(GIB, LIMIT_MAX)) == "repaired"
+    # above gpuslice's (no hard limit at all, or a tenant's own): told as raised
+    assert check_outcome(want, MemoryLimits(GIB, LIMIT_MAX)) == "raised"
+    assert check_outcome(want, MemoryLimits(2 * GIB, 2 * GIB)) == "raised"
+    assert check_outcome(want, MemoryLimits(GIB, GIB)) == "repaired"
     assert CLEARED.cleared
     assert str(CLEARED) == "soft 0MiB hard max"
 

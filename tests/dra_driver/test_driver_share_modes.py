@@ -21,14 +21,17 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.claims import share_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.mps import pinned_limit_shown
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.state import PlanState
+from gpuslice.testing.eventually import eventually
 from gpuslice.whatif.allocator import AllocationError
 
 DRIVER = "gpu.nvidia.com"
@@ -241,3 +244,91 @@ def test_an_unknown_consumable_shares_value_stops_the_agent_naming_it() -> None:
     assert result.exit_code == 2
     assert "--consumable-shares 'hafl': must be 'replicas'" in result.output
     assert "Traceback" not in result.output
+
+
+async def _defaults(control: ControlProgram) -> tuple[str, str]:
+    return (
+        await control.send("get_default_active_thread_percentage"),
+        await control.send("get_default_device_pinned_mem_limit 0"),
+    )
+
+
+async def test_the_share_daemon_serves_no_more_than_the_largest_share(
+    sock_dir: Path, mps_manager: MpsDaemonManager
+) -> None:
+    """MPS shares held whatever their env says: the GPU's share daemon runs with defaults
+    no larger than the largest share prepared on it (a client that unsets `CUDA_MPS_*` gets
+    those, not the whole GPU), raised before a larger share's Prepare returns (its clients'
+    env can only lower them) and lowered when it goes, sent to the running daemon, never
+    restarted."""
+    node = await make_node(sock_dir, REPLICAS, MPS_4)
+    node.mps = mps_manager
+    driver = node.driver()
+    await driver.load()
+    gpu = node.state.current.inventory.gpus[0]
+    quarter = gpu.memory_mib // 4
+    pipe = sock_dir / "mps" / share_daemon_key(gpu.uuid)
+    control = ControlProgram(pipe / "pipe", pipe / "log", command=FAKE_MPS)
+
+    small = node.claim("small")
+    assert (await driver.prepare([small]))[small.uid].error == ""
+    assert await _defaults(control) == ("25.0", pinned_limit_shown(quarter))
+    pid = control.daemon_pid()
+
+    large = node.claim("large", memory="40Gi", cores="50")
+    assert (await driver.prepare([large]))[large.uid].error == ""
+    assert node.env(large)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert await _defaults(control) == ("50.0", "40G")  # the large share's own clients fit
+
+    assert await driver.unprepare([large]) == {large.uid: ""}
+    assert await _defaults(control) == ("25.0", pinned_limit_shown(quarter))
+    assert control.daemon_pid() == pid  # never restarted: the small share's clients go on
+    await driver.unprepare([small])
+
+
+async def test_a_restarted_agent_takes_the_share_daemon_over_with_its_defaults(
+    sock_dir: Path,
+) -> None:
+    """The share daemon outlives the agent (its clients do); the next agent derives its
+    defaults again from the recorded claims and takes it over, never restarting it, and
+    goes on lowering them as shares leave."""
+    node = await make_node(sock_dir, REPLICAS, MPS_4)
+    gpu = node.state.current.inventory.gpus[0]
+    pipe = sock_dir / "mps" / share_daemon_key(gpu.uuid)
+    control = ControlProgram(pipe / "pipe", pipe / "log", command=FAKE_MPS)
+
+    async def agent() -> tuple[MpsDaemonManager, asyncio.Event, asyncio.Task[None]]:
+        manager = MpsDaemonManager(
+            [],
+            ControlProgram.factory(FAKE_MPS),
+            timings=MpsTimings(health_interval_s=0.5, start_poll_s=0.05),
+            keep_running=True,
+        )
+        stop = asyncio.Event()
+        return manager, stop, asyncio.create_task(manager.run(stop))
+
+    first, stop, task = await agent()
+    node.mps = first
+    driver = node.driver()
+    await driver.load()
+    small, large = node.claim("small"), node.claim("large", memory="40Gi", cores="50")
+    assert all(r.error == "" for r in (await driver.prepare([small, large])).values())
+    pid = control.daemon_pid()
+    stop.set()
+    await task  # the agent stops; the daemon is left for the next one
+
+    second, stop, task = await agent()
+    try:
+        node.mps = second
+        driver = node.driver()
+        await driver.load()
+        await eventually(lambda: second.ready(share_daemon_key(gpu.uuid)), "taken over")
+        assert control.daemon_pid() == pid
+        assert await _defaults(control) == ("50.0", "40G")
+        assert await driver.unprepare([large]) == {large.uid: ""}
+        assert await _defaults(control) == ("25.0", pinned_limit_shown(gpu.memory_mib // 4))
+        assert control.daemon_pid() == pid
+        assert await driver.unprepare([small]) == {small.uid: ""}
+    finally:
+        stop.set()
+        await task

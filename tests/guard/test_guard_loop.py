@@ -4,8 +4,10 @@ from a real registry."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from lightkube import AsyncClient
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuslice.core.cgroups import PodUid
+from gpuslice.core.dra.claims import daemon_spec
 from gpuslice.core.guard import (
     ContainerKey,
     GpuMemory,
@@ -22,14 +25,18 @@ from gpuslice.core.guard import (
     Reserve,
     Tenant,
 )
+from gpuslice.emulator.fake_mps_control import SERVER_ENV
 from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller
 from gpuslice.k8s import PodEvents, PodEvictor, make_client
 from gpuslice.metrics.plugin import PluginMetrics
 from gpuslice.metrics.procfs import cgroup_identities
+from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.testing.apiserver import FakeApiServer, running_apiserver
+from gpuslice.testing.eventually import eventually
 from tests.guard.guard_procs import AGENT_POD, in_pod, sleeper
 
 GIB = 1024**3
+FAKE_MPS = (sys.executable, "-m", "gpuslice.emulator.fake_mps_control")
 TOTAL = 48 * GIB
 SHARE = TOTAL // 4
 NODE = "gpu-node"
@@ -77,14 +84,14 @@ def pods(tmp_path: Path, api: FakeApiServer) -> Iterator[dict[str, Pod]]:
         pod.proc.wait()
 
 
-def reader(tmp_path: Path, pods: dict[str, Pod]):  # type: ignore[no-untyped-def]
+def reader(tmp_path: Path, pods: dict[str, Pod], mps: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
     async def read() -> GuardView:
         live = [p for p in pods.values() if p.proc.poll() is None]
         tenants = tuple(
             Tenant(
                 ContainerKey("ml", p.name, "main"),
                 "GPU-0",
-                "time-slicing",
+                "mps" if p.name in mps else "time-slicing",
                 SHARE,
                 int(p.used_gib * GIB),
                 (p.proc.pid,),
@@ -192,3 +199,45 @@ async def test_the_agents_own_pod_is_never_reclaimed(
     await g.poll()
     assert leaker.proc.poll() is None
     assert g.state.stopping == {}
+
+
+async def test_an_mps_share_over_its_share_is_terminated_by_its_server_then_signalled(
+    sock_dir: Path,
+    tmp_path: Path,
+    pods: dict[str, Pod],
+    api: FakeApiServer,
+    client: AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An MPS client over its share (it unset its limit: the share daemon's default is the
+    largest share on the GPU) is stopped by the enforcing guard, through its server's
+    `terminate_client` first, as NVIDIA's MPS documentation asks (a client killed without
+    it may hang its server and the other clients), then SIGTERM."""
+    monkeypatch.setenv(SERVER_ENV, "4242")  # the fake daemon's running MPS server
+    spec = daemon_spec("shares-test", str(sock_dir), [("GPU-0", 0)], thread_percentage=25)
+    manager = MpsDaemonManager(
+        [spec], ControlProgram.factory(FAKE_MPS), timings=MpsTimings(start_poll_s=0.05)
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        await eventually(lambda: manager.ready(spec.resource), "the MPS daemon answering")
+        g = MemoryGuard(
+            read=reader(tmp_path, pods, mps=frozenset({"leaker"})),
+            params=GuardParams(mode="enforce", reserve=Reserve(bytes=4 * GIB), grace_s=0),
+            signaller=ProcessSignaller(tmp_path, own_pod=PodUid(AGENT_POD)),
+            post_event=PodEvents(client, NODE).post,
+            terminate_mps_clients=manager.terminate_clients,
+        )
+        await g.poll()
+        assert pods["leaker"].proc.wait(10) == -signal.SIGTERM
+        assert pods["steady"].proc.poll() is None
+    finally:
+        stop.set()
+        await task
+    sent = (Path(spec.log_dir) / "control.log").read_text()
+    assert f"Command: terminate_client 4242 {pods['leaker'].proc.pid}" in sent
+    [reclaimed] = [e for e in api.events("ml") if e["reason"] == "GPUMemoryReclaimed"]
+    assert reclaimed["message"].endswith(
+        "reclaimed (memory-pressure) with terminate_client+SIGTERM"
+    )

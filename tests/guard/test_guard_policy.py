@@ -187,7 +187,10 @@ def test_strict_stops_any_overrun_whatever_the_free_memory() -> None:
     assert ev.decisions[-1].reason == "strict"
 
 
-def test_mps_is_observed_and_mig_exclusive_are_exempt() -> None:
+def test_an_mps_share_over_its_share_is_reclaimed_and_mig_exclusive_are_exempt() -> None:
+    """An MPS client that unset its limit (the share daemon's default is the largest share
+    on the GPU), or a container running several, is over its share: the server did not
+    hold it, the guard does."""
     ev = run(
         [
             tenant("mps", 30, kind="mps"),
@@ -196,8 +199,11 @@ def test_mps_is_observed_and_mig_exclusive_are_exempt() -> None:
         ],
         enforce(),
     )
-    assert reclaimed(ev) == []
-    assert [(d.kind, d.key.pod, d.enforced) for d in ev.decisions] == [("over-share", "mps", False)]
+    assert reclaimed(ev) == ["mps"]
+    assert [(d.kind, d.key.pod, d.enforced) for d in ev.decisions] == [
+        ("over-share", "mps", False),
+        ("reclaim", "mps", True),
+    ]
 
 
 def test_multi_gpu_pod_is_one_victim_and_its_memory_counts_on_every_gpu() -> None:
@@ -271,7 +277,7 @@ def test_invariants(rows, reserve, strict, free_other) -> None:  # type: ignore[
     for d in victims:
         t = by_pair[(d.key, d.gpu_uuid)]
         assert t.used_bytes > t.share_bytes  # within its share: never a victim
-        assert t.kind == "time-slicing"  # MPS observed, MIG/exclusive exempt
+        assert t.kind in ("time-slicing", "mps")  # MIG/exclusive exempt
     assert len({d.key for d in victims}) == len(victims)  # each container stopped once
     if not strict:
         for d in victims:  # only under pressure, and only as many as needed

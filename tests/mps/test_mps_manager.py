@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.core.mps import MpsDaemonSpec, daemon_spec
+from gpuslice.core.dra.claims import daemon_spec as claim_daemon_spec
+from gpuslice.core.mps import MpsDaemonSpec, daemon_spec, pinned_limit_shown
 from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
@@ -22,6 +23,7 @@ from gpuslice.mps import (
 )
 from gpuslice.mps.control import process_alive
 from gpuslice.nvsmi import NvidiaSmi
+from gpuslice.testing.eventually import eventually
 
 from .conftest import FAKE_CONTROL, gpu, shared, wait_until
 
@@ -378,3 +380,45 @@ async def test_a_setting_the_daemon_ignored_keeps_the_resource_unready(sock_dir:
         "`get_default_active_thread_percentage` answered '100.0', expected '0.0'" in p
         for p in manager.problems
     )
+
+
+def _dra_claim_spec(root: Path) -> MpsDaemonSpec:
+    """A DRA claim's daemon as Prepare starts it (25 % of the SMs, 11517 MiB on GPU 0)."""
+    return claim_daemon_spec(
+        "shares-0123456789ab", str(root), [(gpu(0).uuid, 0)],
+        thread_percentage=25, limits_mib={0: 11517},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "dra"])
+async def test_settings_a_client_changes_are_read_back_and_sent_again(
+    sock_dir: Path, mode: str
+) -> None:
+    """Every client container has the pipe directory, so any client can lift the limits
+    for every MPS server started after it; the health round reads them back and repairs
+    them, and says so."""
+    spec = spec_for(sock_dir) if mode == "device-plugin" else _dra_claim_spec(sock_dir)
+    manager = manager_for([spec])
+    index, mib = spec.pinned_mem_limits_mib[0]
+    async with running(manager):
+        await wait_until(manager, lambda: manager.ready(spec.resource), 10)
+        client = probe(spec)
+        await client.send("set_default_active_thread_percentage 100")
+        await client.send(f"set_default_device_pinned_mem_limit {index} 40000M")
+        told = ""
+
+        def repaired() -> bool:
+            nonlocal told
+            told = " ".join(p for p in manager.problems if "changed behind the agent" in p)
+            return "'100.0'" in told and "'39G'" in told
+
+        await eventually(repaired, "both settings read back changed and sent again")
+        assert await client.send("get_default_active_thread_percentage") == (
+            f"{float(spec.active_thread_percentage):.1f}"
+        )
+        assert await client.send(f"get_default_device_pinned_mem_limit {index}") == (
+            pinned_limit_shown(mib)
+        )
+        assert manager.ready(spec.resource)
+    assert "`get_default_active_thread_percentage` answered '100.0'" in told
+    assert f"`get_default_device_pinned_mem_limit {index}` answered '39G'" in told

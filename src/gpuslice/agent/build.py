@@ -419,17 +419,19 @@ def wire_caps(
     inventory = agent.state.current.inventory
     capabilities = gpu_capabilities(inventory, limiter, node, caps_settings.mode)
     capable = any(c.capable for c in capabilities.values())
+    hook = None
     if agent.front_end.writes_cdi_specs:
         driver_root = agent.loaded.config.flags.nvidia_driver_root
-        hook = HookProgram(
+        program = HookProgram(
             caps_settings.hook_path,
             driver_root,
             node,
             capable,
             seen_at=caps_settings.hook_seen_at,
         )
-        hook.cdi()  # says at start whether claims get the hook (again when that changes)
-        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook.cdi))
+        program.cdi()  # says at start whether claims get the hook (again when that changes)
+        hook = program.cdi
+    agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
     guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:
         return WiredCaps(capabilities, guard_mode, None)
@@ -475,13 +477,15 @@ def wire_guard(
     run_pods: bool = False,
     refresher: SnapshotRefresher | None = None,
     caps: CapsService | None = None,
+    mps: MpsDaemonManager | None = None,
 ) -> MemoryGuard | None:
     """The memory guard (docs/memory-guard.md): refreshes the attribution snapshot it shares
     with the exporter at its own interval (NVML and /proc only while the plan shares a GPU
     by time-slicing or MPS; the exporter then reads that snapshot), evaluates the
     pure policy and acts. `pods` names the pods on a shared GPU (without it several pods on
     one GPU cannot be told apart and nobody is reclaimed); `client` posts Events and
-    evictions; `run_pods` starts the pod watch when the metrics exporter does not."""
+    evictions; `run_pods` starts the pod watch when the metrics exporter does not; `mps`
+    terminates an MPS tenant's clients through their server before they are signalled."""
     guard_settings = settings.memory_guard
     if guard_settings.params.mode == "off":
         return None
@@ -508,6 +512,7 @@ def wire_guard(
         signaller=ProcessSignaller(settings.proc_root, own_pod=own_pod_uid(given=settings.pod_uid)),
         evict=_evictor(client),
         post_event=_pod_events(client, settings),
+        terminate_mps_clients=None if mps is None else mps.terminate_clients,
     )
     hooks.services.append(guard.run)
     if run_pods and pods is not None:
@@ -690,12 +695,14 @@ async def _wire(
         events = NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
         warn = _warner(events)
     front: FrontEnd
+    mps: MpsDaemonManager | None = None
     if settings.dra is not None:
         from gpuslice.k8s.dra import DraApi
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
-        front = dra_front_end(state, settings, settings.dra, objects, warn=warn, backend=backend)
+        dra = dra_front_end(state, settings, settings.dra, objects, warn=warn, backend=backend)
+        front, mps = dra, dra.mps
     else:
         front = DevicePluginFrontEnd(state, settings)
     agent = Agent(
@@ -705,7 +712,7 @@ async def _wire(
         wire_events(agent, events)
         wire_cordon_events(agent, events)
     if settings.dra is None:
-        wire_mps(
+        mps = wire_mps(
             state,
             agent.hooks,
             agent.set_withdrawn,
@@ -732,6 +739,7 @@ async def _wire(
         run_pods=not (metrics_on and settings.gpu_metrics),
         refresher=refresher,
         caps=caps.service,
+        mps=mps,
     )
     pods_running = (metrics_on and settings.gpu_metrics) or guard is not None
     if caps.service is not None and node_pods is not None and not pods_running:

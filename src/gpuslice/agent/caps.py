@@ -147,6 +147,8 @@ class CapsRound:
 
     set: int = 0
     repaired: int = 0
+    raised: int = 0
+    """Limits found above the container's share (a tenant's own), set back to it."""
     ok: int = 0
     gone: int = 0
     refused: tuple[tuple[str, Refusal], ...] = ()
@@ -232,7 +234,7 @@ class CapsApplier:
         """One round (blocking). `cgroups`: container -> its cgroup's full path, for the
         containers the pod watch has seen started (`resolve_cgroup`); `missing` says why a
         wanted container has none (for its pending reason)."""
-        counts = {"set": 0, "repaired": 0, "ok": 0, "gone": 0}
+        counts = {"set": 0, "repaired": 0, "raised": 0, "ok": 0, "gone": 0}
         refused: list[tuple[str, Refusal]] = []
         confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
         pending: dict[tuple[ContainerKey, str], str] = {}
@@ -266,6 +268,16 @@ class CapsApplier:
             try:
                 read = self._limiter.get_memory_limits(gpu, path)
                 outcome = check_outcome(limits, read)
+                if outcome == "raised":
+                    log.warning(
+                        "caps-limit-raised",
+                        container=str(key),
+                        gpu=gpu,
+                        cgroup=path,
+                        found=str(read),
+                        share=str(limits),
+                        then="set back to its share; the guard watches it until confirmed",
+                    )
                 if outcome != "ok":
                     self._limiter.set_memory_limits(gpu, path, limits)
                     read = self._limiter.get_memory_limits(gpu, path)

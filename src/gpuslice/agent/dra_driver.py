@@ -50,11 +50,13 @@ from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResul
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
 from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, not_offered
 from gpuslice.core.dra.preparation import (
+    SHARES_RECORD,
     Preparation,
     SetComputeMode,
     SetInterval,
     StartDaemon,
     preparation,
+    share_daemon_spec,
     with_compute_modes,
 )
 from gpuslice.core.dra.prepared import (
@@ -511,6 +513,22 @@ class DraDriver:
         except FileNotFoundError:
             return []
 
+    def _served(self, spec: MpsDaemonSpec, *, without: str = "") -> MpsDaemonSpec:
+        """A share daemon sized by every share on its GPU, of the claims prepared or being
+        prepared (but `without` and those leaving), as `share_daemon_spec` says; any other
+        daemon as it is."""
+        if not spec.retunable:
+            return spec
+        uses = [
+            u
+            for ref, held in self._holders()
+            if ref.uid != without and ref.uid not in self._leaving
+            for u in held
+        ]
+        return share_daemon_spec(
+            self.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses
+        )
+
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:
         if not applied.mps_key:
             return None
@@ -518,6 +536,9 @@ class DraDriver:
         gpus = [(u, indices[u]) for u in applied.gpu_uuids if u in indices]
         if not gpus:
             return None
+        if applied.strategy == SHARES_RECORD:
+            uuid, index = gpus[0]
+            return self._served(share_daemon_spec(self.settings.mps_root, uuid, index, ()))
         return daemon_spec(
             applied.mps_key,
             self.settings.mps_root,
@@ -809,7 +830,7 @@ class DraDriver:
                 async with self._gpu_locks.holding(step.spec.gpu_uuids):
                     # recorded first: a daemon that never answers is still one to stop
                     applied.append(step.record)
-                    await self._start_daemon(step.spec)
+                    await self._start_daemon(self._served(step.spec))
             elif isinstance(step, SetComputeMode):
                 async with self._gpu_locks.holding([step.gpu_uuid]):
                     await self._set_exclusive(step, applied)
@@ -955,6 +976,7 @@ class DraDriver:
             still_used = self._daemons_used_by_others(claim_uid)
             stopped: list[str] = []
             strays: list[str] = []
+            retuned = False
             for a in applied:
                 if a.mps_key and a.mps_key not in still_used:
                     if a.mps_key in self._daemons:
@@ -962,11 +984,16 @@ class DraDriver:
                         stopped.append(a.mps_key)
                     elif a.mps_key not in strays and self._undoable(claim_uid, a.mps_key):
                         strays.append(a.mps_key)
+                elif a.mps_key in self._daemons and self._daemons[a.mps_key].retunable:
+                    # the shares left on the GPU may hold less than this one did
+                    spec = self._served(self._daemons[a.mps_key], without=claim_uid)
+                    retuned = retuned or spec != self._daemons[a.mps_key]
+                    self._daemons[a.mps_key] = spec
                 if a.interval is not None and a.interval != 0 and self._timeslice is not None:
                     for uuid in a.gpu_uuids:
                         await self._reset_interval(uuid)
             if self._mps is not None:
-                if stopped:
+                if stopped or retuned:
                     await self._mps.reconfigure(tuple(self._daemons.values()))
                 for key in strays:
                     await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))

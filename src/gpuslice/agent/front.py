@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.core.allocation.caps import AllocateCaps
 from gpuslice.core.devices import Inventory
 from gpuslice.core.guard.model import ClaimOverride, GuardMode
 from gpuslice.core.sharing.model import Plan
@@ -35,8 +36,8 @@ class FrontEnd(Protocol):
     """Told (resource, succeeded, seconds) after every Allocate (the metrics counters);
     a front end without Allocate (DRA) never calls it."""
     writes_cdi_specs: bool
-    """Whether it writes the CDI specs containers get (DRA's claim specs), and so takes
-    memory caps into them (`take_caps`); the device plugin's Allocate names none."""
+    """Whether it writes the CDI specs containers get (DRA's claim specs, which then carry
+    the toolkit's hook); the device plugin's Allocate names the toolkit's specs instead."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the plan state until `stop`."""
@@ -56,7 +57,8 @@ class FrontEnd(Protocol):
         ...
 
     def take_caps(self, caps: DraCaps) -> None:
-        """Memory caps for the CDI specs it writes; only called where `writes_cdi_specs`."""
+        """The node's memory caps, for what it hands containers from now on: the limits in
+        DRA's claim specs, the hook's variables in the device plugin's Allocate."""
         ...
 
 
@@ -77,12 +79,17 @@ class DevicePluginFrontEnd:
         self.on_allocate = on_allocate
         """Told (resource, succeeded, seconds) after every Allocate; set by the metrics."""
         self._started = False
+        self._caps: AllocateCaps | None = None
         self.manager = DevicePluginManager(
             state,
             plugin_dir=settings.plugin_dir,
             kubelet_socket=settings.kubelet_socket,
             on_allocate=self._allocated,
+            caps=self._allocate_caps,
         )
+
+    def _allocate_caps(self) -> AllocateCaps | None:
+        return self._caps
 
     def _allocated(self, resource: str, ok: bool, seconds: float) -> None:
         if self.on_allocate is not None:
@@ -113,4 +120,7 @@ class DevicePluginFrontEnd:
         return None
 
     def take_caps(self, caps: DraCaps) -> None:
-        """Allocate writes no CDI spec of gpuslice's: the caps loop applies the limits."""
+        """Allocate gives a capped time-sliced share the toolkit hook's variables where the
+        device reaches the container through CDI (`core.allocation.caps`); the caps loop
+        checks and repairs them, and applies the limits everywhere else."""
+        self._caps = AllocateCaps(caps.capabilities, caps.policy)

@@ -256,16 +256,23 @@ class CapTarget:
     """`namespace/pod/container`, for logs and metrics."""
 
 
-CheckOutcome = Literal["ok", "set", "repaired"]
+CheckOutcome = Literal["ok", "set", "repaired", "raised"]
 
 
 def check_outcome(wanted: MemoryLimits, read: MemoryLimits | None) -> CheckOutcome:
     """What the agent does after reading a cgroup's limits back: nothing when they match,
     `set` when none were there (the first apply), `repaired` when a different one was (a
-    hook gave the last claim's limits to every GPU, someone cleared it)."""
+    hook gave the last claim's limits to every GPU), `raised` when one above gpuslice's was:
+    the tenant chose its own (its pod's `NVIDIA_GPU_MEMORY_LIMIT` wins over Allocate's in
+    the container's env, and the toolkit's hook applies it) or someone with root lifted it.
+    Each but `ok` is set to `wanted` again; `raised` is also told, as a tenant's doing."""
     if read is not None and read.same_limits(wanted):
         return "ok"
-    return "set" if read is None or read.cleared else "repaired"
+    if read is None or read.cleared:
+        return "set"
+    if read.hard_bytes > wanted.hard_bytes or read.soft_bytes > wanted.soft_bytes:
+        return "raised"
+    return "repaired"
 
 
 # -- the agent's side: where a container's cgroup is --------------------------------------

@@ -8,7 +8,7 @@ into containers come from the same functions, and the limits can be checked with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan, SharingStrategy
@@ -109,6 +109,32 @@ class MpsDaemonSpec:
     """NVIDIA's `mpsConfig.multiUser`: the daemon is started with `-M`, so one MPS server
     serves clients of every user ID; without it, a client of another uid waits until the
     running server's clients are done and the server is replaced."""
+
+    retunable: bool = False
+    """Its defaults follow what it serves while it runs (the DRA share daemon: the largest
+    share prepared on its GPU): a spec differing from the running one only in the thread
+    percentage and pinned limits is sent to the running daemon instead of restarting it,
+    since a restart would cut every client of every share on the GPU."""
+
+    def same_daemon(self, other: MpsDaemonSpec) -> bool:
+        """Whether `other` can be served by this running daemon: equal, or both retunable and
+        different only in their defaults."""
+        if self == other:
+            return True
+        return (
+            self.retunable
+            and other.retunable
+            and self.retuned(other.active_thread_percentage, other.pinned_mem_limits_mib) == other
+        )
+
+    def retuned(
+        self, percentage: int, pinned_mem_limits_mib: tuple[tuple[int, int], ...]
+    ) -> MpsDaemonSpec:
+        return replace(
+            self,
+            active_thread_percentage=percentage,
+            pinned_mem_limits_mib=pinned_mem_limits_mib,
+        )
 
     @property
     def start_args(self) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ A pod may carry its own share and hard limit (`SimPod.share_mib`, `hard_mib`: wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -101,10 +101,14 @@ def simulate(
     first_poll_s: float = 0.0,
     caps: CapPolicy | None = None,
     caps_after_s: float = 0.0,
+    client_limits_mib: Mapping[str, int] | None = None,
 ) -> SimResult:
     """Run `pods` on one GPU of `total_mib` split in `replicas`, the guard polling, and/or
     the driver capping each pod (`caps`: the hard limit's policy) from `caps_after_s` after
-    it starts, the guard stepping back for the pods their cap holds."""
+    it starts, the guard stepping back for the pods their cap holds.
+    `client_limits_mib`: pod -> the most its process may allocate whatever the guard does,
+    as an MPS server's pinned limit holds a client (no guarantee below it); the guard goes
+    on polling and sees those pods as MPS tenants."""
     model = GpuMemoryModel(total_mib, step_s=step_s)
     result = SimResult()
     pid_of = {p.name: 1000 + i for i, p in enumerate(pods)}
@@ -161,6 +165,9 @@ def simulate(
                     model.set_limits(group, *capped[pod.name])
                 else:
                     capping[pod.name] = t + caps_after_s
+            elif client_limits_mib is not None and pod.name in client_limits_mib:
+                group = f"/mps/{pod.name}"
+                model.set_limits(group, 0, client_limits_mib[pod.name])
             death = model.start(pid_of[pod.name], pod.allocation, t, group=group)
             result.fates[pod.name] = "running"
             if death is None:
@@ -196,7 +203,7 @@ def simulate(
                 Tenant(
                     ContainerKey("default", p.name, "main"),
                     GPU_UUID,
-                    "time-slicing",
+                    "mps" if client_limits_mib is not None else "time-slicing",
                     share[p.name],
                     (model.usage(pid_of[p.name]) or 0) * MIB,
                     (pid_of[p.name],),

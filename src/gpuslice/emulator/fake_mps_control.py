@@ -12,6 +12,10 @@ daemon's directory (the parent of its pipe directory: a claim daemon's key), the
 has started (its pid file is written, so `-d` returns as the real one's does) but opens no
 control socket. Removing the file lets it go on; so does removing its pipe directory.
 
+With `GPUSLICE_FAKE_MPS_SERVER=<pid>` in its environment the daemon lists that PID as its
+running server and takes `terminate_client` for it (the memory guard's stop of an MPS
+client).
+
 `-d -M` starts a multi-user daemon, as the real program's `-M` does (NVIDIA's DRA driver
 starts it so for `mpsConfig.multiUser`). What the daemon was started with, which the real
 one keeps to itself, is written to `control.log` on its start, for tests to read:
@@ -84,7 +88,10 @@ class DaemonState:
         if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
             return pinned_limit_shown(self.pinned_limits_mib.get(args[0], 0))
         if name == "get_server_list" and not args:
-            return ""  # no client ever starts a server here
+            # no client ever starts a server here; a test may name one (SERVER_ENV)
+            return os.environ.get(SERVER_ENV, "")
+        if name == "terminate_client" and len(args) == 2 and os.environ.get(SERVER_ENV):
+            return ""  # taken (the command is in control.log, for tests to read)
         if name == "ps" and not args:
             return "Server not found"
         if name == "quit" and not args:
@@ -110,6 +117,9 @@ def process_alive(pid: int) -> bool:
 
 
 HOLD_ENV = "GPUSLICE_FAKE_MPS_HOLD_DIR"
+SERVER_ENV = "GPUSLICE_FAKE_MPS_SERVER"
+"""A PID the daemon lists as its running MPS server (`get_server_list`), taking
+`terminate_client` for it; unset, the daemon has no server, as nothing here starts one."""
 
 
 def _held(pipe: Path) -> bool:

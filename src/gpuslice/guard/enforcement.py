@@ -58,6 +58,9 @@ PostEvent = Callable[[str, str, PodUid | None, str, str], Awaitable[bool]]
 """(namespace, pod, pod UID, reason, message) -> posted; always a Warning Event."""
 Evict = Callable[[str, str], Awaitable[bool]]
 """(namespace, pod) -> the Eviction API accepted it."""
+TerminateMpsClients = Callable[[str, tuple[int, ...]], Awaitable[int]]
+"""(GPU UUID, client PIDs) -> how many the MPS servers there were asked to terminate
+(`mps.MpsDaemonManager.terminate_clients`), before an MPS tenant is signalled."""
 
 
 class MemoryGuard:
@@ -74,8 +77,12 @@ class MemoryGuard:
         on_decision: Callable[[Decision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         idle_wait: IdleWait | None = None,
+        terminate_mps_clients: TerminateMpsClients | None = None,
     ) -> None:
         self.read = read
+        self.terminate_mps_clients = terminate_mps_clients
+        """NVIDIA's MPS documentation says a client killed without `terminate_client` may
+        hang its server and the other clients: an MPS tenant is terminated there first."""
         self.idle_wait = idle_wait
         """While no GPU has a process nobody can be over a share: the guard then waits on
         this instead of polling through the loop, so an idle node's loop is not woken."""
@@ -136,6 +143,7 @@ class MemoryGuard:
     async def _carry_out(self, d: Decision, view: GuardView) -> bool:
         """Log, count, post and (when enforced) act; False when an enforced act failed."""
         pids = tuple(sorted({p for t in view.tenants if t.key == d.key for p in t.pids}))
+        pair = (d.key, d.gpu_uuid)
         target = _target(pids, view.identities)
         acted = True
         what = "report"
@@ -150,6 +158,15 @@ class MemoryGuard:
                 if target is None:
                     acted = False
                 else:
+                    mps = any(t.kind == "mps" for t in view.tenants if (t.key, t.gpu_uuid) == pair)
+                    terminate = self.terminate_mps_clients
+                    if (
+                        mps
+                        and d.kind == "reclaim"
+                        and terminate is not None
+                        and await terminate(d.gpu_uuid, pids)
+                    ):
+                        what = f"terminate_client+{what}"
                     report = await asyncio.to_thread(self.signaller.send, target, pids, sig)
                     acted = bool(report.signalled)
         elif d.kind == "reclaim":

@@ -29,6 +29,7 @@ from gpuslice.kubelet.registration import Backoff, register_until_done
 from gpuslice.kubelet.rpc import device_plugin_handler, unix_target
 from gpuslice.kubelet.servicer import (
     AllocateObserver,
+    CapsSource,
     DevicePluginServicer,
     ListingCache,
     existing_dev_nodes,
@@ -87,8 +88,10 @@ class DevicePluginManager:
         dev_nodes_probe: Callable[[], frozenset[str]] | None = None,
         settings: ManagerSettings | None = None,
         on_allocate: AllocateObserver | None = None,
+        caps: CapsSource | None = None,
     ) -> None:
         self._on_allocate = on_allocate
+        self._caps = caps
         self._state = state
         self._dir = plugin_dir
         self._kubelet_socket = kubelet_socket
@@ -265,6 +268,7 @@ class DevicePluginManager:
             logger=self._log,
             dev_nodes_probe=self._dev_nodes_probe,
             on_allocate=self._on_allocate,
+            caps=self._caps,
         )
         server = grpc.aio.server()
         plugin.server = server

@@ -25,6 +25,7 @@ import grpc
 from structlog.stdlib import BoundLogger
 
 from gpuslice.aio.waiting import unless_stopped
+from gpuslice.core.allocation.caps import AllocateCaps
 from gpuslice.core.allocation.preferred import preferred_allocation
 from gpuslice.core.allocation.response import CONTROL_DEVICE_NODES, build_allocation
 from gpuslice.core.allocation.validation import device_lookup
@@ -65,6 +66,10 @@ class ListingCache:
 AllocateObserver = Callable[[str, bool, float], None]
 """Told (resource, succeeded, seconds) after every Allocate: the metrics counters."""
 
+CapsSource = Callable[[], AllocateCaps | None]
+"""The node's memory caps as the agent found them, read at each Allocate (the agent finds
+them after the servers start, and a GPU whose NVML calls fail leaves caps later)."""
+
 
 class DevicePluginServicer:
     """Answers the kubelet for one resource; `stopping` ends its ListAndWatch streams."""
@@ -79,8 +84,10 @@ class DevicePluginServicer:
         logger: BoundLogger,
         dev_nodes_probe: Callable[[], frozenset[str]] = existing_dev_nodes,
         on_allocate: AllocateObserver | None = None,
+        caps: CapsSource | None = None,
     ) -> None:
         self._state = state
+        self._caps = caps
         self._name = resource_name
         self._listing = listing
         self._stopping = stopping
@@ -165,6 +172,7 @@ class DevicePluginServicer:
         responses: list[api.ContainerAllocateResponse] = []
         try:
             dev_nodes = self._dev_nodes_probe()
+            caps = None if self._caps is None else self._caps()
             if self._lookup[0] != snapshot.version:
                 self._lookup = (snapshot.version, device_lookup(resource))
             for req in request.container_requests:
@@ -175,6 +183,7 @@ class DevicePluginServicer:
                     annotation_id=str(uuid4()),
                     dev_nodes=dev_nodes,
                     lookup=self._lookup[1],
+                    caps=caps,
                 )
                 responses.append(allocation_to_proto(alloc))
         except AllocationError as exc:

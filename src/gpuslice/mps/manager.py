@@ -165,6 +165,13 @@ class MpsDaemonManager:
             if self._group is None:
                 return
             by_name: dict[str, MpsDaemonSpec] = {s.resource: s for s in wanted}
+            retuned = [
+                d
+                for r, d in self._daemons.items()
+                if r in by_name and by_name[r] != d.spec and d.spec.same_daemon(by_name[r])
+            ]
+            for daemon in retuned:
+                daemon.spec = by_name[daemon.spec.resource]
             outdated = [d for r, d in self._daemons.items() if by_name.get(r) != d.spec]
             for daemon in outdated:
                 daemon.stop.set()
@@ -181,6 +188,36 @@ class MpsDaemonManager:
         # quit grace period) does not hold up starting the daemons of other resources.
         for daemon in outdated:
             await self._stopped(daemon.spec.resource)
+        for daemon in retuned:
+            await self._retune(daemon)
+
+    async def _retune(self, daemon: _Daemon) -> None:
+        """Send a running retunable daemon its new defaults, and its running MPS servers the
+        same limits (a server keeps the defaults it started with; `set_device_pinned_mem_limit`
+        and `set_active_thread_percentage` on its PID shape the clients it accepts from now
+        on). A daemon still starting is sent them as it starts; one that does not take them
+        is unready until a health round finds them in place (`_hold_settings`)."""
+        spec = daemon.spec
+        if not self.ready(spec.resource):
+            return
+        try:
+            await _configure(daemon.control, spec)
+            servers = (await daemon.control.send("get_server_list")).split()
+            for pid in (p for p in servers if p.isdigit()):
+                for index, mib in spec.pinned_mem_limits_mib:
+                    await daemon.control.send(f"set_device_pinned_mem_limit {pid} {index} {mib}M")
+                await daemon.control.send(
+                    f"set_active_thread_percentage {pid} {spec.active_thread_percentage}"
+                )
+            _record(spec)
+        except (MpsError, OSError) as exc:
+            self._report(
+                f"MPS daemon for {spec.resource} did not take its new defaults ({exc}); "
+                "unready until it does"
+            )
+            self._mark(spec, False)
+            return
+        self._log.info("MPS daemon for %s now serves %s", spec.resource, "; ".join(spec.commands))
 
     async def _stopped(self, resource: str) -> None:
         task = self._stopping.get(resource)
@@ -189,6 +226,34 @@ class MpsDaemonManager:
         await asyncio.shield(task)  # a cancelled caller leaves the supervisor to finish
         if self._stopping.get(resource) is task:
             del self._stopping[resource]
+
+    async def terminate_clients(self, gpu_uuid: str, pids: Iterable[int]) -> int:
+        """Ask each MPS server serving `gpu_uuid` to terminate these client processes
+        (`terminate_client <server PID> <client PID>`), before the memory guard signals them:
+        NVIDIA's MPS documentation says killing a client without it is unsupported (its
+        server and the other clients may hang). PIDs are the host's, as the control daemon
+        sees them. Returns how many (server, client) pairs were asked; a server answers for
+        its own clients only, and a daemon that does not answer is skipped (the signal still
+        follows)."""
+        wanted = sorted(set(pids))
+        asked = 0
+        for daemon in list(self._daemons.values()):
+            if gpu_uuid not in daemon.spec.gpu_uuids or not wanted:
+                continue
+            try:
+                listed = (await daemon.control.send("get_server_list")).split()
+                for server in (p for p in listed if p.isdigit()):
+                    for pid in wanted:
+                        await daemon.control.send(f"terminate_client {server} {pid}")
+                        asked += 1
+            except MpsError as exc:
+                self._log.warning(
+                    "MPS daemon for %s: could not terminate clients %s: %s",
+                    daemon.spec.resource,
+                    ",".join(map(str, wanted)),
+                    exc,
+                )
+        return asked
 
     async def quit_stray(self, spec: MpsDaemonSpec) -> bool:
         """Ask a daemon at `spec`'s pipe directory that this manager does not supervise to
@@ -337,7 +402,7 @@ class MpsDaemonManager:
         spec = daemon.spec
         if self._keep_running and await self._check(daemon.control) is None:
             recorded = _recorded(spec)
-            if recorded is None or recorded == _settings(spec):
+            if recorded is None or recorded == _settings(spec) or spec.retunable:
                 return await self._take_over(daemon, known=recorded is not None)
             self._log.info(
                 "MPS daemon for %s runs with other settings (%s, wanted %s); replacing it",
@@ -351,6 +416,7 @@ class MpsDaemonManager:
             await daemon.control.terminate()
             await daemon.control.start_daemon()
             await self._wait_answering(daemon)
+            spec = daemon.spec  # a retunable daemon's defaults may have moved meanwhile
             await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
@@ -408,12 +474,57 @@ class MpsDaemonManager:
                 raise MpsError(f"stopped before it answered: {problem}")
 
     async def _watch(self, daemon: _Daemon) -> str | None:
-        """Health-check until stopped (None) or the daemon fails (what went wrong)."""
+        """Health-check until stopped (None) or the daemon fails (what went wrong); each
+        round also holds the daemon to its settings (`_hold_settings`)."""
         while not await _pause(daemon.stop, self._timings.health_interval_s):
             problem = await self._check(daemon.control)
             if problem is not None:
                 return problem
+            await self._hold_settings(daemon)
         return None
+
+    async def _hold_settings(self, daemon: _Daemon) -> None:
+        """Read the daemon's defaults back and send them again where they changed.
+
+        The pipe directory is mounted into every client container, so any client can reach
+        the control daemon and send `set_default_device_pinned_mem_limit 0 0` or
+        `set_default_active_thread_percentage 100`: every MPS server started from then on
+        (a new user's, or the next one once its clients are gone) would serve the whole GPU
+        to whichever client asks. The drift is logged and reported with what was read; a
+        daemon that does not take its settings back is unready (its replicas Unhealthy, no
+        new claim on it) until a later round does, and is not restarted: a restart would cut
+        the clients it serves."""
+        spec = daemon.spec
+        try:
+            drift = [
+                (command, answer, wanted)
+                for command, wanted in spec.readbacks
+                if (answer := (await daemon.control.send(command)).strip()) != wanted
+            ]
+        except MpsError:
+            return  # the next health command tells a daemon that stopped answering
+        if not drift:
+            if not self.ready(spec.resource):  # a repair that failed earlier took later
+                with contextlib.suppress(OSError):
+                    _record(spec)
+                self._mark(spec, True)
+            return
+        seen = "; ".join(f"`{c}` answered {a!r}, expected {w!r}" for c, a, w in drift)
+        try:
+            await _configure(daemon.control, spec)
+        except MpsError as exc:
+            self._report(
+                f"MPS daemon for {spec.resource}: its settings were changed behind the agent "
+                f"({seen}) and it did not take them back ({exc}); unready until it does"
+            )
+            self._mark(spec, False)
+            return
+        with contextlib.suppress(OSError):
+            _record(spec)
+        self._report(
+            f"MPS daemon for {spec.resource}: its settings were changed behind the agent "
+            f"({seen}); sent again: {'; '.join(spec.commands)}"
+        )
 
     @staticmethod
     async def _check(control: MpsControl) -> str | None:

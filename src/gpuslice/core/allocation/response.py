@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuslice.core.allocation.caps import AllocateCaps, allocation_caps_env
 from gpuslice.core.allocation.softlimits import soft_limit_envs
 from gpuslice.core.allocation.validation import validate_request
 from gpuslice.core.sharing.model import (
@@ -197,6 +198,7 @@ def build_allocation(
     dev_nodes: frozenset[str] = frozenset(),
     mig_caps: Mapping[str, tuple[str, ...]] | None = None,
     lookup: Mapping[str, AdvertisedDevice] | None = None,
+    caps: AllocateCaps | None = None,
 ) -> ContainerAllocation:
     """The response for one container request; AllocationError if the request is invalid.
 
@@ -205,7 +207,9 @@ def build_allocation(
     (`/dev/nvidia-caps/nvidia-cap<N>` for its GI and CI); empty means none are passed, which
     is enough when the NVIDIA container runtime injects them itself. Both only matter with
     `passDeviceSpecs`. `lookup`: `device_lookup(resource)` built once per plan by the caller;
-    without it every call rebuilds it (O(devices): 0.5 ms at 8,192 replicas).
+    without it every call rebuilds it (O(devices): 0.5 ms at 8,192 replicas). `caps`: the
+    node's memory caps as the agent found them; a capped time-sliced share reaching the
+    container through CDI then carries the toolkit hook's limits (`core.allocation.caps`).
 
     Order follows NVIDIA: CDI edits, MPS, gdrcopy/gds/mofed; if every selected strategy is a
     CDI one the response ends there, otherwise envvar, volume-mounts and device specs follow.
@@ -228,8 +232,10 @@ def build_allocation(
             cdi_devices.extend(names)
     if resource.strategy == SharingStrategy.MPS:
         _mps_edits(resource, devices, settings, envs, mounts)
-    if resource.strategy == SharingStrategy.TIME_SLICING and settings.memory_soft_limits:
-        envs.update(soft_limit_envs(devices))
+    if resource.strategy == SharingStrategy.TIME_SLICING:
+        if settings.memory_soft_limits:
+            envs.update(soft_limit_envs(devices))
+        envs.update(allocation_caps_env(devices, strategies, caps))
     for enabled, name in (
         (settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
         (settings.gds_enabled, "NVIDIA_GDS"),

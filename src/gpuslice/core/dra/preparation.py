@@ -10,8 +10,8 @@ what-if view predicts is what Prepare does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts
 from gpuslice.core.dra.claims import (
@@ -92,6 +92,10 @@ def with_compute_modes(applied: Sequence[AppliedSharing]) -> tuple[AppliedSharin
     return tuple(out)
 
 
+SHARES_RECORD = "mps-shares"
+"""The record of a claim's MPS shares: their GPU's share daemon (`share_daemon_spec`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Preparation:
     steps: tuple[Step, ...]
@@ -161,29 +165,65 @@ def _share(
     share = dw.share
     assert share is not None
     gpu = dw.device.gpu
+    use = DeviceUse(
+        dw.device.name,
+        dw.device.uuid,
+        share.strategy,
+        share.replicas,
+        dw.share_id,
+        # what it reserved; 0 for a share that reserved none (guaranteed nothing, and
+        # held to what no share on the GPU reserved: `core.protection`); None on a
+        # unified-memory GPU, which has no memory figure to reserve from
+        share.memory_mib if dw.device.capacity.get("memory", 0) // MIB else None,
+        share.thread_percentage if share.strategy == SharingStrategy.MPS else None,
+        admin=dw.admin,
+    )
     mounts = None
     if share.strategy == SharingStrategy.MPS:
-        key = share_daemon_key(gpu.uuid)
-        spec = daemon_spec(key, mps_root, [(gpu.uuid, gpu.index)])
+        # this claim's share alone: the driver sizes the daemon by every share on the GPU
+        spec = share_daemon_spec(mps_root, gpu.uuid, gpu.index, [use])
+        record = AppliedSharing(SHARES_RECORD, (gpu.uuid,), mps_key=spec.resource)
         steps.append(exclusive(gpu.uuid))
-        steps.append(StartDaemon(spec, AppliedSharing("mps-shares", (gpu.uuid,), mps_key=key)))
+        steps.append(StartDaemon(spec, record))
         mounts = MpsMounts(spec.pipe_dir, spec.shm_dir)
     cdi.append(_device(dw, mounts, **share_envs(share, dw.device.capacity.get("memory", 0) // MIB)))
-    uses.append(
-        DeviceUse(
-            dw.device.name,
-            dw.device.uuid,
-            share.strategy,
-            share.replicas,
-            dw.share_id,
-            # what it reserved; 0 for a share that reserved none (guaranteed nothing, and
-            # held to what no share on the GPU reserved: `core.protection`); None on a
-            # unified-memory GPU, which has no memory figure to reserve from
-            share.memory_mib if dw.device.capacity.get("memory", 0) // MIB else None,
-            share.thread_percentage if share.strategy == SharingStrategy.MPS else None,
-            admin=dw.admin,
-        )
+    uses.append(use)
+
+
+def share_daemon_spec(
+    mps_root: str, gpu_uuid: str, gpu_index: int, uses: Iterable[DeviceUse]
+) -> MpsDaemonSpec:
+    """The daemon serving every MPS share of one GPU, its defaults the largest share prepared
+    there (`uses`: every claim's, prepared or being prepared).
+
+    A client's `CUDA_MPS_*` variables can only lower the daemon's defaults, and a client can
+    unset them: with the defaults at 100 % and no pinned limit, a pod that unsets two
+    variables holds the whole GPU. So the defaults are no larger than what one share may
+    hold on the GPU, and no smaller, or the largest share's own clients would be held below
+    what it reserved (its env cannot raise them). What a smaller share takes above its own
+    reservation up to the largest is the enforcing guard's to act on. The defaults change as
+    shares come and go, sent to the running daemon (`MpsDaemonSpec.retunable`): a restart
+    would cut every share's clients. A share that reserved no memory holds the device's
+    memory, and so may every client then; admin claims are not tenants and size nothing."""
+    shares = [
+        u
+        for u in uses
+        if u.strategy == SharingStrategy.MPS
+        and u.share_id is not None
+        and u.physical_uuid == gpu_uuid
+        and not u.admin
+    ]
+    percentage = max((u.thread_percentage or 100 for u in shares), default=100)
+    memory = [u.entitlement_mib or 0 for u in shares]
+    limits = {gpu_index: max(memory)} if shares and min(memory) > 0 else {}
+    spec = daemon_spec(
+        share_daemon_key(gpu_uuid),
+        mps_root,
+        [(gpu_uuid, gpu_index)],
+        thread_percentage=percentage,
+        limits_mib=limits,
     )
+    return replace(spec, retunable=True)
 
 
 def _mps(

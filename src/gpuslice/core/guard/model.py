@@ -106,8 +106,8 @@ class Tenant:
     key: ContainerKey
     gpu_uuid: str
     kind: EntitlementKind
-    """Only `time-slicing` tenants can be reclaimed; `mps` ones are observed (the MPS server
-    enforces their pinned limit); `mig` and `exclusive` ones are exempt."""
+    """`time-slicing` and `mps` tenants can be reclaimed (an MPS client can unset its own
+    limit, and a container can run several); `mig` and `exclusive` ones are exempt."""
     share_bytes: int
     used_bytes: int
     pids: tuple[int, ...] = ()
@@ -242,8 +242,8 @@ class Decision:
     free_bytes: int
     reserve_bytes: int
     enforced: bool
-    """False in observe mode (the node's, or the tenant's own) and for MPS tenants: the
-    decision is only reported."""
+    """False in observe mode (the node's, or the tenant's own): the decision is only
+    reported."""
     reason: ReclaimReason | None = None
     pids: tuple[int, ...] = ()
     borrowing_growth_bytes_per_s: int = 0

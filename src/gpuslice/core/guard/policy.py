@@ -28,8 +28,11 @@ A DRA share claim several containers use is one holder (`Tenant.holder`): its co
 memory together is held to the claim's share, and when the claim is over it, its largest
 consumer is the victim (then the next, while the claim is still over).
 
-MPS tenants are reported but never reclaimed (the MPS server enforces their pinned limit);
-MIG and exclusive tenants are skipped (nobody shares their memory). A container on several
+MPS tenants are reclaimed like time-sliced ones: the MPS server holds each client process
+to the daemon's pinned limit, but a client can unset its own lower limit (a DRA share
+daemon's default is the largest share on its GPU) and a container can run several clients,
+so an MPS share over its share is one the server did not hold. MIG and exclusive tenants
+are skipped (nobody shares their memory). A container on several
 GPUs is one victim: stopping it frees its memory on each of them.
 
 A tenant may carry its own mode (a DRA claim's GuardConfig), which can only lower the
@@ -45,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuslice.core.attribution import Attribution
+from gpuslice.core.attribution import Attribution, EntitlementKind
 from gpuslice.core.guard.model import (
     ContainerKey,
     Decision,
@@ -59,6 +62,9 @@ from gpuslice.core.guard.model import (
     effective_mode,
     holder_mode,
 )
+
+RECLAIMABLE: frozenset[EntitlementKind] = frozenset({"time-slicing", "mps"})
+"""The tenants a reclaim may stop: those sharing a GPU's memory with others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +205,7 @@ def evaluate(
         if projected < reserve or (g.uuid in state.pressure_since and free < release):
             pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
 
-    reclaimable = [t for t in watched if t.kind == "time-slicing" and t.key not in stopping]
+    reclaimable = [t for t in watched if t.kind in RECLAIMABLE and t.key not in stopping]
     chosen: set[ContainerKey] = set()
     observed: set[ContainerKey] = set()
     relieved: dict[tuple[str, str], int] = {}
@@ -293,13 +299,13 @@ def _holding(t: Tenant) -> tuple[str, str]:
 def _borrowing_growth(
     watched: Iterable[Tenant], state: GuardState, now: float, overrun: Callable[[Tenant], int]
 ) -> dict[str, float]:
-    """GPU UUID -> bytes per second by which the time-sliced containers over their share
+    """GPU UUID -> bytes per second by which the sharing containers over their share
     (their holder's, `overrun`) on it grew since the previous poll (shrinking ones count as
     0, new ones as not grown)."""
     out: dict[str, float] = {}
     for t in watched:
         before = state.last_used.get((t.key, t.gpu_uuid))
-        if t.kind != "time-slicing" or overrun(t) <= 0 or before is None:
+        if t.kind not in RECLAIMABLE or overrun(t) <= 0 or before is None:
             continue
         at, used_then = before
         if now > at and t.used_bytes > used_then:
