@@ -36,6 +36,7 @@ def _node(workdir: Path, *, cgroup_v2: bool, driver: str) -> tuple[Path, Path]:
     cgroups.mkdir(parents=True)
     if cgroup_v2:
         (cgroups / "cgroup.controllers").write_text("cpu memory pids\n")
+        (cgroups / "kubepods.slice").mkdir()  # the host's tree: the kubelet's pods are there
     node_file = workdir / "node.yaml"
     node_file.write_text(f'driverVersion: "{driver}"\ngpus:\n  - model: l40s\n')
     return cgroups, node_file

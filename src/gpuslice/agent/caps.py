@@ -267,7 +267,7 @@ class CapsApplier:
                 continue
             try:
                 read = self._limiter.get_memory_limits(gpu, path)
-                outcome = check_outcome(limits, read)
+                outcome = check_outcome(limits, read, self._confirmed.get((key, gpu)))
                 if outcome == "raised":
                     log.warning(
                         "caps-limit-raised",

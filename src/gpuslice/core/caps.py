@@ -259,17 +259,22 @@ class CapTarget:
 CheckOutcome = Literal["ok", "set", "repaired", "raised"]
 
 
-def check_outcome(wanted: MemoryLimits, read: MemoryLimits | None) -> CheckOutcome:
+def check_outcome(
+    wanted: MemoryLimits, read: MemoryLimits | None, last_set: MemoryLimits | None = None
+) -> CheckOutcome:
     """What the agent does after reading a cgroup's limits back: nothing when they match,
     `set` when none were there (the first apply), `repaired` when a different one was (a
-    hook gave the last claim's limits to every GPU), `raised` when one above gpuslice's was:
-    the tenant chose its own (its pod's `NVIDIA_GPU_MEMORY_LIMIT` wins over Allocate's in
-    the container's env, and the toolkit's hook applies it) or someone with root lifted it.
+    hook gave the last claim's limits to every GPU, or the container's share changed since
+    gpuslice set `last_set`), `raised` when one above gpuslice's was and gpuslice did not set
+    it: the tenant chose its own (where Allocate carries no pair, the pod's own
+    `NVIDIA_GPU_MEMORY_LIMIT` reaches the toolkit's hook) or someone with root lifted it.
     Each but `ok` is set to `wanted` again; `raised` is also told, as a tenant's doing."""
     if read is not None and read.same_limits(wanted):
         return "ok"
     if read is None or read.cleared:
         return "set"
+    if last_set is not None and read.same_limits(last_set):
+        return "repaired"
     if read.hard_bytes > wanted.hard_bytes or read.soft_bytes > wanted.soft_bytes:
         return "raised"
     return "repaired"
