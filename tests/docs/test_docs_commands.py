@@ -92,10 +92,14 @@ PLOT = r".*--plot advise\.png.*"
 """`--plot` needs matplotlib, an optional extra (`gpuslice[plot]`)."""
 
 KNOWN_BROKEN: dict[str, tuple[str, str]] = {
-    r"helm install .*--set nodeSelector\.gpuslice\\\.io/migrate=true": (
-        "--set types `true` as a boolean and the API server refuses the DaemonSet; "
-        "issue 43 item 2 changes the line to --set-string",
-        "nodeSelector",
+    # unquoted, the shell eats the backslash: Helm gets `nodeSelector.gpuslice.io/migrate`,
+    # a map nested under `gpuslice`, whatever --set or --set-string says
+    r"helm install .* --set(-string)? nodeSelector\.gpuslice\\\.io/migrate=true": (
+        "the shell removes the backslash of the unquoted `gpuslice\\.io` (Helm nests a map "
+        "under `gpuslice`) and --set types `true` as a boolean: neither is a valid DaemonSet; "
+        "issue 43 item 2 (the line works as "
+        "--set-string 'nodeSelector.gpuslice\\.io/migrate=true')",
+        "nodeSelector.gpuslice",
     ),
 }
 """Lines the docs still get wrong, each with the issue that fixes it and a word its error
