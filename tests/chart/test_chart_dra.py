@@ -568,3 +568,21 @@ def test_install_docs_have_a_dra_section_naming_every_dra_value() -> None:
     assert "--set dra.enabled=true" in section
     for fact in ("1.34", "DRAConsumableCapacity", "DRAExtendedResource", "never both"):
         assert fact in section, fact
+
+
+def test_notes_send_rejected_configs_to_the_agents_pod_events_and_list_enforces_privileges() -> (
+    None
+):
+    """The agent posts a refused config as an Event about its own Pod in its namespace
+    (`k8s.events`: the Role allows no other namespace), so NOTES must not send operators
+    to `kubectl describe node`; and an enforcing guard's host PID namespace and CAP_KILL
+    are privileges the notes list, as docs/install.md's table does."""
+    notes = " ".join(render_notes(config={"map": {"a": "version: v1\n"}}).split())
+    assert "Events on the agent's pod" in notes
+    assert f"kubectl events -n {check_chart.RENDER_NAMESPACE} --for pod/<agent pod>" in notes
+    assert "kubectl describe node <node>" not in notes
+    enforce = " ".join(render_notes(memoryGuard={"mode": "enforce"}).split())
+    assert "host PID namespace: memoryGuard.mode=enforce" in enforce
+    assert "CAP_KILL added: memoryGuard.mode=enforce with action kill" in enforce
+    default = " ".join(render_notes().split())
+    assert "CAP_KILL" not in default

@@ -1,5 +1,5 @@
-"""`gpuslice demo --scenario guard`: seed 001 with the memory guard off, then enforcing,
-then with the driver's memory caps."""
+"""`gpuslice demo --scenario guard`: ten time-sliced pods on an L40S, one leaking, with the
+memory guard off, then enforcing, then with the driver's memory caps."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def render_guard(demo: GuardDemo, console: Console) -> None:
     p = demo.params
     console.print(
         Panel.fit(
-            "gpuslice demo: seed 001 (time-slicing has no memory isolation)\n"
+            "gpuslice demo --scenario guard: time-slicing has no memory isolation\n"
             f"node: [bold]sim:1xl40s[/bold] ({demo.gpu}, {demo.total_mib} MiB), "
             f"time-slicing x{len(demo.pods)}: share {demo.share_mib} MiB per pod\n"
-            f"pods hold {STRESS_MIB} MiB each (seed 001's stress.py); "
+            f"pods hold {STRESS_MIB} MiB each (a stress test's 3.7 GiB); "
             f"{LEAKER} leaks {LEAK_MIB_S:g} MiB/s; the last pod starts at t=50 s",
         )
     )

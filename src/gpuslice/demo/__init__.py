@@ -1,1 +1,1 @@
-"""The `gpuslice demo` scenario (seed 000) on an emulated node."""
+"""`gpuslice demo`: pods sharing a simulated node's GPUs, and one pod leaking memory."""

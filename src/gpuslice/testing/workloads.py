@@ -70,6 +70,16 @@ def six_pods_and_a_leaker(
     return Workload("h100-80gb", 2, 4, tuple(pods), points, step_s, end, hostname)
 
 
+DOCS_EXAMPLE_END = 1_795_000_000.0
+
+
+def docs_example(end: float = DOCS_EXAMPLE_END) -> Workload:
+    """`six_pods_and_a_leaker` over two hours at a 2-minute step: the samples file
+    docs/advise.md runs on (`docs/examples/node-1.om`, `scripts/advise-samples`), small
+    enough to ship and still the same advice (replicas 8, the leaker named)."""
+    return six_pods_and_a_leaker(end, points=60, step_s=120.0)
+
+
 def idle_node(
     end: float, *, points: int = 240, step_s: float = 15.0, hostname: str = "node-2"
 ) -> Workload:
