@@ -6,7 +6,9 @@ exporter serves) and call its methods; nothing here is global.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+
+from gpuslice import __version__
 
 from gpuslice.core.guard.model import Decision
 
@@ -20,6 +22,10 @@ def _result(ok: bool) -> str:
 
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # which agent answers: a rollout half done shows as two versions across the nodes
+        Info(
+            "gpuslice_build", "The agent's version (value 1).", registry=registry
+        ).info({"version": __version__})
         self.allocate_requests = Counter(
             "gpuslice_allocate_requests",
             "Allocate calls from the kubelet, by resource and result (success|error).",

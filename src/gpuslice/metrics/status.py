@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice import __version__
 from gpuslice.core.caps import LIMIT_MAX, CapsView
 from gpuslice.core.dra.claimplan import CLAIM_PREFIX
 from gpuslice.core.guard.model import ContainerKey
@@ -138,6 +139,7 @@ def build_status(
         pod_resources = {"state": "ok", "detail": pod_resources_socket}
     return {
         "version": STATUS_VERSION,
+        "agent_version": __version__,
         "node_name": node_name,
         "config_name": config_name,
         "ready": ready[0],

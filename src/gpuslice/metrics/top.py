@@ -127,7 +127,8 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
         else (f"snapshot {(time.time() if now is None else now) - float(taken):.0f}s old")
     )
     config = doc.get("config_name") or "(single config)"
-    header = Text(f"{doc.get('node_name', '?')}  config {config}  {age}")
+    agent = f"  gpuslice {doc['agent_version']}" if doc.get("agent_version") else ""
+    header = Text(f"{doc.get('node_name', '?')}  config {config}  {age}{agent}")
     parts: list[RenderableType] = [header]
 
     resources = Table(title="Resources", title_justify="left")
