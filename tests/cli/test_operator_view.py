@@ -4,10 +4,10 @@ and the libraries' request lines kept out of the INFO log."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from gpuslice import __version__
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.cli.main import main
 from gpuslice.cli.plugin import plugin
+from gpuslice.cli.top import fetch_status
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.envtest import free_port
 from tests.e2e.metrics_support import samples, wait_scrape
@@ -104,8 +105,7 @@ async def test_the_version_is_in_the_start_line_status_and_metrics(sock_dir: Pat
     try:
         text = await wait_scrape(port, lambda t: "gpuslice_build_info" in t, "build info")
         assert samples(text, "gpuslice_build_info") == [({"version": __version__}, 1.0)]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
-            status = json.loads(resp.read())
+        status = await asyncio.to_thread(fetch_status, f"http://127.0.0.1:{port}")
         assert status["agent_version"] == __version__
         # written before anything is served
         assert f"event=starting version={__version__}" in daemon.log(), daemon.log()

@@ -9,7 +9,6 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 
 from gpuslice import __version__
-
 from gpuslice.core.guard.model import Decision
 
 ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

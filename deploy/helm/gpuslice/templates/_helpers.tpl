@@ -53,6 +53,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- include "gpuslice.nvidiaValues" . }}
 {{- include "gpuslice.validateDra" . }}
 {{- include "gpuslice.validateMps" . }}
+{{- include "gpuslice.validatePorts" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}
@@ -202,5 +203,19 @@ than 0 is refused in gpuslice.validate.
 {{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v with MPS on (%s): the agent must be replaced with maxSurge 0 (two agents on one node would both manage the MPS control daemon every MPS pod's clients use); remove maxSurge or set it to 0" $rolling.maxSurge $why) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Ports the agent would refuse or could not bind; each message names the value to change.
+The agent refuses a metrics port equal to the probes' port (AgentSettings.problems), and
+under hostNetwork 9400 is the port NVIDIA's dcgm-exporter binds on the node.
+*/}}
+{{- define "gpuslice.validatePorts" -}}
+{{- if eq (toString .Values.metrics.port) (toString .Values.probes.port) }}
+{{- fail (printf "metrics.port and probes.port are both %v: the probes have a listener of their own, so the agent refuses one port for both; set probes.port (default 9401) or metrics.port to another port" .Values.metrics.port) }}
+{{- end }}
+{{- if and .Values.hostNetwork (eq (toString .Values.metrics.port) "9400") }}
+{{- fail "hostNetwork=true binds metrics.port 9400 on the node itself, the port NVIDIA's dcgm-exporter listens on there: set metrics.port to a port free on your GPU nodes (e.g. --set metrics.port=9402)" }}
 {{- end }}
 {{- end }}
