@@ -22,9 +22,9 @@ def _result(ok: bool) -> str:
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         # which agent answers: a rollout half done shows as two versions across the nodes
-        Info(
-            "gpuslice_build", "The agent's version (value 1).", registry=registry
-        ).info({"version": __version__})
+        Info("gpuslice_build", "The agent's version (value 1).", registry=registry).info(
+            {"version": __version__}
+        )
         self.allocate_requests = Counter(
             "gpuslice_allocate_requests",
             "Allocate calls from the kubelet, by resource and result (success|error).",
