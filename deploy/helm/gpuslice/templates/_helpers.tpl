@@ -85,15 +85,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 Host PID namespace: only for per-pod attribution (metrics.hostPID, read by the metrics and
 the memory guard), for a memory guard that enforces (it must map the GPU's host PIDs to
-pods and signal them), or for the MPS control daemon (mps.enabled with mps.enableHostPID).
+pods and signal them), or for the MPS control daemon (MPS on, gpuslice.mpsOn: mps.enabled or a
+config in config.map with sharing.mps; with mps.enableHostPID).
 */}}
 {{- define "gpuslice.hostPID" -}}
 {{- $attribution := and (or .Values.metrics.enabled (ne .Values.memoryGuard.mode "off")) .Values.metrics.hostPID -}}
-{{- or $attribution (eq .Values.memoryGuard.mode "enforce") (and .Values.mps.enabled .Values.mps.enableHostPID) -}}
+{{- $mps := eq (include "gpuslice.mpsOn" .) "true" -}}
+{{- or $attribution (eq .Values.memoryGuard.mode "enforce") (and $mps .Values.mps.enableHostPID) -}}
 {{- end }}
 
 {{/*
-The container's securityContext: `securityContext` when set; privileged with mps.enabled
+The container's securityContext: `securityContext` when set; privileged with MPS on (gpuslice.mpsOn)
 (compute modes, the MPS control daemon); otherwise nothing beyond running as root, which
 the root-owned host directories (device-plugins, features.d) need for writing (the image's
 own default user is non-root), plus CAP_KILL for a memory guard that kills.
@@ -101,7 +103,7 @@ own default user is non-root), plus CAP_KILL for a memory guard that kills.
 {{- define "gpuslice.securityContext" -}}
 {{- if .Values.securityContext }}
 {{- toYaml .Values.securityContext }}
-{{- else if .Values.mps.enabled }}
+{{- else if eq (include "gpuslice.mpsOn" .) "true" }}
 privileged: true
 readOnlyRootFilesystem: true
 runAsUser: 0
@@ -148,14 +150,28 @@ whose sharing has an `mps` section. A ConfigMap of the user's (config.name) cann
 here, so with it only mps.enabled counts (docs/install.md, "MPS").
 */}}
 {{- define "gpuslice.mpsOn" -}}
-{{- $on := .Values.mps.enabled -}}
+{{- if or .Values.mps.enabled (include "gpuslice.mpsConfigs" .) }}true{{ end -}}
+{{- end }}
+
+{{/* The names of the configs in config.map whose sharing has an `mps` section, comma-separated. */}}
+{{- define "gpuslice.mpsConfigs" -}}
+{{- $names := list -}}
 {{- range $name, $text := .Values.config.map -}}
 {{- $config := fromYaml (toString ($text | default "")) -}}
 {{- if and (kindIs "map" $config) (kindIs "map" $config.sharing) (hasKey $config.sharing "mps") -}}
-{{- $on = true -}}
+{{- $names = append $names $name -}}
 {{- end -}}
 {{- end -}}
-{{- if $on }}true{{ end -}}
+{{- join ", " $names -}}
+{{- end }}
+
+{{/*
+Why MPS gets its privileges, for NOTES: mps.enabled, or the configs that use MPS. NVIDIA's
+chart starts the MPS daemon from the config alone, so its values files never set
+mps.enabled: a config.map with sharing.mps gets what MPS needs without it.
+*/}}
+{{- define "gpuslice.mpsWhy" -}}
+{{- if .Values.mps.enabled }}mps.enabled{{ else }}config.map uses sharing.mps ({{ include "gpuslice.mpsConfigs" . }}){{ end -}}
 {{- end }}
 
 {{/*
