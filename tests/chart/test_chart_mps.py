@@ -79,7 +79,9 @@ def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
     carry MPS in `config.map` and never set `mps.enabled`: the agent still gets the
     privilege and the host PID namespace the daemon needs, and NOTES names the configs
     instead of saying "not privileged"."""
-    values = {"config": {"map": {"default": TS_CONFIG, "mps-4": MPS_CONFIG}, "default": "default"}}
+    values: dict[str, Any] = {
+        "config": {"map": {"default": TS_CONFIG, "mps-4": MPS_CONFIG}, "default": "default"}
+    }
     result = render(**values)
     assert result.ok, result.problems
     pod = one(result, "DaemonSet")["spec"]["template"]["spec"]
@@ -94,7 +96,7 @@ def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
     without_host_pid = render(**values, mps={"enableHostPID": False})
     assert one(without_host_pid, "DaemonSet")["spec"]["template"]["spec"]["hostPID"] is False
 
-    time_sliced = {"config": {"map": {"default": TS_CONFIG}, "default": "default"}}
+    time_sliced: dict[str, Any] = {"config": {"map": {"default": TS_CONFIG}, "default": "default"}}
     pod = one(render(**time_sliced), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["hostPID"] is False
     assert pod["containers"][0]["securityContext"]["privileged"] is False

@@ -254,6 +254,7 @@ def wire_metrics(
     refresher: SnapshotRefresher | None = None,
     limits: ServerLimits | None = None,
     caps: WiredCaps | None = None,
+    mps: MpsDaemonManager | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -286,6 +287,12 @@ def wire_metrics(
             pod_resources_present=settings.pod_resources_socket.exists(),
             ready=agent.readiness(),
             caps=None if caps is None else caps.view(),
+            mps_daemons=None
+            if mps is None
+            else [
+                {"resource": d.resource, "state": d.state, "problem": d.problem}
+                for d in mps.daemons()
+            ],
         )
 
     server = MetricsServer(
@@ -704,8 +711,9 @@ async def _wire(
     if events is not None:
         wire_events(agent, events)
         wire_cordon_events(agent, events)
+    mps: MpsDaemonManager | None = front.mps if isinstance(front, DraFrontEnd) else None
     if settings.dra is None:
-        wire_mps(
+        mps = wire_mps(
             state,
             agent.hooks,
             agent.set_withdrawn,
@@ -744,6 +752,7 @@ async def _wire(
             pods=node_pods,
             guard=guard,
             caps=caps,
+            mps=mps,
             gpu_metrics=settings.gpu_metrics,
             refresher=refresher,
             limits=ServerLimits(

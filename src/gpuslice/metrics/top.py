@@ -145,6 +145,16 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             per_gpu,
         )
     parts.append(resources)
+    daemons = doc.get("mps_daemons", [])
+    if daemons:
+        listed = Text("MPS daemons:")
+        for d in daemons:
+            state = str(d.get("state", "?"))
+            listed.append(f"\n  {d.get('resource')}: ")
+            listed.append(
+                state.upper(), style={"ready": "green", "down": "bold red"}.get(state, "")
+            )
+        parts.append(listed)
 
     gpus = Table(title="GPUs", title_justify="left")
     for col in (

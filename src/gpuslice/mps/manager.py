@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
@@ -40,6 +41,16 @@ class MpsTimings:
     """Pause between health commands while waiting for a fresh daemon (seconds)."""
     retry_interval_s: float = 30.0
     """Pause after a failed start before the next attempt; NVIDIA's is 30 s."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonState:
+    """One MPS daemon as `/status` and `top` show it."""
+
+    resource: str
+    state: Literal["ready", "starting", "down"]
+    problem: str | None
+    """Why it is down (the last failed start, a lost socket); None otherwise."""
 
 
 @dataclass(slots=True)
@@ -89,6 +100,7 @@ class MpsDaemonManager:
         self._lock = asyncio.Lock()
         self._markers: set[Path] = set()
         self._problems: list[str] = []
+        self._down_because: dict[str, str] = {}
 
     # -- readiness, for the agent ---------------------------------------------------------
 
@@ -118,6 +130,21 @@ class MpsDaemonManager:
     @property
     def specs(self) -> tuple[MpsDaemonSpec, ...]:
         return self._specs
+
+    def daemons(self) -> list[DaemonState]:
+        """Each wanted daemon's state, for `/status` and `top`: answering, starting, or
+        down with the problem that keeps it down (a start that failed, a lost socket)."""
+        out: list[DaemonState] = []
+        for spec in self._specs:
+            ready = self._readiness.ready(spec.resource)
+            problem = None if ready else self._down_because.get(spec.resource)
+            if ready:
+                out.append(DaemonState(spec.resource, "ready", None))
+            elif problem is None:
+                out.append(DaemonState(spec.resource, "starting", None))
+            else:
+                out.append(DaemonState(spec.resource, "down", problem))
+        return out
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -256,7 +283,8 @@ class MpsDaemonManager:
             f"MPS daemon for {spec.resource} lost its control socket "
             f"{Path(spec.pipe_dir) / SOCKET_NAME} ({problem}) but still runs: not restarted, "
             "so the clients it serves keep running; its replicas stay Unhealthy until it "
-            "answers again or ends (then it is restarted)"
+            "answers again or ends (then it is restarted)",
+            resource=spec.resource,
         )
         while control.lost_socket():
             if await _pause(daemon.stop, self._timings.health_interval_s):
@@ -305,7 +333,8 @@ class MpsDaemonManager:
             if not daemon.stop.is_set():  # given up on purpose: nothing to report
                 self._report(
                     f"MPS daemon for {spec.resource} failed to start: {exc}; "
-                    f"retrying in {self._timings.retry_interval_s:g} s"
+                    f"retrying in {self._timings.retry_interval_s:g} s",
+                    resource=spec.resource,
                 )
             await _quietly(daemon.control.terminate())
             return False
@@ -329,7 +358,10 @@ class MpsDaemonManager:
             await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
-            self._report(f"MPS daemon for {spec.resource} answered but not to its limits: {exc}")
+            self._report(
+                f"MPS daemon for {spec.resource} answered but not to its limits: {exc}",
+                resource=spec.resource,
+            )
             await _quietly(daemon.control.terminate())
             return False
         daemon.control.watch_running()
@@ -404,6 +436,8 @@ class MpsDaemonManager:
                 started.unlink(missing_ok=True)
         except OSError as exc:
             self._report(f"could not remove {started}: {exc}")
+        if ready:
+            self._down_because.pop(spec.resource, None)
         self._readiness.set(spec.resource, ready)
 
     def _update_markers(self) -> None:
@@ -424,10 +458,14 @@ class MpsDaemonManager:
                 self._report(f"could not update {marker}: {exc}")
         self._markers = {m for m, ready in wanted.items() if ready}
 
-    def _report(self, problem: str) -> None:
+    def _report(self, problem: str, *, resource: str | None = None) -> None:
+        """Log and keep a problem; one that keeps `resource`'s daemon from serving is also
+        its state in `daemons()` until the daemon answers."""
         self._log.warning("%s", problem)
         self._problems.append(problem)
         del self._problems[:-50]
+        if resource is not None:
+            self._down_because[resource] = problem
 
 
 def _make_dirs(spec: MpsDaemonSpec) -> None:
