@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.core.mps import MpsDaemonSpec, daemon_spec
+from gpuslice.logs import STRUCTURED_ATTR
 from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
@@ -218,7 +219,10 @@ class _Warnings(logging.Handler):
         self._wanted = wanted
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        # a structured event (`gpuslice.logs`): the problem is its `message` field
+        fields = getattr(record, STRUCTURED_ATTR)
+        assert fields["event"] == "mps-problem", fields
+        self.messages.append(fields["message"])
         if len(self.messages) >= self._wanted:
             self.enough.set()
 

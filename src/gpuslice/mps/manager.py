@@ -21,6 +21,7 @@ from typing import Literal
 from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.mps import MpsDaemonSpec
+from gpuslice.logs import get_logger
 from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
 from gpuslice.mps.identity import IdentityError, read_bounded
 from gpuslice.mps.readiness import Readiness, ReadinessListener
@@ -87,7 +88,8 @@ class MpsDaemonManager:
         self._factory = control_factory
         self._compute_mode = compute_mode
         self._timings = timings or MpsTimings()
-        self._log = logger or logging.getLogger("gpuslice.mps")
+        # structured events (`gpuslice.logs`) through the given stdlib logger's name
+        self._log = get_logger(logger.name if logger is not None else "gpuslice.mps")
         self._readiness = Readiness()
         # First listener: markers are current before anyone else hears of a change.
         self._readiness.add_listener(lambda _resource, _ready: self._update_markers())
@@ -219,7 +221,7 @@ class MpsDaemonManager:
         if await self._check(control) is not None:
             return False
         await _quietly(control.terminate())
-        self._log.info("stray MPS daemon in %s asked to quit", spec.pipe_dir)
+        self._log.info("mps-stray-daemon-asked-to-quit", pipe_dir=str(spec.pipe_dir))
         return True
 
     def _launch(self, spec: MpsDaemonSpec) -> None:
@@ -250,9 +252,10 @@ class MpsDaemonManager:
                 running = await self._ride_out_lost_socket(daemon, problem)
                 if not running and not daemon.stop.is_set():
                     self._log.warning(
-                        "MPS daemon for %s is down (%s); restarting it",
-                        daemon.spec.resource,
-                        problem,
+                        "mps-daemon-down",
+                        resource=daemon.spec.resource,
+                        problem=problem,
+                        action="restarting it",
                     )
         finally:
             await self._shutdown(daemon)
@@ -316,10 +319,11 @@ class MpsDaemonManager:
             if recorded is None or recorded == _settings(spec):
                 return await self._take_over(daemon, known=recorded is not None)
             self._log.info(
-                "MPS daemon for %s runs with other settings (%s, wanted %s); replacing it",
-                spec.resource,
-                recorded,
-                _settings(spec),
+                "mps-daemon-replaced",
+                resource=spec.resource,
+                reason="runs with other settings",
+                recorded=recorded,
+                wanted=_settings(spec),
             )
         try:
             _make_dirs(spec)
@@ -339,11 +343,11 @@ class MpsDaemonManager:
             await _quietly(daemon.control.terminate())
             return False
         self._log.info(
-            "MPS daemon for %s started on %s%s with %s",
-            spec.resource,
-            ", ".join(spec.mig_uuids or spec.gpu_uuids),
-            " (multi-user)" if spec.multi_user else "",
-            "; ".join(spec.commands),
+            "mps-daemon-started",
+            resource=spec.resource,
+            devices=",".join(spec.mig_uuids or spec.gpu_uuids),
+            multi_user=spec.multi_user,
+            commands="; ".join(spec.commands),
         )
         self._mark(spec, True)
         return True
@@ -366,9 +370,9 @@ class MpsDaemonManager:
             return False
         daemon.control.watch_running()
         self._log.info(
-            "MPS daemon for %s taken over from the previous agent (settings %s)",
-            spec.resource,
-            "as recorded" if known else "not recorded, sent again",
+            "mps-daemon-taken-over",
+            resource=spec.resource,
+            settings="as recorded" if known else "not recorded, sent again",
         )
         self._mark(spec, True)
         return True
@@ -413,7 +417,9 @@ class MpsDaemonManager:
             # the agent stops (or its loops were cancelled), the pods do not: the next agent
             # takes the daemon over
             self._readiness.forget(spec.resource)
-            self._log.info("MPS daemon for %s left running for the next agent", spec.resource)
+            self._log.info(
+                "mps-daemon-left-running", resource=spec.resource, kept_for="the next agent"
+            )
             return
         self._mark(spec, False)
         await _quietly(daemon.control.terminate())
@@ -425,7 +431,7 @@ class MpsDaemonManager:
                     self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
         daemon.exclusive.clear()
         self._readiness.forget(spec.resource)
-        self._log.info("MPS daemon for %s stopped", spec.resource)
+        self._log.info("mps-daemon-stopped", resource=spec.resource)
 
     # -- markers and reports -----------------------------------------------------------------
 
@@ -461,7 +467,7 @@ class MpsDaemonManager:
     def _report(self, problem: str, *, resource: str | None = None) -> None:
         """Log and keep a problem; one that keeps `resource`'s daemon from serving is also
         its state in `daemons()` until the daemon answers."""
-        self._log.warning("%s", problem)
+        self._log.warning("mps-problem", resource=resource, message=problem)
         self._problems.append(problem)
         del self._problems[:-50]
         if resource is not None:
