@@ -317,3 +317,52 @@ def _fail_on_init_error(settings: AgentSettings) -> bool:
         return bool(load_config(settings).config.flags.fail_on_init_error)
     except GpusliceError:
         return True
+
+
+CHART_KNOBS = "knobs.json"
+"""The file in the chart's directory that `chart_knobs` writes (`scripts/gen-chart-knobs`)."""
+_BOOL = r"^\s*(?i:1|0|true|false|t|f|yes|no|y|n|on|off)?\s*$"
+_INT = r"^\s*[+-]?[0-9]+\s*$"
+_FLOAT = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
+
+
+def _check_of(option: click.Option) -> dict[str, Any]:
+    """What click checks of the option's value, as the chart's templates can check it
+    (Go's regexp and Sprig's comparisons); {} where click takes any text."""
+    kind = option.type
+    if isinstance(kind, click.Choice):
+        return {"enum": [str(c) for c in kind.choices]}
+    if isinstance(kind, click.types._NumberRangeBase):
+        check: dict[str, Any] = {
+            "pattern": _INT if isinstance(kind, click.IntRange) else _FLOAT,
+            "min": kind.min,
+            "max": kind.max,
+            "minOpen": kind.min_open,
+            "maxOpen": kind.max_open,
+        }
+        return {k: v for k, v in check.items() if v is not None and v is not False}
+    if isinstance(kind, click.types.BoolParamType):  # flags too: their variables are read so
+        return {"pattern": _BOOL}
+    if isinstance(kind, click.types.IntParamType):
+        return {"pattern": _INT}
+    if isinstance(kind, click.types.FloatParamType):
+        return {"pattern": _FLOAT}
+    return {}
+
+
+def chart_knobs() -> dict[str, dict[str, Any]]:
+    """Each variable `gpuslice plugin` reads, with the flag, the chart value that sets it
+    (if any) and what click checks of its value: the chart refuses an `extraEnv` entry the
+    agent would refuse at start (`gpuslice.validateExtraEnv`), from this one source."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in GROUPS:
+        for f, option in FIELDS[group]:
+            if f.knob.env is None:
+                continue
+            entry: dict[str, Any] = {"flag": f.knob.flags[0].split("/")[0] if f.knob.flags else ""}
+            if f.knob.chart:
+                entry["chart"] = f.knob.chart
+            if option is not None:
+                entry |= _check_of(option)
+            out[f.knob.env] = entry
+    return dict(sorted(out.items()))

@@ -54,6 +54,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- include "gpuslice.validateDra" . }}
 {{- include "gpuslice.validateMps" . }}
 {{- include "gpuslice.validatePorts" . }}
+{{- include "gpuslice.validateExtraEnv" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}
@@ -233,5 +234,45 @@ under hostNetwork 9400 is the port NVIDIA's dcgm-exporter binds on the node.
 {{- end }}
 {{- if and .Values.hostNetwork (eq (toString .Values.metrics.port) "9400") }}
 {{- fail "hostNetwork=true binds metrics.port 9400 on the node itself, the port NVIDIA's dcgm-exporter listens on there: set metrics.port to a port free on your GPU nodes (e.g. --set metrics.port=9402)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+extraEnv against the agent's own checks (knobs.json, written from the agent's knobs by
+scripts/gen-chart-knobs): a variable the chart sets from a value is refused (the later
+entry would silently win over the value), and a value the agent would refuse at start
+(not one of its choices, not a number, out of range, not a boolean) fails the install
+instead of crash-looping the pod.
+*/}}
+{{- define "gpuslice.validateExtraEnv" -}}
+{{- $knobs := .Files.Get "knobs.json" | fromJson -}}
+{{- range $i, $entry := .Values.extraEnv }}
+{{- $name := toString $entry.name }}
+{{- $knob := get $knobs $name }}
+{{- if $knob }}
+{{- if $knob.chart }}
+{{- fail (printf "extraEnv[%d] sets %s, which the chart sets from %s: set %s instead" $i $name $knob.chart $knob.chart) }}
+{{- end }}
+{{- if hasKey $entry "value" }}
+{{- $value := toString $entry.value }}
+{{- $where := printf "extraEnv[%d] %s=%q (%s)" $i $name $value $knob.flag }}
+{{- if and $knob.enum (not (has $value $knob.enum)) }}
+{{- fail (printf "%s: the agent takes one of %s" $where (join ", " $knob.enum)) }}
+{{- end }}
+{{- if and $knob.pattern (not (regexMatch $knob.pattern $value)) }}
+{{- fail (printf "%s: the agent would refuse it (it takes %s)" $where (ternary "a boolean" "a number" (contains "true" $knob.pattern))) }}
+{{- end }}
+{{- if hasKey $knob "min" }}
+{{- if or (lt (float64 $value) (float64 $knob.min)) (and $knob.minOpen (eq (float64 $value) (float64 $knob.min))) }}
+{{- fail (printf "%s: the agent takes %s %v" $where (ternary "more than" "at least" (default false $knob.minOpen)) $knob.min) }}
+{{- end }}
+{{- end }}
+{{- if hasKey $knob "max" }}
+{{- if gt (float64 $value) (float64 $knob.max) }}
+{{- fail (printf "%s: the agent takes at most %v" $where $knob.max) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
