@@ -64,7 +64,8 @@ def test_a_few_requests_whatever_the_number_of_pods(prometheus: str) -> None:
     reader = PrometheusReader(prometheus)
     window = Window(END - 3 * 3600, END + 30, 15.0)
     series = reader.series(window)
-    assert reader.requests == 5  # two ranges in one chunk each, three instant queries
+    # the probe (any pod memory at all?), two ranges in one chunk each, three instant queries
+    assert reader.requests == 6
     assert len({s.labels["pod"] for s in series if "pod" in s.labels}) == 11
     history = build_history(series, 15.0, start=window.start)
     assert len(history.pods) == 11
@@ -80,7 +81,7 @@ def test_ranges_are_cut_into_chunks_prometheus_accepts(prometheus: str) -> None:
     assert parts[1][0] == pytest.approx(parts[0][1] + window.step_s)
     reader = PrometheusReader(prometheus)
     series = reader.series(window)
-    assert reader.requests == 2 * 2 + 3
+    assert reader.requests == 1 + 2 * 2 + 3  # the probe, two chunks of two ranges, instants
     memory = [s for s in series if s.name == "gpuslice_pod_memory_used_bytes"]
     times = [t for t, _ in memory[0].points]
     assert times == sorted(set(times))

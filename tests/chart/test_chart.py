@@ -265,7 +265,11 @@ def test_host_network_only_when_asked_and_the_pod_resources_dir_follows_the_valu
     assert default_dir["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
 
     pod = one(
-        render(hostNetwork=True, podResourcesDir="/var/lib/k0s/kubelet/pod-resources"),
+        render(
+            hostNetwork=True,
+            metrics={"port": 9402},  # 9400 is dcgm-exporter's on the node: refused
+            podResourcesDir="/var/lib/k0s/kubelet/pod-resources",
+        ),
         "DaemonSet",
     )["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True

@@ -544,8 +544,8 @@ def test_notes_name_the_probe_port_and_a_host_network() -> None:
     default = " ".join(render_notes().split())
     assert "readiness probe on /readyz, port 9401" in default
     assert "host network" not in default
-    on_host = " ".join(render_notes(hostNetwork=True).split())
-    assert "host network namespace: hostNetwork (ports 9400 and 9401" in on_host
+    on_host = " ".join(render_notes(hostNetwork=True, metrics={"port": 9402}).split())
+    assert "host network namespace: hostNetwork (ports 9402 and 9401" in on_host
 
 
 def _leaves(values: dict[str, Any], prefix: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.chart.chart_support import one, render
+from tests.chart.test_chart_dra import render_notes
 
 MPS_CONFIG = (
     "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
@@ -71,3 +72,31 @@ def test_mps_pins_max_surge_zero_and_keeps_the_rest() -> None:
     on_delete = render(mps={"enabled": True}, updateStrategy={"type": "OnDelete"})
     assert on_delete.ok, on_delete.problems
     assert one(on_delete, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
+    """NVIDIA's chart starts the MPS daemon from the config alone, so NVIDIA's values files
+    carry MPS in `config.map` and never set `mps.enabled`: the agent still gets the
+    privilege and the host PID namespace the daemon needs, and NOTES names the configs
+    instead of saying "not privileged"."""
+    values: dict[str, Any] = {
+        "config": {"map": {"default": TS_CONFIG, "mps-4": MPS_CONFIG}, "default": "default"}
+    }
+    result = render(**values)
+    assert result.ok, result.problems
+    pod = one(result, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["containers"][0]["securityContext"]["privileged"] is True
+    notes = " ".join(render_notes(**values).split())
+    assert "not privileged" not in notes
+    assert "privileged container: config.map uses sharing.mps (mps-4)" in notes
+    assert (
+        "mps.enableHostPID (the MPS control daemon: config.map uses sharing.mps (mps-4))" in notes
+    )
+    without_host_pid = render(**values, mps={"enableHostPID": False})
+    assert one(without_host_pid, "DaemonSet")["spec"]["template"]["spec"]["hostPID"] is False
+
+    time_sliced: dict[str, Any] = {"config": {"map": {"default": TS_CONFIG}, "default": "default"}}
+    pod = one(render(**time_sliced), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is False
+    assert pod["containers"][0]["securityContext"]["privileged"] is False

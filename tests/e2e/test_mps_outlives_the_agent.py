@@ -104,7 +104,7 @@ async def test_the_daemon_outlives_sigterm_and_sigkill_of_the_agent(sock_dir: Pa
     async with agent(sock_dir / "second", mps_root, mps_config(10)) as (kubelet, second):
         await serving(kubelet, second, 10)
         assert daemon_pid(mps_root) == pid, "taken over, not replaced"
-        assert "taken over from the previous agent" in second.log()
+        assert "event=mps-daemon-taken-over" in second.log()
         assert second.proc is not None
         second.proc.send_signal(signal.SIGKILL)
         assert await second.wait_exit(WAIT_S) == -signal.SIGKILL
@@ -148,7 +148,7 @@ async def test_a_daemon_with_other_settings_is_replaced_by_the_next_agent(sock_d
         assert new != old
         assert not process_alive(old)
         assert float(await ask_daemon(pipe, HEALTH)) == 20
-        assert "runs with other settings" in second.log()
+        assert "event=mps-daemon-replaced" in second.log()
         assert await second.terminate() == 0, second.log()
     assert process_alive(new)
     await ask_daemon(pipe, "quit")  # the test's cleanup: no agent follows

@@ -388,7 +388,7 @@ async def test_claims_mps_daemon_outlives_a_daemon_restart(
         assert _read_all_pid(pipe) == pid
         assert _alive(pid)
         assert (await node.prepare(ref))[ref.uid] == first
-        await node.wait(lambda: "taken over from the previous agent" in node.log(), "take-over")
+        await node.wait(lambda: "event=mps-daemon-taken-over" in node.log(), "take-over")
         assert await node.unprepare(ref) == {ref.uid: ""}
         await node.wait(lambda: not _alive(pid), "the claim's daemon stopped")
 
@@ -444,7 +444,7 @@ async def test_an_upgrade_from_a_build_that_kept_checkpoint_json_loses_no_claim(
         assert "dra-cdi-orphan-removed" not in node.log()
         assert "dra-checkpoint-migrated" in node.log()
         assert (await node.prepare(ref))[ref.uid] == first
-        await node.wait(lambda: "taken over from the previous agent" in node.log(), "take-over")
+        await node.wait(lambda: "event=mps-daemon-taken-over" in node.log(), "take-over")
         assert _read_all_pid(pipe) == pid
         assert _alive(pid)
         assert (node.plugin_dir / "checkpoint.json").is_file(), "left for a rollback"

@@ -87,7 +87,7 @@ async def test_mps_on_a_mig_device_runs_a_daemon_for_it_that_outlives_a_restart(
         await node.restart_daemon()
         await node.kubelet.wait_registered(DRIVER, 30.0)
         assert (await node.prepare(ref))[ref.uid] == first
-        await node.wait(lambda: "taken over from the previous agent" in node.log(), "take-over")
+        await node.wait(lambda: "event=mps-daemon-taken-over" in node.log(), "take-over")
         assert _pid(pipe) == pid
         assert _alive(pid)
         assert _control_log(pipe).count(" Started ") == 1

@@ -16,6 +16,7 @@ import pytest
 
 from gpuslice.core.dra.claims import daemon_spec as claim_daemon_spec
 from gpuslice.core.mps import MpsDaemonSpec, daemon_spec, pinned_limit_shown
+from gpuslice.logs import STRUCTURED_ATTR
 from gpuslice.mps import (
     ControlProgram,
     MpsDaemonManager,
@@ -220,7 +221,10 @@ class _Warnings(logging.Handler):
         self._wanted = wanted
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        # a structured event (`gpuslice.logs`): the problem is its `message` field
+        fields = getattr(record, STRUCTURED_ATTR)
+        assert fields["event"] == "mps-problem", fields
+        self.messages.append(fields["message"])
         if len(self.messages) >= self._wanted:
             self.enough.set()
 

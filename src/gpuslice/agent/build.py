@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -36,6 +37,7 @@ from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.agent.front import DevicePluginFrontEnd, FrontEnd
 from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.inventory_watch import inventory_watcher
+from gpuslice.agent.knobs import knob_of
 from gpuslice.agent.runner import Agent, AgentHooks, FirstPlan, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import memory_limiter_of, open_backend
@@ -261,6 +263,7 @@ def wire_metrics(
     refresher: SnapshotRefresher | None = None,
     limits: ServerLimits | None = None,
     caps: WiredCaps | None = None,
+    mps: MpsDaemonManager | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
@@ -293,6 +296,12 @@ def wire_metrics(
             pod_resources_present=settings.pod_resources_socket.exists(),
             ready=agent.readiness(),
             caps=None if caps is None else caps.view(),
+            mps_daemons=None
+            if mps is None
+            else [
+                {"resource": d.resource, "state": d.state, "problem": d.problem}
+                for d in mps.daemons()
+            ],
         )
 
     server = MetricsServer(
@@ -303,6 +312,7 @@ def wire_metrics(
         counters.record_config_reload(accepted)
 
     async def serve(stop: asyncio.Event) -> None:
+        await listen(server, "metrics_port")
         async with server:
             log.info("metrics-listening", url=server.url)
             await stop.wait()
@@ -325,6 +335,24 @@ def _nothing() -> None:
     return
 
 
+class PortUnavailable(GpusliceError):
+    """A listener's port cannot be bound (taken, or not ours to bind)."""
+
+
+async def listen(server: MetricsServer, setting: str) -> None:
+    """Bind the server's port, or end the agent with one line naming the port and every
+    name it may have been set by: a port another process holds (dcgm-exporter's 9400
+    under hostNetwork) is a setting to change, not a crash to read a traceback for."""
+    try:
+        await server.start()
+    except OSError as exc:
+        raise PortUnavailable(
+            f"cannot listen on {server.host or '*'}:{server.requested_port}: "
+            f"{os.strerror(exc.errno) if exc.errno else exc}; choose another port with "
+            f"{knob_of(AgentSettings, setting).names()}"
+        ) from None
+
+
 PROBE_LIMITS = ServerLimits(max_connections=128, max_per_address=8, max_scrapes=1)
 """The probe listener's own capacity: the kubelet opens one connection per probe."""
 
@@ -344,6 +372,7 @@ def wire_probes(
     )
 
     async def serve(stop: asyncio.Event) -> None:
+        await listen(server, "health_port")
         async with server:
             log.info("probes-listening", url=server.base_url)
             await stop.wait()
@@ -752,6 +781,7 @@ async def _wire(
             pods=node_pods,
             guard=guard,
             caps=caps,
+            mps=mps,
             gpu_metrics=settings.gpu_metrics,
             refresher=refresher,
             limits=ServerLimits(

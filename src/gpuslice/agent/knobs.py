@@ -43,6 +43,19 @@ class Knob:
     (`--kubelet-socket` defaults to a path under `--device-plugin-path`)."""
     overrides: str | None = None
     """The config path the flag overrides when set (NVIDIA's `flags.migStrategy`...)."""
+    chart: str | None = None
+    """The Helm value the chart passes as `env` (`metrics.port`): an error about the
+    setting names it, since a chart user never typed the flag or the variable."""
+
+    def names(self) -> str:
+        """Every name a user may have set this by, for an error message:
+        `--metrics-port (METRICS_PORT; chart value metrics.port)`."""
+        flag = self.flags[0].split("/")[0] if self.flags else None
+        chart = None if self.chart is None else f"chart value {self.chart}"
+        inner = "; ".join(n for n in (self.env, chart) if n)
+        if flag is None:
+            return inner
+        return f"{flag} ({inner})" if inner else flag
 
 
 def knob(
@@ -59,6 +72,7 @@ def knob(
     from_cli: Callable[[Any], Any] | None = None,
     cli_default: Any = UNSET,
     overrides: str | None = None,
+    chart: str | None = None,
 ) -> Any:
     """A dataclass field with its knob (`Knob`) in the metadata."""
     meta = {
@@ -74,6 +88,7 @@ def knob(
             from_cli,
             cli_default,
             overrides,
+            chart,
         )
     }
     if factory is not None:
@@ -111,3 +126,12 @@ def knobs(cls: type) -> Iterator[KnobField]:
         else:
             default = None
         yield KnobField(f.name, found, default)
+
+
+def knob_of(cls: type, name: str) -> Knob:
+    """The knob of one field (`knob_of(AgentSettings, "metrics_port")`), for messages that
+    name the setting as the user may have given it."""
+    for f in knobs(cls):
+        if f.name == name:
+            return f.knob
+    raise KeyError(f"{cls.__name__}.{name} carries no knob")

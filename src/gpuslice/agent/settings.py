@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from gpuslice.agent.knobs import knob
+from gpuslice.agent.knobs import knob, knob_of
 from gpuslice.core.caps import DEFAULT_HOOK_PATH, CapPolicy, CapsMode
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
@@ -25,6 +25,8 @@ from gpuslice.core.sharing.model import SOFT_LIMITS_DEFAULT
 from gpuslice.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 
 PATH = click.Path(path_type=Path)
+PORT = click.IntRange(0, 65535)
+"""A TCP port; 0 picks a free one (tests)."""
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -66,6 +68,7 @@ class GuardSettings:
         _GUARD.mode,
         "--memory-guard",
         env="MEMORY_GUARD",
+        chart="memoryGuard.mode",
         type=click.Choice(["off", "observe", "enforce"]),
         show_default=True,
         help="Memory guard for time-sliced GPUs (docs/memory-guard.md).",
@@ -75,6 +78,7 @@ class GuardSettings:
         _GUARD.reserve,
         "--memory-guard-reserve",
         env="MEMORY_GUARD_RESERVE",
+        chart="memoryGuard.reserve",
         show_default=True,
         help="Free memory kept per GPU: a percentage, bytes, or a size (4Gi).",
         cli_default="10%",
@@ -84,6 +88,7 @@ class GuardSettings:
         _GUARD.grace_s,
         "--memory-guard-grace",
         env="MEMORY_GUARD_GRACE",
+        chart="memoryGuard.grace",
         type=click.FloatRange(min=0),
         show_default=True,
         help="Seconds pressure must last before a reclaim; also SIGTERM to SIGKILL.",
@@ -92,12 +97,14 @@ class GuardSettings:
         _GUARD.strict,
         "--memory-guard-strict/--no-memory-guard-strict",
         env="MEMORY_GUARD_STRICT",
+        chart="memoryGuard.strict",
         help="Stop any time-sliced pod over its share, even while memory is free.",
     )
     interval_s: float = knob(
         1.0,
         "--memory-guard-interval",
         env="MEMORY_GUARD_INTERVAL",
+        chart="memoryGuard.interval",
         type=click.FloatRange(min=0.05),
         show_default=True,
         help="Seconds between memory guard polls.",
@@ -109,6 +116,7 @@ class GuardSettings:
         "kill",
         "--memory-guard-action",
         env="MEMORY_GUARD_ACTION",
+        chart="memoryGuard.action",
         type=click.Choice(["kill", "evict"]),
         show_default=True,
         help="Signal the container's processes, or evict the pod.",
@@ -120,6 +128,7 @@ class GuardSettings:
         "stricter-only",
         "--memory-guard-claim-override",
         env="MEMORY_GUARD_CLAIM_OVERRIDE",
+        chart="memoryGuard.claimOverride",
         type=click.Choice(["stricter-only", "allow"]),
         show_default=True,
         help="DRA: may a claim's GuardConfig weaken the guard on a shared GPU (allow)?",
@@ -134,6 +143,7 @@ class GuardSettings:
         SOFT_LIMITS_DEFAULT,
         "--memory-soft-limits/--no-memory-soft-limits",
         env="MEMORY_SOFT_LIMITS",
+        chart="memoryGuard.softLimits",
         show_default=True,
         help="Pass time-sliced replicas their memory share as env hints.",
     )
@@ -213,6 +223,7 @@ class DraSettings:
         DEFAULT_DRA_DRIVER,
         "--dra-driver-name",
         env="DRA_DRIVER_NAME",
+        chart="dra.driverName",
         show_default=True,
         help="DRA driver name (NVIDIA's, so its DeviceClasses and claims work unchanged).",
     )
@@ -233,6 +244,7 @@ class DraSettings:
         DEFAULT_DRA_REGISTRY_DIR,
         "--dra-registry-dir",
         env="DRA_REGISTRY_DIR",
+        chart="dra.registryDir",
         type=PATH,
         show_default=True,
         help="The kubelet's plugin-watcher directory.",
@@ -242,6 +254,7 @@ class DraSettings:
         DEFAULT_CDI_ROOT,
         "--cdi-root",
         env="CDI_ROOT",
+        chart="dra.cdiRoot",
         type=PATH,
         show_default=True,
         help="Where per-claim CDI specs are written (DRA mode).",
@@ -262,6 +275,7 @@ class DraSettings:
         REPLICAS,
         "--consumable-shares",
         env="CONSUMABLE_SHARES",
+        chart="dra.consumableShares",
         show_default=True,
         help="Which GPUs DRA offers as consumable shares: 'replicas' (those the config shares, "
         "N ways), or NVIDIA's --consumable-shares values for every GPU and MIG device: "
@@ -290,12 +304,19 @@ class ConfigFlags:
     (or NVIDIA's default) applies, as NVIDIA's precedence rules say."""
 
     mig_strategy: str = knob(
-        "none", "--mig-strategy", env="MIG_STRATEGY", overrides="flags.migStrategy"
+        "none",
+        "--mig-strategy",
+        env="MIG_STRATEGY",
+        help="Exposing MIG devices: none, single or mixed (NVIDIA's).",
+        chart="migStrategy",
+        overrides="flags.migStrategy",
     )
     fail_on_init_error: bool = knob(
         True,
         "--fail-on-init-error/--no-fail-on-init-error",
         env="FAIL_ON_INIT_ERROR",
+        help="Exit on an initialization error; otherwise wait indefinitely.",
+        chart="failOnInitError",
         overrides="flags.failOnInitError",
     )
     nvidia_driver_root: str = knob(
@@ -303,6 +324,8 @@ class ConfigFlags:
         "--nvidia-driver-root",
         "--driver-root",
         env="NVIDIA_DRIVER_ROOT",
+        help="Root of the NVIDIA driver on the host ('/' or '/run/nvidia/driver').",
+        chart="nvidiaDriverRoot",
         overrides="flags.nvidiaDriverRoot",
     )
     nvidia_dev_root: str = knob(
@@ -310,6 +333,7 @@ class ConfigFlags:
         "--nvidia-dev-root",
         "--dev-root",
         env="NVIDIA_DEV_ROOT",
+        help="Root of the NVIDIA device nodes on the host ('': the driver root).",
         overrides="flags.nvidiaDevRoot",
     )
     container_driver_root: str = knob(
@@ -319,17 +343,27 @@ class ConfigFlags:
         help="Where the host's driver root is mounted in the agent's container.",
         overrides="flags.plugin.containerDriverRoot",
     )
-    mps_root: str = knob("", "--mps-root", env="MPS_ROOT", overrides="flags.mpsRoot")
+    mps_root: str = knob(
+        "",
+        "--mps-root",
+        env="MPS_ROOT",
+        help="Host directory of the MPS daemons' pipes, logs and shm ('': the config's).",
+        chart="mps.root",
+        overrides="flags.mpsRoot",
+    )
     pass_device_specs: bool = knob(
         False,
         "--pass-device-specs/--no-pass-device-specs",
         env="PASS_DEVICE_SPECS",
+        help="Pass the device nodes to the kubelet on Allocate.",
         overrides="flags.plugin.passDeviceSpecs",
     )
     device_list_strategy: list[str] = knob(
         "envvar",
         "--device-list-strategy",
         env="DEVICE_LIST_STRATEGY",
+        help="envvar, volume-mounts, cdi-annotations and/or cdi-cri (comma-separated).",
+        chart="deviceListStrategy",
         overrides="flags.plugin.deviceListStrategy",
         from_cli=_list,
     )
@@ -337,33 +371,43 @@ class ConfigFlags:
         "uuid",
         "--device-id-strategy",
         env="DEVICE_ID_STRATEGY",
+        help="Device IDs passed to the runtime: uuid or index.",
+        chart="deviceIDStrategy",
         overrides="flags.plugin.deviceIDStrategy",
     )
     cdi_annotation_prefix: str = knob(
         "cdi.k8s.io/",
         "--cdi-annotation-prefix",
         env="CDI_ANNOTATION_PREFIX",
+        help="Prefix of CDI container annotation keys.",
         overrides="flags.plugin.cdiAnnotationPrefix",
     )
     shared_devices_allocation_policy: str = knob(
         "distributed",
         "--shared-devices-allocation-policy",
         env="SHARED_DEVICES_ALLOCATION_POLICY",
+        help="How replicas are picked: distributed or packed.",
         overrides="flags.plugin.sharedDevicesAllocationPolicy",
     )
     gdrcopy_enabled: bool = knob(
         False,
         "--gdrcopy-enabled/--no-gdrcopy-enabled",
         env="GDRCOPY_ENABLED",
+        help="Start containers with NVIDIA_GDRCOPY=enabled.",
         overrides="flags.gdrcopyEnabled",
     )
     gds_enabled: bool = knob(
-        False, "--gds-enabled/--no-gds-enabled", env="GDS_ENABLED", overrides="flags.gdsEnabled"
+        False,
+        "--gds-enabled/--no-gds-enabled",
+        env="GDS_ENABLED",
+        help="Start containers with NVIDIA_GDS=enabled.",
+        overrides="flags.gdsEnabled",
     )
     mofed_enabled: bool = knob(
         False,
         "--mofed-enabled/--no-mofed-enabled",
         env="MOFED_ENABLED",
+        help="Start containers with NVIDIA_MOFED=enabled.",
         overrides="flags.mofedEnabled",
     )
     device_discovery_strategy: str = knob(
@@ -411,14 +455,29 @@ class AgentSettings:
         help="This node's name: enables the config label watch and Events.",
     )
     """`NODE_NAME`: this node, for the label watch and Events. Empty: no Kubernetes API use."""
-    node_label: str = knob(DEFAULT_NODE_LABEL, "--node-label", env="NODE_LABEL", show_default=True)
+    node_label: str = knob(
+        DEFAULT_NODE_LABEL,
+        "--node-label",
+        env="NODE_LABEL",
+        help="Node label whose value names this node's config.",
+        chart="config.nodeLabel",
+        show_default=True,
+    )
     """`NODE_LABEL`: the node label whose value names the config to use."""
-    default_config: str = knob("", "--default-config", env="DEFAULT_CONFIG")
+    default_config: str = knob(
+        "",
+        "--default-config",
+        env="DEFAULT_CONFIG",
+        help="Named config for a node without the label.",
+        chart="config.default",
+    )
     """`DEFAULT_CONFIG`: config used when the node has no label."""
     fallback_strategies: tuple[str, ...] = knob(
         ("named", "single"),
         "--fallback-strategies",
         env="FALLBACK_STRATEGIES",
+        help="Tried in order without label or default: named, single, empty.",
+        chart="config.fallbackStrategies",
         show_default=True,
         to_cli=_unnames,
         from_cli=_names,
@@ -432,6 +491,7 @@ class AgentSettings:
         "--device-plugin-path",
         "plugin_dir",
         env="DEVICE_PLUGIN_PATH",
+        help="The kubelet's device plugin directory (plugin sockets).",
         type=PATH,
         show_default=True,
     )
@@ -490,6 +550,7 @@ class AgentSettings:
         None,
         "--labels-file",
         env="GFD_OUTPUT_FILE",
+        chart="labels.featuresDir",
         type=PATH,
         help="NFD features.d file for GFD labels (default: flags.gfd.outputFile).",
     )
@@ -499,13 +560,21 @@ class AgentSettings:
         "file",
         "--labels-mode",
         env="LABELS_MODE",
+        chart="labels.mode",
         type=click.Choice(["file", "api", "off"]),
         show_default=True,
         help="Write GFD labels to the NFD features.d file, patch the Node, or neither.",
     )
     """`LABELS_MODE`: `file` (NFD local feature file, GFD's classic mode), `api` (patch the
     Node's labels directly; needs RBAC to patch nodes) or `off`."""
-    no_timestamp: bool = knob(False, "--no-timestamp", env="GFD_NO_TIMESTAMP", is_flag=True)
+    no_timestamp: bool = knob(
+        False,
+        "--no-timestamp",
+        env="GFD_NO_TIMESTAMP",
+        help="Omit the nvidia.com/gfd.timestamp label.",
+        chart="labels.noTimestamp",
+        is_flag=True,
+    )
     """`GFD_NO_TIMESTAMP`: omit `nvidia.com/gfd.timestamp` (also `flags.gfd.noTimestamp`)."""
     namespace: str = knob("default", "--namespace", env="NAMESPACE", help="Namespace for Events.")
     """`NAMESPACE`: the agent pod's namespace, where its Events are created."""
@@ -524,7 +593,8 @@ class AgentSettings:
         None,
         "--metrics-port",
         env="METRICS_PORT",
-        type=int,
+        chart="metrics.port",
+        type=PORT,
         help="Serve /metrics, /healthz, /readyz and /status on this port.",
     )
     """`METRICS_PORT`: port of the agent's HTTP endpoint (`/metrics`, `/healthz`, `/readyz`,
@@ -534,6 +604,7 @@ class AgentSettings:
         "0.0.0.0",
         "--metrics-address",
         env="METRICS_ADDRESS",
+        chart="metrics.address",
         show_default=True,
         help="Address the metrics/probe endpoint binds (:: for IPv6).",
     )
@@ -543,7 +614,8 @@ class AgentSettings:
         None,
         "--health-port",
         env="HEALTH_PORT",
-        type=click.IntRange(0, 65535),
+        chart="probes.port",
+        type=PORT,
         help="Also serve /healthz and /readyz alone on this port (the chart's probes use it).",
     )
     """`HEALTH_PORT`: a listener of the probes' own (`/healthz`, `/readyz` only), so load on
@@ -573,6 +645,7 @@ class AgentSettings:
         True,
         "--gpu-metrics/--no-gpu-metrics",
         env="GPU_METRICS",
+        chart="metrics.enabled",
         show_default=True,
         help="Gather GPU and per-pod telemetry; off, the endpoint serves only probes and counters.",
     )
@@ -582,6 +655,7 @@ class AgentSettings:
         DEFAULT_POD_RESOURCES_SOCKET,
         "--pod-resources-socket",
         env="POD_RESOURCES_SOCKET",
+        help="The kubelet's PodResources socket (which pod holds which device).",
         type=PATH,
         show_default=True,
     )
@@ -658,7 +732,13 @@ class AgentSettings:
     )
     """`NVIDIA_SMI`: sets MPS GPUs' compute mode (both modes) and a claim's time-slice
     interval (`compute-policy --set-timeslice`, DRA mode)."""
-    kubeconfig: Path | None = knob(None, "--kubeconfig", env="KUBECONFIG", type=PATH)
+    kubeconfig: Path | None = knob(
+        None,
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="Kubeconfig file; unset: in-cluster credentials.",
+        type=PATH,
+    )
     memory_guard: GuardSettings = field(default_factory=GuardSettings)
     memory_caps: CapsSettings = field(default_factory=CapsSettings)
     node_lock_wait_s: float | None = knob(
@@ -684,4 +764,11 @@ class AgentSettings:
         found = []
         if self.dra is not None and not self.node_name:
             found.append(DRA_NEEDS_NODE_NAME)
+        if self.metrics_port and self.metrics_port == self.health_port:
+            found.append(
+                f"the metrics port and the health port are both {self.metrics_port}: "
+                f"{knob_of(AgentSettings, 'metrics_port').names()} and "
+                f"{knob_of(AgentSettings, 'health_port').names()} must differ (the probes have "
+                "a listener of their own)"
+            )
         return found

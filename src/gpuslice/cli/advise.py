@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -98,7 +100,7 @@ def load_history(
         end = time.time() if end is None else end
         start = end - _since(since or DEFAULT_SINCE)
         window = Window(start, end, step_s)
-        series = PrometheusReader(prometheus, timeout_s=timeout_s).series(window)
+        series = PrometheusReader(prometheus, timeout_s=timeout_s).series(window, _progress())
         return build_history(series, step_s, start=start, end=end)
     assert samples is not None
     from gpuslice.prometheus.samples import parse_samples, scrape_interval
@@ -127,6 +129,19 @@ def load_history(
             "nothing to tell a scrape interval or a trend from"
         )
     return build_history(series, step_or_none, start=begin, end=end)
+
+
+def _progress() -> Callable[[str], None] | None:
+    """What advise is reading, on a terminal's stderr (a week of a fleet takes a while);
+    none in a pipe or a script, whose stderr is for the one `error:` line."""
+    if not sys.stderr.isatty():
+        return None
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        click.echo(f"advise [{time.monotonic() - started:4.1f}s] {line}", err=True)
+
+    return say
 
 
 def config_map_text(advice: Advice, name: str = "gpuslice-advise") -> str:

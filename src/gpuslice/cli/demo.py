@@ -118,7 +118,7 @@ def _demo_protection(node: str, view: NodeView) -> dict[str, tuple[str, str]]:
 
     backend = open_backend(node)
     try:
-        return _protection(backend, view.inventory)
+        return _protection(backend, view.inventory, Path("/sys/fs/cgroup"))
     finally:
         backend.close()
 

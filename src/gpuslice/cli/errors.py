@@ -22,6 +22,16 @@ R = TypeVar("R")
 EXIT_BAD_INPUT = 2
 
 
+class BadInput(click.ClickException):
+    """A bad value click found (a flag or its variable): the same one `error:` line and
+    exit code as every other bad input, not click's usage block."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def show(self, file: object = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
 def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn expected errors into `error: ...` on stderr and exit code 2."""
 

@@ -162,6 +162,18 @@ def formatter(fmt: str) -> structlog.stdlib.ProcessorFormatter:
     )
 
 
+CHATTY_LIBRARIES = ("httpx", "httpcore", "hpack", "h11")
+"""Libraries that log each request at INFO (httpx: `HTTP Request: GET ... "200 OK"`, one
+line per watch and patch the agent makes): their INFO is our DEBUG, seen only with -v."""
+
+
+def _demoted(record: logging.LogRecord) -> bool:
+    """A library's INFO record as DEBUG, dropped unless the root logs debug."""
+    if record.levelno == logging.INFO:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger().isEnabledFor(record.levelno)
+
+
 def setup_logging(fmt: str = "text", *, verbose: bool = False) -> None:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     handler = logging.StreamHandler(sys.stderr)
@@ -170,3 +182,7 @@ def setup_logging(fmt: str = "text", *, verbose: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    for name in CHATTY_LIBRARIES:
+        library = logging.getLogger(name)
+        if _demoted not in library.filters:
+            library.addFilter(_demoted)

@@ -41,6 +41,6 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpuslice")
+@click.version_option(__version__, "-V", "--version", prog_name="gpuslice")
 def main() -> None:
     """GPU sharing for Kubernetes: a kubelet device plugin with time-slicing, MPS and MIG."""

@@ -16,6 +16,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from gpuslice import __version__
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
 from gpuslice.agent.knobs import KnobField, knob, knobs
@@ -29,7 +30,7 @@ from gpuslice.agent.settings import (
     GuardSettings,
 )
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
-from gpuslice.cli.errors import reports_errors
+from gpuslice.cli.errors import BadInput, reports_errors
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.core.errors import GpusliceError
 from gpuslice.logs import get_logger
@@ -49,15 +50,24 @@ class DaemonFlags:
         "text",
         "--log-format",
         env="LOG_FORMAT",
+        help="Log lines as key=value text or one JSON object each.",
+        chart="logFormat",
         type=click.Choice(["text", "json"]),
         show_default=True,
     )
-    verbose: bool = knob(False, "-v", "--verbose", is_flag=True)
+    verbose: bool = knob(
+        False,
+        "-v",
+        "--verbose",
+        is_flag=True,
+        help="Log at debug level (libraries' request lines included).",
+    )
     no_labels: bool = knob(False, "--no-labels", is_flag=True, help="Do not write node labels.")
     dra: bool = knob(
         False,
         "--dra/--no-dra",
         env="DRA",
+        chart="dra.enabled",
         help="Serve GPUs as a DRA driver instead of device plugins (docs/dra.md).",
     )
     shutdown_grace_s: float = knob(
@@ -93,6 +103,7 @@ def _option(f: KnobField) -> click.Option:
     return click.Option(
         decls,
         envvar=k.env,
+        show_envvar=k.env is not None,
         default=f.cli_default,
         show_default=k.show_default,
         help=k.help,
@@ -109,6 +120,12 @@ def _fields() -> dict[type, list[tuple[KnobField, click.Option | None]]]:
 
 FIELDS = _fields()
 """Each group's knobs with the click option generated from each (None: environment only)."""
+_KNOB_OF_OPTION = {
+    str(option.name): f.knob
+    for group in GROUPS
+    for f, option in FIELDS[group]
+    if option is not None
+}
 
 
 def _values(group: type, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,8 +144,7 @@ def _values(group: type, params: Mapping[str, Any]) -> dict[str, Any]:
         try:
             out[f.name] = f.value(given)
         except (ValueError, GpusliceError) as exc:
-            flag = f.knob.flags[0].split("/")[0] if f.knob.flags else str(f.knob.env)
-            raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+            raise BadInput(f"{f.knob.names()}: {exc}") from None
     return out
 
 
@@ -186,7 +202,7 @@ def settings_from_cli(ctx: click.Context) -> tuple[AgentSettings, DaemonFlags]:
     settings = AgentSettings(**values)
     settings = replace(settings, labels_mode=_labels_mode(settings, daemon))
     for problem in settings.problems():
-        raise click.UsageError(problem)
+        raise BadInput(problem)
     return settings, daemon
 
 
@@ -195,6 +211,13 @@ def _plugin(ctx: click.Context) -> None:
     """Run the device plugin daemon on this node."""
     setup_logging(ctx.params["log_format"], verbose=ctx.params["verbose"])
     settings, daemon = settings_from_cli(ctx)
+    get_logger("gpuslice").info(
+        "starting",
+        version=__version__,
+        mode="dra" if settings.dra is not None else "device-plugin",
+        node=settings.node,
+        node_name=settings.node_name or None,
+    )
     # the watchdog learns from the loop's own selector when the loop waits (agent.watchdog)
     watchdog = LoopWatchdog()
     with asyncio.Runner(loop_factory=watchdog.loop_factory) as runner:
@@ -207,6 +230,16 @@ class _Daemon(click.Command):
 
     def invoke(self, ctx: click.Context) -> None:
         _plugin(ctx)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """A bad value (from a flag, its variable, or the chart that set the variable) is
+        one `error:` line naming all three, like every other start-up error."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            if exc.param is None or exc.param.name not in _KNOB_OF_OPTION:
+                raise
+            raise BadInput(f"{_KNOB_OF_OPTION[exc.param.name].names()}: {exc.message}") from None
 
 
 plugin = _Daemon(
@@ -243,8 +276,11 @@ async def _run_agent(settings: AgentSettings, stop: asyncio.Event) -> None:
 async def _run_holding(settings: AgentSettings, stop: asyncio.Event) -> None:
     agent: Agent | None = None
     try:
-        async with build_agent(settings) as agent:
-            await agent.run(stop)
+        try:
+            async with build_agent(settings) as agent:
+                await agent.run(stop)
+        except BaseExceptionGroup as group:
+            raise _the_expected(group) from None
     except (GpusliceError, BackendError) as exc:
         if (agent is not None and agent.started.is_set()) or _fail_on_init_error(settings):
             raise
@@ -260,8 +296,73 @@ async def _run_holding(settings: AgentSettings, stop: asyncio.Event) -> None:
     get_logger("gpuslice").info("stopped")
 
 
+def _the_expected(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a user can act on (a port taken, a bad config) when that is all the
+    agent's task group ended with; anything else stays the group, traceback and all."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    if leaves and all(isinstance(e, GpusliceError | BackendError) for e in leaves):
+        return leaves[0]
+    return group
+
+
 def _fail_on_init_error(settings: AgentSettings) -> bool:
     try:
         return bool(load_config(settings).config.flags.fail_on_init_error)
     except GpusliceError:
         return True
+
+
+CHART_KNOBS = "knobs.json"
+"""The file in the chart's directory that `chart_knobs` writes (`scripts/gen-chart-knobs`)."""
+_BOOL = r"^\s*(?i:1|0|true|false|t|f|yes|no|y|n|on|off)?\s*$"
+_INT = r"^\s*[+-]?[0-9]+\s*$"
+_FLOAT = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
+
+
+def _check_of(option: click.Option) -> dict[str, Any]:
+    """What click checks of the option's value, as the chart's templates can check it
+    (Go's regexp and Sprig's comparisons); {} where click takes any text."""
+    kind = option.type
+    if isinstance(kind, click.Choice):
+        return {"enum": [str(c) for c in kind.choices]}
+    if isinstance(kind, click.types._NumberRangeBase):
+        check: dict[str, Any] = {
+            "pattern": _INT if isinstance(kind, click.IntRange) else _FLOAT,
+            "min": kind.min,
+            "max": kind.max,
+            "minOpen": kind.min_open,
+            "maxOpen": kind.max_open,
+        }
+        return {k: v for k, v in check.items() if v is not None and v is not False}
+    if isinstance(kind, click.types.BoolParamType):  # flags too: their variables are read so
+        return {"pattern": _BOOL}
+    if isinstance(kind, click.types.IntParamType):
+        return {"pattern": _INT}
+    if isinstance(kind, click.types.FloatParamType):
+        return {"pattern": _FLOAT}
+    return {}
+
+
+def chart_knobs() -> dict[str, dict[str, Any]]:
+    """Each variable `gpuslice plugin` reads, with the flag, the chart value that sets it
+    (if any) and what click checks of its value: the chart refuses an `extraEnv` entry the
+    agent would refuse at start (`gpuslice.validateExtraEnv`), from this one source."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in GROUPS:
+        for f, option in FIELDS[group]:
+            if f.knob.env is None:
+                continue
+            entry: dict[str, Any] = {"flag": f.knob.flags[0].split("/")[0] if f.knob.flags else ""}
+            if f.knob.chart:
+                entry["chart"] = f.knob.chart
+            if option is not None:
+                entry |= _check_of(option)
+            out[f.knob.env] = entry
+    return dict(sorted(out.items()))

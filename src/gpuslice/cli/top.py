@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -90,30 +91,51 @@ def fetch_status(url: str) -> dict[str, Any]:
     "-w",
     type=click.FloatRange(min=0.2),
     default=None,
-    help="Refresh every N seconds until interrupted (table output only).",
+    help="Refresh every N seconds until interrupted: a live table on a terminal, one frame "
+    "after another when piped (kubectl exec without -t), one JSON document per line or one "
+    "YAML document per frame with -o json|yaml.",
 )
 def top(url: str | None, port: str | None, output: str, watch: float | None) -> None:
     """Per-pod GPU usage on this node, against each pod's share, as the daemon sees it."""
     if url is None:
         url = default_url(port)
     doc = fetch_status(url)
-    if output == "json":
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    if output == "yaml":
-        click.echo(yaml.safe_dump(doc, sort_keys=True), nl=False)
+    if watch is None:
+        _show(doc, output, stream=False)
         return
     con = console()
-    if watch is None:
-        con.print(render_status(doc))
+    if output == "table" and con.is_terminal:
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            Live(render_status(doc), console=con, refresh_per_second=4) as live,
+        ):
+            while True:
+                time.sleep(watch)
+                live.update(render_status(fetch_status(url)))
         return
-    with (
-        contextlib.suppress(KeyboardInterrupt),
-        Live(render_status(doc), console=con, refresh_per_second=4) as live,
-    ):
+    # Not a terminal (a pipe, `kubectl exec` without -t) or a document format: a live view
+    # would show nothing until it ends, so each refresh is written out whole, and flushed.
+    with contextlib.suppress(KeyboardInterrupt):
         while True:
+            _show(doc, output, stream=True)
             time.sleep(watch)
-            live.update(render_status(fetch_status(url)))
+            doc = fetch_status(url)
+
+
+def _show(doc: dict[str, Any], output: str, *, stream: bool) -> None:
+    """One document or table; streamed, JSON is one line per document (`jq` reads them
+    one by one) and YAML documents start with `---`, each flushed as it is written."""
+    if output == "json":
+        text = (
+            json.dumps(doc, sort_keys=True) if stream else json.dumps(doc, indent=2, sort_keys=True)
+        )
+        click.echo(text)
+    elif output == "yaml":
+        click.echo(("---\n" if stream else "") + yaml.safe_dump(doc, sort_keys=True), nl=False)
+    else:
+        console().print(render_status(doc))
+    if stream:
+        sys.stdout.flush()
 
 
 __all__ = ["DEFAULT_URL", "fetch_status", "top"]

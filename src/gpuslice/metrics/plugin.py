@@ -6,8 +6,9 @@ exporter serves) and call its methods; nothing here is global.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 
+from gpuslice import __version__
 from gpuslice.core.guard.model import Decision
 
 ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -20,6 +21,10 @@ def _result(ok: bool) -> str:
 
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # which agent answers: a rollout half done shows as two versions across the nodes
+        Info("gpuslice_build", "The agent's version (value 1).", registry=registry).info(
+            {"version": __version__}
+        )
         self.allocate_requests = Counter(
             "gpuslice_allocate_requests",
             "Allocate calls from the kubelet, by resource and result (success|error).",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice import __version__
 from gpuslice.core.caps import LIMIT_MAX, CapsView
 from gpuslice.core.dra.claimplan import CLAIM_PREFIX
 from gpuslice.core.guard.model import ContainerKey
@@ -64,8 +65,13 @@ def build_status(
     pod_resources_present: bool,
     ready: tuple[bool, str],
     caps: CapsView | None = None,
+    mps_daemons: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of `/status` (version 1; fields are only ever added)."""
+    """The JSON document of `/status` (version 1; fields are only ever added).
+
+    `mps_daemons` (`resource`, `state`: ready|starting|down, `problem`): a daemon that is
+    down is also a warning, so an agent that cannot run MPS (no privilege, no driver) does
+    not look like one serving it."""
     pods: list[dict[str, Any]] = []
     gpus: list[dict[str, Any]] = []
     unattributed: list[dict[str, Any]] = []
@@ -146,6 +152,7 @@ def build_status(
         pod_resources = {"state": "ok", "detail": pod_resources_socket}
     return {
         "version": STATUS_VERSION,
+        "agent_version": __version__,
         "node_name": node_name,
         "config_name": config_name,
         "ready": ready[0],
@@ -159,5 +166,11 @@ def build_status(
         "pods": sorted(pods, key=lambda p: (p["gpu_index"], p["namespace"], p["pod"])),
         "unattributed": unattributed,
         "pod_resources": pod_resources,
-        "warnings": problems,
+        "mps_daemons": list(mps_daemons or []),
+        "warnings": problems
+        + [
+            f"MPS daemon for {d['resource']} is down, its replicas Unhealthy: {d['problem']}"
+            for d in mps_daemons or []
+            if d["state"] == "down"
+        ],
     }

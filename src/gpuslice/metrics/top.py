@@ -157,7 +157,8 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
         else (f"snapshot {(time.time() if now is None else now) - float(taken):.0f}s old")
     )
     config = doc.get("config_name") or "(single config)"
-    header = Text(f"{doc.get('node_name', '?')}  config {config}  {age}")
+    agent = f"  gpuslice {doc['agent_version']}" if doc.get("agent_version") else ""
+    header = Text(f"{doc.get('node_name', '?')}  config {config}  {age}{agent}")
     parts: list[RenderableType] = [header]
 
     resources = Table(title="Resources", title_justify="left")
@@ -174,6 +175,16 @@ def render_status(doc: Mapping[str, Any], *, now: float | None = None) -> Render
             per_gpu,
         )
     parts.append(resources)
+    daemons = doc.get("mps_daemons", [])
+    if daemons:
+        listed = Text("MPS daemons:")
+        for d in daemons:
+            state = str(d.get("state", "?"))
+            listed.append(f"\n  {d.get('resource')}: ")
+            listed.append(
+                state.upper(), style={"ready": "green", "down": "bold red"}.get(state, "")
+            )
+        parts.append(listed)
 
     gpus = Table(title="GPUs", title_justify="left")
     for col in (

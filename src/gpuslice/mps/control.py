@@ -164,7 +164,7 @@ class ControlProgram:
             )
         except (OSError, IdentityError) as exc:
             self._log.warning(
-                "mps_daemon_unidentified",
+                "mps-daemon-unidentified",
                 pipe_dir=str(self.pipe_dir),
                 action="quit_only_never_signal",
                 reason=str(exc),
@@ -180,7 +180,7 @@ class ControlProgram:
             )
         except (OSError, IdentityError) as exc:
             self._log.warning(
-                "mps_daemon_unidentified",
+                "mps-daemon-unidentified",
                 pipe_dir=str(self.pipe_dir),
                 action="taken_over_unpinned",
                 reason=str(exc),
@@ -232,7 +232,7 @@ class ControlProgram:
             return
         if not await daemon.wait_exit(max(0.0, deadline - loop.time())):
             self._log.warning(
-                "mps_daemon_kill",
+                "mps-daemon-kill",
                 pipe_dir=str(self.pipe_dir),
                 pid=daemon.pid,
                 reason="quit_timeout",

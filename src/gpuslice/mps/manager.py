@@ -18,6 +18,7 @@ import re
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
@@ -28,6 +29,7 @@ from gpuslice.core.mps import (
     mps_root,
     shm_dir,
 )
+from gpuslice.logs import get_logger
 from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
 from gpuslice.mps.identity import IdentityError, read_bounded
 from gpuslice.mps.readiness import Readiness, ReadinessListener
@@ -48,6 +50,16 @@ class MpsTimings:
     """Pause between health commands while waiting for a fresh daemon (seconds)."""
     retry_interval_s: float = 30.0
     """Pause after a failed start before the next attempt; NVIDIA's is 30 s."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonState:
+    """One MPS daemon as `/status` and `top` show it."""
+
+    resource: str
+    state: Literal["ready", "starting", "down"]
+    problem: str | None
+    """Why it is down (the last failed start, a lost socket); None otherwise."""
 
 
 @dataclass(slots=True)
@@ -84,7 +96,8 @@ class MpsDaemonManager:
         self._factory = control_factory
         self._compute_mode = compute_mode
         self._timings = timings or MpsTimings()
-        self._log = logger or logging.getLogger("gpuslice.mps")
+        # structured events (`gpuslice.logs`) through the given stdlib logger's name
+        self._log = get_logger(logger.name if logger is not None else "gpuslice.mps")
         self._readiness = Readiness()
         # First listener: markers are current before anyone else hears of a change.
         self._readiness.add_listener(lambda _resource, _ready: self._update_markers())
@@ -97,6 +110,7 @@ class MpsDaemonManager:
         self._lock = asyncio.Lock()
         self._markers: set[Path] = set()
         self._problems: list[str] = []
+        self._down_because: dict[str, str] = {}
 
     # -- readiness, for the agent ---------------------------------------------------------
 
@@ -126,6 +140,21 @@ class MpsDaemonManager:
     @property
     def specs(self) -> tuple[MpsDaemonSpec, ...]:
         return self._specs
+
+    def daemons(self) -> list[DaemonState]:
+        """Each wanted daemon's state, for `/status` and `top`: answering, starting, or
+        down with the problem that keeps it down (a start that failed, a lost socket)."""
+        out: list[DaemonState] = []
+        for spec in self._specs:
+            ready = self._readiness.ready(spec.resource)
+            problem = None if ready else self._down_because.get(spec.resource)
+            if ready:
+                out.append(DaemonState(spec.resource, "ready", None))
+            elif problem is None:
+                out.append(DaemonState(spec.resource, "starting", None))
+            else:
+                out.append(DaemonState(spec.resource, "down", problem))
+        return out
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -268,7 +297,7 @@ class MpsDaemonManager:
             return False
         control.watch_running()
         await _quietly(control.terminate())
-        self._log.info("stray MPS daemon in %s asked to quit", spec.pipe_dir)
+        self._log.info("mps-stray-daemon-asked-to-quit", pipe_dir=str(spec.pipe_dir))
         return True
 
     async def quit_left_behind(self, root: str) -> None:
@@ -340,9 +369,10 @@ class MpsDaemonManager:
                 running = await self._ride_out_lost_socket(daemon, problem)
                 if not running and not daemon.stop.is_set():
                     self._log.warning(
-                        "MPS daemon for %s is down (%s); restarting it",
-                        daemon.spec.resource,
-                        problem,
+                        "mps-daemon-down",
+                        resource=daemon.spec.resource,
+                        problem=problem,
+                        action="restarting it",
                     )
         finally:
             await self._shutdown(daemon)
@@ -373,7 +403,8 @@ class MpsDaemonManager:
             f"MPS daemon for {spec.resource} lost its control socket "
             f"{Path(spec.pipe_dir) / SOCKET_NAME} ({problem}) but still runs: not restarted, "
             "so the clients it serves keep running; its replicas stay Unhealthy until it "
-            "answers again or ends (then it is restarted)"
+            "answers again or ends (then it is restarted)",
+            resource=spec.resource,
         )
         while control.lost_socket():
             if await _pause(daemon.stop, self._timings.health_interval_s):
@@ -405,10 +436,11 @@ class MpsDaemonManager:
             if recorded is None or recorded == _settings(spec) or spec.retunable:
                 return await self._take_over(daemon, known=recorded is not None)
             self._log.info(
-                "MPS daemon for %s runs with other settings (%s, wanted %s); replacing it",
-                spec.resource,
-                recorded,
-                _settings(spec),
+                "mps-daemon-replaced",
+                resource=spec.resource,
+                reason="runs with other settings",
+                recorded=recorded,
+                wanted=_settings(spec),
             )
         try:
             _make_dirs(spec)
@@ -423,16 +455,17 @@ class MpsDaemonManager:
             if not daemon.stop.is_set():  # given up on purpose: nothing to report
                 self._report(
                     f"MPS daemon for {spec.resource} failed to start: {exc}; "
-                    f"retrying in {self._timings.retry_interval_s:g} s"
+                    f"retrying in {self._timings.retry_interval_s:g} s",
+                    resource=spec.resource,
                 )
             await _quietly(daemon.control.terminate())
             return False
         self._log.info(
-            "MPS daemon for %s started on %s%s with %s",
-            spec.resource,
-            ", ".join(spec.mig_uuids or spec.gpu_uuids),
-            " (multi-user)" if spec.multi_user else "",
-            "; ".join(spec.commands),
+            "mps-daemon-started",
+            resource=spec.resource,
+            devices=",".join(spec.mig_uuids or spec.gpu_uuids),
+            multi_user=spec.multi_user,
+            commands="; ".join(spec.commands),
         )
         self._mark(spec, True)
         return True
@@ -447,14 +480,17 @@ class MpsDaemonManager:
             await _configure(daemon.control, spec)
             _record(spec)
         except (MpsError, OSError) as exc:
-            self._report(f"MPS daemon for {spec.resource} answered but not to its limits: {exc}")
+            self._report(
+                f"MPS daemon for {spec.resource} answered but not to its limits: {exc}",
+                resource=spec.resource,
+            )
             await _quietly(daemon.control.terminate())
             return False
         daemon.control.watch_running()
         self._log.info(
-            "MPS daemon for %s taken over from the previous agent (settings %s)",
-            spec.resource,
-            "as recorded" if known else "not recorded, sent again",
+            "mps-daemon-taken-over",
+            resource=spec.resource,
+            settings="as recorded" if known else "not recorded, sent again",
         )
         self._mark(spec, True)
         return True
@@ -544,7 +580,9 @@ class MpsDaemonManager:
             # the agent stops (or its loops were cancelled), the pods do not: the next agent
             # takes the daemon over
             self._readiness.forget(spec.resource)
-            self._log.info("MPS daemon for %s left running for the next agent", spec.resource)
+            self._log.info(
+                "mps-daemon-left-running", resource=spec.resource, kept_for="the next agent"
+            )
             return
         self._mark(spec, False)
         await _quietly(daemon.control.terminate())
@@ -556,7 +594,7 @@ class MpsDaemonManager:
                     self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
         daemon.exclusive.clear()
         self._readiness.forget(spec.resource)
-        self._log.info("MPS daemon for %s stopped", spec.resource)
+        self._log.info("mps-daemon-stopped", resource=spec.resource)
 
     # -- markers and reports -----------------------------------------------------------------
 
@@ -567,6 +605,8 @@ class MpsDaemonManager:
                 started.unlink(missing_ok=True)
         except OSError as exc:
             self._report(f"could not remove {started}: {exc}")
+        if ready:
+            self._down_because.pop(spec.resource, None)
         self._readiness.set(spec.resource, ready)
 
     def _update_markers(self) -> None:
@@ -587,10 +627,14 @@ class MpsDaemonManager:
                 self._report(f"could not update {marker}: {exc}")
         self._markers = {m for m, ready in wanted.items() if ready}
 
-    def _report(self, problem: str) -> None:
-        self._log.warning("%s", problem)
+    def _report(self, problem: str, *, resource: str | None = None) -> None:
+        """Log and keep a problem; one that keeps `resource`'s daemon from serving is also
+        its state in `daemons()` until the daemon answers."""
+        self._log.warning("mps-problem", resource=resource, message=problem)
         self._problems.append(problem)
         del self._problems[:-50]
+        if resource is not None:
+            self._down_because[resource] = problem
 
 
 def _make_dirs(spec: MpsDaemonSpec) -> None:

@@ -23,10 +23,11 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from gpuslice.core.advise import AdviseError, RawSeries
+from gpuslice.core.advise import POD_MEMORY, AdviseError, RawSeries
 from gpuslice.core.advise.history import MAX_GRID_POINTS
 
 MAX_POINTS = 11_000
@@ -59,6 +60,25 @@ INSTANT_QUERIES = {
     "DCGM_FI_DEV_FB_USED": "last_over_time(DCGM_FI_DEV_FB_USED[{range}])",
     "DCGM_FI_DEV_FB_FREE": "last_over_time(DCGM_FI_DEV_FB_FREE[{range}])",
 }
+
+
+PROBE_QUERY = f"count(last_over_time({POD_MEMORY}[{{range}}]))"
+"""Asked first: whether (and how many) pod memory series the window holds at all."""
+
+
+def request_count(window: Window) -> int:
+    """How many requests `iter_requests` makes, counted without listing them."""
+    span = (MAX_POINTS - 1) * window.step_s
+    per_metric = max(1, math.floor((window.end - window.start) / (span + window.step_s)) + 1)
+    return len(RANGE_QUERIES) * per_metric + len(INSTANT_QUERIES)
+
+
+def _silent(_line: str) -> None:
+    return
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 def _duration(seconds: float) -> str:
@@ -130,10 +150,27 @@ class PrometheusReader:
         """How many HTTP requests this reader made (the bench and tests count them)."""
         self.samples = 0
 
-    def series(self, window: Window) -> list[RawSeries]:
-        """Every series `advise` reads, over the window."""
+    def series(
+        self, window: Window, progress: Callable[[str], None] | None = None
+    ) -> list[RawSeries]:
+        """Every series `advise` reads, over the window. `progress` hears what is being
+        read, a line per request; the first request asks whether any pod's memory is in
+        the window at all, and nothing more is asked when none is."""
+        say = progress or _silent
+        say(f"asking Prometheus at {self.url} for pods' GPU memory in the range")
+        found = self.pods_in(window)
+        if found == 0:
+            raise AdviseError(
+                f"no {POD_MEMORY} series in the range {_when(window.start)} to "
+                f"{_when(window.end)} at Prometheus {self.url}: is gpuslice's exporter "
+                "scraped (`gpuslice plugin --metrics-port`, the chart's "
+                "metrics.serviceMonitor.enabled), and is the range right (--since, --until)?"
+            )
+        total = request_count(window)
+        say(f"{found} pod series; reading them in {total} requests")
         merged: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
         for n, request in enumerate(iter_requests(window)):
+            say(f"request {n + 1}/{total}: {request.name}")
             if n == 1 and window.points > MAX_GRID_POINTS:
                 # After the first request, not before: Prometheus's own refusal (a step
                 # under its millisecond resolution) says more than a count of steps.
@@ -155,6 +192,21 @@ class PrometheusReader:
                     into = merged[(request.name, labels)] = []
                 into.extend(points)
         return [RawSeries(name, dict(labels), pts) for (name, labels), pts in merged.items()]
+
+    def pods_in(self, window: Window) -> int:
+        """How many pod memory series the window holds (one instant query over it)."""
+        query = PROBE_QUERY.format(range=_duration(window.seconds))
+        result = self._get("/api/v1/query", {"query": query, "time": f"{window.end:.3f}"})
+        count = 0
+        for r in result:
+            # Prometheus answers one [time, "count"]; anything else there still means
+            # series exist, and the range queries check their shape
+            value = r.get("value") if isinstance(r, dict) else None
+            try:
+                count += max(1, int(float(value[1]))) if isinstance(value, list) else 1
+            except (TypeError, ValueError, OverflowError, IndexError):
+                count += 1
+        return count
 
     def _series_of(
         self, r: object, query: str

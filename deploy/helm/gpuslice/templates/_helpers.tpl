@@ -53,6 +53,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- include "gpuslice.nvidiaValues" . }}
 {{- include "gpuslice.validateDra" . }}
 {{- include "gpuslice.validateMps" . }}
+{{- include "gpuslice.validatePorts" . }}
+{{- include "gpuslice.validateExtraEnv" . }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail "config.name and config.map are both set: use an existing ConfigMap (config.name) or list configs here (config.map), not both" }}
 {{- end }}
@@ -84,15 +86,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 Host PID namespace: only for per-pod attribution (metrics.hostPID, read by the metrics and
 the memory guard), for a memory guard that enforces (it must map the GPU's host PIDs to
-pods and signal them), or for the MPS control daemon (mps.enabled with mps.enableHostPID).
+pods and signal them), or for the MPS control daemon (MPS on, gpuslice.mpsOn: mps.enabled or a
+config in config.map with sharing.mps; with mps.enableHostPID).
 */}}
 {{- define "gpuslice.hostPID" -}}
 {{- $attribution := and (or .Values.metrics.enabled (ne .Values.memoryGuard.mode "off")) .Values.metrics.hostPID -}}
-{{- or $attribution (eq .Values.memoryGuard.mode "enforce") (and .Values.mps.enabled .Values.mps.enableHostPID) -}}
+{{- $mps := eq (include "gpuslice.mpsOn" .) "true" -}}
+{{- or $attribution (eq .Values.memoryGuard.mode "enforce") (and $mps .Values.mps.enableHostPID) -}}
 {{- end }}
 
 {{/*
-The container's securityContext: `securityContext` when set; privileged with mps.enabled
+The container's securityContext: `securityContext` when set; privileged with MPS on (gpuslice.mpsOn)
 (compute modes, the MPS control daemon); otherwise nothing beyond running as root, which
 the root-owned host directories (device-plugins, features.d) need for writing (the image's
 own default user is non-root), plus CAP_KILL for a memory guard that kills.
@@ -100,7 +104,7 @@ own default user is non-root), plus CAP_KILL for a memory guard that kills.
 {{- define "gpuslice.securityContext" -}}
 {{- if .Values.securityContext }}
 {{- toYaml .Values.securityContext }}
-{{- else if .Values.mps.enabled }}
+{{- else if eq (include "gpuslice.mpsOn" .) "true" }}
 privileged: true
 readOnlyRootFilesystem: true
 runAsUser: 0
@@ -150,14 +154,28 @@ whose sharing has an `mps` section. A ConfigMap of the user's (config.name) cann
 here, so with it only mps.enabled counts (docs/install.md, "MPS").
 */}}
 {{- define "gpuslice.mpsOn" -}}
-{{- $on := .Values.mps.enabled -}}
+{{- if or .Values.mps.enabled (include "gpuslice.mpsConfigs" .) }}true{{ end -}}
+{{- end }}
+
+{{/* The names of the configs in config.map whose sharing has an `mps` section, comma-separated. */}}
+{{- define "gpuslice.mpsConfigs" -}}
+{{- $names := list -}}
 {{- range $name, $text := .Values.config.map -}}
 {{- $config := fromYaml (toString ($text | default "")) -}}
 {{- if and (kindIs "map" $config) (kindIs "map" $config.sharing) (hasKey $config.sharing "mps") -}}
-{{- $on = true -}}
+{{- $names = append $names $name -}}
 {{- end -}}
 {{- end -}}
-{{- if $on }}true{{ end -}}
+{{- join ", " $names -}}
+{{- end }}
+
+{{/*
+Why MPS gets its privileges, for NOTES: mps.enabled, or the configs that use MPS. NVIDIA's
+chart starts the MPS daemon from the config alone, so its values files never set
+mps.enabled: a config.map with sharing.mps gets what MPS needs without it.
+*/}}
+{{- define "gpuslice.mpsWhy" -}}
+{{- if .Values.mps.enabled }}mps.enabled{{ else }}config.map uses sharing.mps ({{ include "gpuslice.mpsConfigs" . }}){{ end -}}
 {{- end }}
 
 {{/*
@@ -222,4 +240,58 @@ per-pod attribution, the memory guard (any mode but off) and memory caps.
 */}}
 {{- define "gpuslice.podResources" -}}
 {{- or .Values.metrics.enabled (ne .Values.memoryGuard.mode "off") (eq (include "gpuslice.capsOn" .) "true") -}}
+{{- end }}
+
+{{/*
+Ports the agent would refuse or could not bind; each message names the value to change.
+The agent refuses a metrics port equal to the probes' port (AgentSettings.problems), and
+under hostNetwork 9400 is the port NVIDIA's dcgm-exporter binds on the node.
+*/}}
+{{- define "gpuslice.validatePorts" -}}
+{{- if eq (toString .Values.metrics.port) (toString .Values.probes.port) }}
+{{- fail (printf "metrics.port and probes.port are both %v: the probes have a listener of their own, so the agent refuses one port for both; set probes.port (default 9401) or metrics.port to another port" .Values.metrics.port) }}
+{{- end }}
+{{- if and .Values.hostNetwork (eq (toString .Values.metrics.port) "9400") }}
+{{- fail "hostNetwork=true binds metrics.port 9400 on the node itself, the port NVIDIA's dcgm-exporter listens on there: set metrics.port to a port free on your GPU nodes (e.g. --set metrics.port=9402)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+extraEnv against the agent's own checks (knobs.json, written from the agent's knobs by
+scripts/gen-chart-knobs): a variable the chart sets from a value is refused (the later
+entry would silently win over the value), and a value the agent would refuse at start
+(not one of its choices, not a number, out of range, not a boolean) fails the install
+instead of crash-looping the pod.
+*/}}
+{{- define "gpuslice.validateExtraEnv" -}}
+{{- $knobs := .Files.Get "knobs.json" | fromJson -}}
+{{- range $i, $entry := .Values.extraEnv }}
+{{- $name := toString $entry.name }}
+{{- $knob := get $knobs $name }}
+{{- if $knob }}
+{{- if $knob.chart }}
+{{- fail (printf "extraEnv[%d] sets %s, which the chart sets from %s: set %s instead" $i $name $knob.chart $knob.chart) }}
+{{- end }}
+{{- if hasKey $entry "value" }}
+{{- $value := toString $entry.value }}
+{{- $where := printf "extraEnv[%d] %s=%q (%s)" $i $name $value $knob.flag }}
+{{- if and $knob.enum (not (has $value $knob.enum)) }}
+{{- fail (printf "%s: the agent takes one of %s" $where (join ", " $knob.enum)) }}
+{{- end }}
+{{- if and $knob.pattern (not (regexMatch $knob.pattern $value)) }}
+{{- fail (printf "%s: the agent would refuse it (it takes %s)" $where (ternary "a boolean" "a number" (contains "true" $knob.pattern))) }}
+{{- end }}
+{{- if hasKey $knob "min" }}
+{{- if or (lt (float64 $value) (float64 $knob.min)) (and $knob.minOpen (eq (float64 $value) (float64 $knob.min))) }}
+{{- fail (printf "%s: the agent takes %s %v" $where (ternary "more than" "at least" (default false $knob.minOpen)) $knob.min) }}
+{{- end }}
+{{- end }}
+{{- if hasKey $knob "max" }}
+{{- if gt (float64 $value) (float64 $knob.max) }}
+{{- fail (printf "%s: the agent takes at most %v" $where $knob.max) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}

@@ -146,24 +146,28 @@ class Reserve:
         """`10%`, a byte count (`4294967296`) or a size with a binary unit (`4Gi`, `512MiB`)."""
         value = text.strip()
         match = _RESERVE.fullmatch(value)
+        if match is None and value.endswith("%"):
+            raise GpusliceError(f"{field_name}: a percentage must be 0..<100, got {text!r}")
         if match is None:
             raise GpusliceError(
                 f"{field_name}: expected a percentage of the GPU (10%), bytes (4294967296) "
                 f"or a size (4Gi, 512MiB), got {text!r}"
             )
-        number = float(match.group("number"))
-        unit = (match.group("unit") or "").lower()
-        if unit == "%":
-            if not 0 <= number < 100:
-                raise GpusliceError(f"{field_name}: a percentage must be 0..<100, got {text!r}")
-            return cls(fraction=number / 100.0)
-        return cls(bytes=int(number * _UNITS[unit.removesuffix("b")]))
+        percent, number, unit = match.groups()
+        if percent is not None:
+            return cls(fraction=float(percent) / 100.0)
+        return cls(bytes=int(float(number) * _UNITS[(unit or "").lower().removesuffix("b")]))
 
     def __str__(self) -> str:
         return f"{self.fraction * 100:g}%" if self.fraction else f"{self.bytes}B"
 
 
-_RESERVE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|[KMGT]i(?:B)?|B)?", re.IGNORECASE)
+RESERVE_PATTERN = r"(\d{1,2}(?:\.\d+)?)\s*%|(\d+(?:\.\d+)?)\s*([KkMmGgTt][Ii][Bb]?|[Bb])?"
+"""What `Reserve.parse` reads, whole (after stripping), in the syntax JSON Schema's `pattern`
+and Python share (no flags, no named groups): the chart's values schema checks
+`memoryGuard.reserve` with this same pattern, so a value the agent would refuse fails
+`helm install` instead of crash-looping the agent."""
+_RESERVE = re.compile(RESERVE_PATTERN)
 _UNITS = {"": 1, **{suffix.lower(): scale for suffix, scale in BINARY_SUFFIXES.items()}}
 """`_RESERVE` admits KiB to TiB, in any case."""
 
