@@ -4,7 +4,6 @@ time-slicing blocks, and how a `sharing` block becomes the device's `Sharing`.""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field, StrictBool, field_validator
@@ -15,7 +14,7 @@ from gpuslice.core.dra.opaque.base import (
     JsonInt,
     JsonQuantity,
     MpsSettings,
-    Sharing,
+    SharingSlot,
     StrictModel,
 )
 from gpuslice.core.sharing.model import NvidiaSharingName, SharingStrategy
@@ -90,12 +89,10 @@ def check_sharing(sharing: GpuSharing | MigSharing | None, where: str) -> None:
         )
 
 
-def contribute_sharing(
-    sharing: GpuSharing | MigSharing | None, base: Sharing, source: str
-) -> Sharing:
-    """`base` shared as the block says (no block: not shared, the config's own devices)."""
+def contribute_sharing(sharing: GpuSharing | MigSharing | None, source: str) -> SharingSlot:
+    """The devices shared as the block says (no block: not shared, the config's own devices)."""
     if sharing is None:
-        return replace(base, source=source)
+        return SharingSlot(source=source)
     mps: MpsSettings | None = None
     interval: int | None = None
     mps_cfg = sharing.mps_config
@@ -116,4 +113,4 @@ def contribute_sharing(
     elif isinstance(sharing, GpuSharing) and sharing.time_slicing_config is not None:
         name = sharing.time_slicing_config.interval
         interval = INTERVALS[name] if name is not None else None
-    return replace(base, strategy=sharing.strategy, interval=interval, mps=mps, source=source)
+    return SharingSlot(strategy=sharing.strategy, interval=interval, mps=mps, source=source)
