@@ -12,13 +12,15 @@ import pytest
 import yaml
 from pydantic import Field
 
-from gpuslice.core.dra.opaque.base import (
-    GUARD as GUARD_SLOT,
-)
+from gpuslice.core.dra.opaque.admission import policy_template
+from gpuslice.core.dra.opaque.base import GUARD as GUARD_SLOT
 from gpuslice.core.dra.opaque.base import (
     SHARING,
+    Admission,
     GuardSlot,
+    JsonInt,
     OpaqueKind,
+    Rule,
     SharingSlot,
     StrictModel,
 )
@@ -38,7 +40,7 @@ CORPUS = Path(__file__).parents[1] / "configs" / "claims" / "opaque-configs.yaml
 class LongSlices(StrictModel):
     api_version: Literal["resource.example.com/v1"] = Field(alias="apiVersion")
     kind: Literal["LongSlices"]
-    pods: int = Field(1, ge=1)
+    pods: JsonInt = Field(1, ge=1)
     """Read and checked, but how many pods share a device is the guard slot's to say
     (`GuardConfig.sharedBy`): a sharing kind returns its own slot's record only."""
 
@@ -52,6 +54,19 @@ def _check(cfg: LongSlices, where: str) -> None:
         raise ClaimConfigError(f"{where}.parameters.pods: at most 8")
 
 
+# the admission policy derives `pods` (a whole number of at least 1) from the model; the
+# rule `_check` adds is the kind's to say in CEL too
+ADMISSION = Admission(
+    name="LongSlices",
+    covers=frozenset(),
+    rules=(
+        Rule(
+            "variables.ofLongSlices.all(p, !('pods' in p) || type(p.pods) != int || p.pods <= 8)",
+            "variables.at + '.config[].opaque.parameters.pods: at most 8'",
+        ),
+    ),
+)
+
 LONG_SLICES = OpaqueKind(
     api_version=EXAMPLE_API,
     kind="LongSlices",
@@ -60,6 +75,7 @@ LONG_SLICES = OpaqueKind(
     fits=frozenset({"gpu"}),
     contribute=_contribute,
     check=_check,
+    admission=ADMISSION,
 )
 
 WITH_EXAMPLE = (*KINDS, LONG_SLICES)  # the registration line
@@ -180,3 +196,16 @@ def test_registered_kinds_are_distinct_and_each_is_in_the_admission_corpus() -> 
         if entry["verdict"] == "accept" and isinstance(params, dict):
             accepted.add((params.get("apiVersion"), params.get("kind")))
     assert set(pairs) <= accepted
+
+
+def test_the_admission_policy_generated_with_a_new_kind_takes_it() -> None:
+    """The chart's policy is generated from the kinds (`scripts/gen-claim-policy`): with the
+    registration, the kind is one the policy knows, with its fields, its derived checks and
+    its own rule; without it, the kind is refused as unknown. tests/real_k8s runs both on
+    the API server (test_claim_config_policy.py)."""
+    # the template's CEL is folded over lines: compared with its whitespace joined
+    with_it, without = (" ".join(policy_template(k).split()) for k in (WITH_EXAMPLE, KINDS))
+    assert "'resource.example.com/v1 LongSlices': ['apiVersion', 'kind', 'pods']" in with_it
+    assert "parameters.pods of LongSlices: a whole number of at least 1" in with_it
+    assert "parameters.pods: at most 8" in with_it
+    assert "LongSlices" not in without

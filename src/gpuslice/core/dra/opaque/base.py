@@ -32,7 +32,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _json_number(value: object) -> object:
+def json_number(value: object) -> object:
     """A JSON number, as the API server's admission policy sees it: a string or a boolean is
     not one (pydantic would read "50" and true as numbers; NVIDIA's decoder and CEL do not),
     and a float with no fraction (`50.0`, `5e1`) is the integer the API server makes of it."""
@@ -44,11 +44,11 @@ def _json_number(value: object) -> object:
 
 
 def _json_quantity(value: object) -> object:
-    """A quantity: a string, or a JSON number as `_json_number` reads it."""
-    return value if isinstance(value, str) else _json_number(value)
+    """A quantity: a string, or a JSON number as `json_number` reads it."""
+    return value if isinstance(value, str) else json_number(value)
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonInt = Annotated[int, BeforeValidator(json_number)]
 JsonQuantity = Annotated[str | int, BeforeValidator(_json_quantity)]
 
 
@@ -155,6 +155,34 @@ class Sharing:
         return SharingStrategy.from_nvidia(self.sharing.strategy)
 
 
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validation in the chart's claim-config admission policy: CEL the API server runs
+    on every ResourceClaim and template (`variables.at` is where their configs are)."""
+
+    expression: str
+    message_expression: str
+    """CEL: the refusal, naming the field and, where it can, the value."""
+    message: str | None = None
+    """The refusal where `message_expression` cannot be evaluated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admission must check that a kind's model cannot tell the generator
+    (`core.dra.opaque.admission`): nested blocks and rules across fields, as CEL. The
+    generator derives the rest (each scalar field's type, enum and range; the fields a kind
+    has); kinds that share one (NVIDIA's two sharing kinds) share the object, emitted once."""
+
+    name: str
+    covers: frozenset[str]
+    """The kind's fields (JSON names) these rules check, which the generator leaves alone."""
+    variables: tuple[tuple[str, str], ...] = ()
+    """CEL variables the rules read (`variables.known`: the configs of a registered kind;
+    `variables.of<Kind>`: one kind's)."""
+    rules: tuple[Rule, ...] = ()
+
+
 M = TypeVar("M", bound=StrictModel)
 
 
@@ -182,3 +210,6 @@ class OpaqueKind(Generic[M, R]):
     `str` is the entry (`config[2]`), for messages."""
     check: Callable[[M, str], None] = _no_check
     """Rules across fields that the model cannot say; ClaimConfigError naming `where`."""
+    admission: Admission | None = None
+    """The same checks for the chart's admission policy, where the model's fields are not
+    scalars the generator can read (`Admission`); None: the model says everything."""

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from gpuslice.core.dra.opaque.base import SHARING, OpaqueKind, SharingSlot, StrictModel
 from gpuslice.core.dra.opaque.nvidia import (
+    ADMISSION,
     NVIDIA_API,
     GpuSharing,
     check_sharing,
@@ -37,4 +38,5 @@ KIND = OpaqueKind(
     fits=frozenset({"gpu"}),
     contribute=_contribute,
     check=_check,
+    admission=ADMISSION,
 )
