@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import pytest
 import yaml
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuslice.core.dra.opaque.admission import TEMPLATE, NotDerivable, _folded, policy_template
 from gpuslice.core.dra.opaque.base import GUARD, GuardSlot, OpaqueKind, StrictModel
@@ -70,12 +70,29 @@ class _Nested(_Base):
     inner: _LaxInt | None = None
 
 
+class _Bounded(_Base):
+    name: str | None = Field(None, max_length=8)
+
+
+class _Validated(_Base):
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _lower(cls, v: str | None) -> str | None:
+        if v is not None and v != v.lower():
+            raise ValueError("lower case")
+        return v
+
+
 @pytest.mark.parametrize(
     ("model", "says"),
     [
         (_LaxInt, "Odd.count: an int the model reads from '50'; use JsonInt"),
         (_LaxBool, "Odd.on: a bool the model reads from 1 or 'yes'; use StrictBool"),
         (_Nested, "Odd.inner: not a scalar the generator reads; give its CEL (Admission)"),
+        (_Bounded, "Odd.name: a constraint the generator does not translate"),
+        (_Validated, "Odd.name: a field validator; give its CEL (Admission)"),
     ],
 )
 def test_a_field_admission_cannot_check_as_prepare_reads_it_is_an_error(

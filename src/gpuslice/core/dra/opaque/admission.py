@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import yaml
-from pydantic import Strict
+from pydantic import BeforeValidator, Strict
 from pydantic.fields import FieldInfo
 
 from gpuslice.core.dra.opaque.base import Admission, OpaqueKind, Rule, json_number
@@ -28,6 +28,7 @@ from gpuslice.core.dra.opaque.registry import KINDS
 TEMPLATE = "deploy/helm/gpuslice/templates/claim-config-policy.yaml"
 _AT = "variables.at + '.config[].opaque.parameters"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLAIN = re.compile(r"[A-Za-z0-9_.:/ -]*")
 _WIDTH = 92
 
 _HEAD = """\
@@ -184,12 +185,21 @@ def _derived(kind: OpaqueKind[Any, Any]) -> Iterator[Rule]:
     """A rule per scalar field of the kind's model, as its pydantic model reads it: a field
     set to null is a field not set where the model takes None, refused where it does not."""
     covered = kind.admission.covers if kind.admission is not None else frozenset()
+    decorators = kind.model.__pydantic_decorators__
+    if decorators.model_validators and kind.admission is None:
+        raise NotDerivable(f"{kind.kind}: a model validator; give its CEL (Admission)")
+    validated = {f for d in decorators.field_validators.values() for f in d.info.fields}
     for name, info in kind.model.model_fields.items():
         alias = info.alias or name
         if alias in ("apiVersion", "kind") or alias in covered:
             continue
-        check, says = _scalar(info, f"{kind.kind}.{alias}")
-        ref = f"p.{alias}" if _IDENTIFIER.fullmatch(alias) else f"p[{alias!r}]"
+        where = f"{kind.kind}.{alias}"
+        if not _IDENTIFIER.fullmatch(alias):
+            raise NotDerivable(f"{where}: not a plain name; give its CEL (Admission)")
+        if name in validated:
+            raise NotDerivable(f"{where}: a field validator; give its CEL (Admission)")
+        check, says = _scalar(info, where)
+        ref = f"p.{alias}"
         if info.is_required():
             absent = f"!({alias!r} in p) ? false : {ref} == null" if _nullable(info) else "false"
         else:
@@ -220,10 +230,16 @@ def _scalar(info: FieldInfo, where: str) -> tuple[str, str]:
     if get_origin(annotation) is Annotated:
         annotation, *extra = get_args(annotation)
         metadata += extra
+    taken = {
+        int: (annotated_types.Ge, annotated_types.Le, BeforeValidator),
+        bool: (Strict,),
+    }.get(annotation, ())
+    if any(not isinstance(m, taken) for m in metadata):
+        raise NotDerivable(f"{where}: a constraint the generator does not translate: {metadata}")
     if get_origin(annotation) is Literal:
         values = get_args(annotation)
-        if not all(isinstance(v, str) for v in values):
-            raise NotDerivable(f"{where}: a Literal of non-strings; give its CEL")
+        if not all(isinstance(v, str) and _PLAIN.fullmatch(v) for v in values):
+            raise NotDerivable(f"{where}: a Literal but of plain strings; give its CEL")
         listed = ", ".join(f"'{v}'" for v in values)
         return f"$ in [{listed}]", "one of " + ", ".join(values)
     if annotation is bool:
