@@ -17,9 +17,8 @@ import types
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import annotated_types
 import yaml
-from pydantic import BeforeValidator, Strict
+from pydantic import Strict
 from pydantic.fields import FieldInfo
 
 from gpuslice.core.dra.opaque.base import Admission, OpaqueKind, Rule, json_number
@@ -231,10 +230,10 @@ def _scalar(info: FieldInfo, where: str) -> tuple[str, str]:
         annotation, *extra = get_args(annotation)
         metadata += extra
     taken = {
-        int: (annotated_types.Ge, annotated_types.Le, BeforeValidator),
-        bool: (Strict,),
+        int: ("Ge", "Le", "BeforeValidator"),  # annotated_types' bounds, as pydantic keeps them
+        bool: ("Strict",),
     }.get(annotation, ())
-    if any(not isinstance(m, taken) for m in metadata):
+    if any(type(m).__name__ not in taken for m in metadata):
         raise NotDerivable(f"{where}: a constraint the generator does not translate: {metadata}")
     if get_origin(annotation) is Literal:
         values = get_args(annotation)
@@ -251,8 +250,8 @@ def _scalar(info: FieldInfo, where: str) -> tuple[str, str]:
     if annotation is int:
         if not any(getattr(m, "func", None) is json_number for m in metadata):
             raise NotDerivable(f"{where}: an int the model reads from '50'; use JsonInt")
-        low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
-        high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
+        low = next((m.ge for m in metadata if type(m).__name__ == "Ge"), None)
+        high = next((m.le for m in metadata if type(m).__name__ == "Le"), None)
         parts = ["type($) == int"]
         parts += [f"$ >= {low}"] if low is not None else []
         parts += [f"$ <= {high}"] if high is not None else []
