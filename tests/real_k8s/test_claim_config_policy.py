@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +37,40 @@ def _policy_manifests(**dra: Any) -> list[dict[str, Any]]:
         if m["kind"].startswith("ValidatingAdmissionPolicy")
         and m["metadata"]["name"].endswith("-claim-configs")
     ]  # fmt: skip
+
+
+def _generated_policy(kinds: Sequence[Any]) -> list[dict[str, Any]]:
+    """The policy and binding of a copy of the chart whose template is generated for `kinds`
+    (`scripts/gen-claim-policy` writes the registry's into the chart itself)."""
+    from gpuslice.core.dra.opaque.admission import TEMPLATE, policy_template
+    from tests.chart.chart_support import SETS, check_chart
+
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "gpuslice"
+        shutil.copytree(check_chart.CHART, chart)
+        (chart / "templates" / Path(TEMPLATE).name).write_text(policy_template(kinds))
+        values = check_chart.deep_merge(SETS["default"], {"dra": {"enabled": True}})
+        result = check_chart.check_values("default", values, chart)
+    assert result.ok, result.problems
+    return [
+        m for m in result.manifests
+        if m["kind"].startswith("ValidatingAdmissionPolicy")
+        and m["metadata"]["name"].endswith("-claim-configs")
+    ]  # fmt: skip
+
+
+def _install(plane: envtest.ControlPlane, manifests: list[dict[str, Any]], probe: str,
+             refused: bool) -> None:  # fmt: skip
+    """Apply (replacing a policy of the same name) and wait until the API server, which
+    loads a policy asynchronously, gives the probe document the verdict wanted."""
+    applied = plane.kubectl("apply", "--validate=false", "-f", "-",
+                            stdin=yaml.safe_dump_all(manifests))  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    deadline = time.monotonic() + 30
+    while (plane.kubectl("create", "--validate=false", "--dry-run=server", "-f", "-",
+                         stdin=probe).returncode != 0) is not refused:  # fmt: skip
+        assert time.monotonic() < deadline, "the claim-config policy never changed"
+        time.sleep(0.2)
 
 
 def _spec(raws: list[str], driver: str = DRIVER) -> dict[str, Any]:
@@ -78,17 +116,9 @@ def policy(control_plane: envtest.ControlPlane) -> envtest.ControlPlane:
     manifests = _policy_manifests()
     assert len(manifests) == 2, "the policy and its binding"
     control_plane.kubectl("create", "namespace", NAMESPACE)
-    applied = control_plane.kubectl(
-        "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(manifests)
-    )
-    assert applied.returncode == 0, applied.stderr
     # the API server loads a new policy asynchronously: wait until it refuses
     bad = _document("ResourceClaim", "probe", ['{"kind": "Nope"}'])
-    deadline = time.monotonic() + 30
-    while control_plane.kubectl("create", "--validate=false", "--dry-run=server", "-f", "-",
-                                stdin=bad).returncode == 0:  # fmt: skip
-        assert time.monotonic() < deadline, "the claim-config policy was never enforced"
-        time.sleep(0.2)
+    _install(control_plane, manifests, bad, refused=True)
     return control_plane
 
 
@@ -195,3 +225,44 @@ def test_the_largest_claim_is_checked_within_the_servers_cel_cost_budget(
     assert [prepare_verdict(c) for c in (good, too_many, too_small)] == [
         "accept", "refuse", "refuse"
     ]  # fmt: skip
+
+
+def test_a_new_kind_is_admitted_by_the_policy_generated_with_its_registration(
+    policy: envtest.ControlPlane,
+) -> None:
+    """The throwaway kind of tests/dra_core/test_opaque_registry.py (its module and its
+    registration line, nothing else): the chart's policy generated with it takes it, and
+    refuses what Prepare refuses (its derived field check, its own rule, an unknown field,
+    a string for a number); the registry's own policy refuses it as unknown."""
+    from gpuslice.core.dra.opaque.base import ClaimConfigError
+    from gpuslice.core.dra.sharing import parse_opaque
+    from tests.dra_core.test_opaque_registry import EXAMPLE, WITH_EXAMPLE
+
+    raws = {
+        "c-0": json.dumps(EXAMPLE),
+        "c-1": json.dumps({**EXAMPLE, "pods": 0}),
+        "c-2": json.dumps({**EXAMPLE, "pods": 9}),
+        "c-3": json.dumps({**EXAMPLE, "podz": 2}),
+        "c-4": json.dumps({**EXAMPLE, "pods": "3"}),
+        "c-5": GPU_CONFIG,
+    }
+    docs = {name: _document("ResourceClaim", name, [raw]) for name, raw in raws.items()}
+    unknown = _verdicts(policy, "ResourceClaim", {"c-0": docs["c-0"]})["c-0"]
+    assert "got resource.example.com/v1 LongSlices" in unknown, unknown
+    try:
+        _install(policy, _generated_policy(WITH_EXAMPLE), docs["c-0"], refused=False)
+        got = _verdicts(policy, "ResourceClaim", docs)
+    finally:
+        _install(policy, _policy_manifests(), docs["c-0"], refused=True)
+    assert got["c-0"] == got["c-5"] == ""
+    assert "parameters.pods of LongSlices: a whole number of at least 1; got 0" in got["c-1"]
+    assert "parameters.pods: at most 8" in got["c-2"], got["c-2"]
+    assert "unknown field(s) LongSlices: podz" in got["c-3"], got["c-3"]
+    assert "parameters.pods of LongSlices: a whole number of at least 1; got 3" in got["c-4"]
+    for name, raw in raws.items():
+        try:
+            parse_opaque(json.loads(raw), "config[0].opaque", WITH_EXAMPLE)
+            prepare = ""
+        except ClaimConfigError as exc:
+            prepare = str(exc)
+        assert bool(prepare) == bool(got[name]), (name, prepare, got[name])

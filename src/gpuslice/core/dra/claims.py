@@ -206,7 +206,7 @@ def _on_a_share(
         )
     if chosen.shares is not SharingStrategy.TIME_SLICING:
         return chosen, None
-    kept = replace(chosen, strategy=None, interval=None)
+    kept = replace(chosen, sharing=replace(chosen.sharing, strategy=None, interval=None))
     if share.strategy == SharingStrategy.TIME_SLICING and chosen.interval is None:
         return kept, None  # time-slicing as asked: nothing differs
     names = {v: k for k, v in INTERVALS.items()}
@@ -268,7 +268,9 @@ def _groups(work: Sequence[DeviceWork]) -> tuple[GroupWork, ...]:
     keyed: dict[tuple[object, ...], list[DeviceWork]] = {}
     for d in work:
         s = d.sharing
-        key = (s.source, s.kind, s.strategy, s.guard_mode, s.shared_by, d.share is not None)
+        # one group per config: the sharing slot's entry (its MPS settings are not hashable)
+        # and the other slots' records whole, so a field added to a slot needs nothing here
+        key = (s.source, s.kind, s.strategy, s.guard, d.share is not None)
         keyed.setdefault(key, []).append(d)
     return tuple(GroupWork(items[0].sharing, tuple(items)) for items in keyed.values())
 

@@ -19,7 +19,7 @@ module under `core.dra.opaque`, registered in `core.dra.opaque.registry`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -28,7 +28,7 @@ from gpuslice.core.config.problems import problems_from
 from gpuslice.core.dra.opaque.base import INTERVALS as INTERVALS
 from gpuslice.core.dra.opaque.base import ClaimConfigError as ClaimConfigError
 from gpuslice.core.dra.opaque.base import MpsSettings as MpsSettings
-from gpuslice.core.dra.opaque.base import OpaqueKind, StrictModel
+from gpuslice.core.dra.opaque.base import OpaqueKind, Slot, StrictModel
 from gpuslice.core.dra.opaque.base import Sharing as Sharing
 from gpuslice.core.dra.opaque.registry import KINDS
 from gpuslice.core.dra.resource_claim import Allocation
@@ -39,8 +39,8 @@ from gpuslice.core.units import quantity_mib as quantity_mib
 
 
 def parse_opaque(
-    parameters: object, where: str, kinds: Sequence[OpaqueKind[Any]] = KINDS
-) -> tuple[OpaqueKind[Any], StrictModel]:
+    parameters: object, where: str, kinds: Sequence[OpaqueKind[Any, Any]] = KINDS
+) -> tuple[OpaqueKind[Any, Any], StrictModel]:
     """One opaque config's parameters, strictly, with the kind that read them; errors name
     `where` and the field."""
     if not isinstance(parameters, Mapping):
@@ -64,7 +64,7 @@ def parse_opaque(
 @dataclass(frozen=True, slots=True)
 class _Entry:
     requests: tuple[str, ...]
-    kind: OpaqueKind[Any]
+    kind: OpaqueKind[Any, Any]
     parsed: StrictModel
     source: str
 
@@ -73,7 +73,7 @@ def resolve(
     allocation: Allocation | Mapping[str, Any],
     driver: str,
     kind_of: Mapping[str, Literal["gpu", "mig"]],
-    kinds: Sequence[OpaqueKind[Any]] = KINDS,
+    kinds: Sequence[OpaqueKind[Any, Any]] = KINDS,
 ) -> dict[int, Sharing]:
     """For each of this driver's allocation results (by its index in `results`), the
     sharing it gets. `kind_of` maps device name -> gpu|mig. ClaimConfigError on any config
@@ -112,16 +112,29 @@ def resolve(
         for slot in slots:
             chosen = _pick(entries, names, kind, slot, request)
             if chosen is not None:
-                sharing = chosen.kind.contribute(chosen.parsed, sharing, chosen.source)
+                sharing = replace(sharing, **{slot.name: _record(chosen, slot)})
         out[result.index] = sharing
     return out
+
+
+def _record(entry: _Entry, slot: Slot[Any]) -> Any:
+    """The kind's record for its slot, and only that slot's: a record of another type
+    would overwrite another slot's fields (mypy catches it in a kind module; this, a kind
+    typed loosely)."""
+    record = entry.kind.contribute(entry.parsed, entry.source)
+    if not isinstance(record, slot.record):
+        raise TypeError(
+            f"{entry.kind.kind} (slot {slot.name!r}) returned a {type(record).__name__}, "
+            f"not its slot's {slot.record.__name__}"
+        )
+    return record
 
 
 def _pick(
     entries: Sequence[_Entry],
     names: set[str],
     kind: Literal["gpu", "mig"],
-    slot: str,
+    slot: Slot[Any],
     request: str,
 ) -> _Entry | None:
     """NVIDIA's walk, among the entries of one slot: from the highest precedence down, the

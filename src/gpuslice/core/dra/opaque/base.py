@@ -32,7 +32,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _json_number(value: object) -> object:
+def json_number(value: object) -> object:
     """A JSON number, as the API server's admission policy sees it: a string or a boolean is
     not one (pydantic would read "50" and true as numbers; NVIDIA's decoder and CEL do not),
     and a float with no fraction (`50.0`, `5e1`) is the integer the API server makes of it."""
@@ -44,11 +44,11 @@ def _json_number(value: object) -> object:
 
 
 def _json_quantity(value: object) -> object:
-    """A quantity: a string, or a JSON number as `_json_number` reads it."""
-    return value if isinstance(value, str) else _json_number(value)
+    """A quantity: a string, or a JSON number as `json_number` reads it."""
+    return value if isinstance(value, str) else json_number(value)
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonInt = Annotated[int, BeforeValidator(json_number)]
 JsonQuantity = Annotated[str | int, BeforeValidator(_json_quantity)]
 
 
@@ -71,27 +71,116 @@ class MpsSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Sharing:
-    """One resolved config: applied once to the group of devices that share it."""
+class SharingSlot:
+    """The `sharing` slot (NVIDIA's `GpuConfig`, `MigDeviceConfig`): how the devices are
+    shared between the claim's pods, time-sliced or by MPS."""
 
-    kind: DeviceKind
     strategy: NvidiaSharingName | None = None
     """As the config spelled it (messages quote it); None: no sharing asked (the default
     config): the devices are the claim's alone, shared only by the pods and containers that
-    reference the claim. Code asks `shares` instead."""
+    reference the claim. Code asks `Sharing.shares` instead."""
     interval: int | None = None
     """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
     mps: MpsSettings | None = None
-    guard_mode: str | None = None
-    shared_by: int | None = None
-    """GuardConfig `sharedBy`: pods meant to share each device (None: not said, 1)."""
     source: str = "default"
     """Which config entry this came from, for messages (`config[2]` or `default`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSlot:
+    """The `guard` slot (gpuslice's `GuardConfig`): the memory guard for the claim's pods."""
+
+    mode: str | None = None
+    shared_by: int | None = None
+    """`sharedBy`: pods meant to share each device (None: not said, 1)."""
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Slot(Generic[R]):
+    """One aspect of a device that kinds configure: its name (a field of `Sharing`) and
+    the record a kind of that slot returns, so a kind can set its own slot's fields and no
+    other's (GuardConfig once reset a sharing kind's `shared_by`)."""
+
+    name: str
+    record: type[R]
+
+
+SHARING = Slot("sharing", SharingSlot)
+GUARD = Slot("guard", GuardSlot)
+SLOTS: tuple[Slot[Any], ...] = (SHARING, GUARD)
+"""Every slot, each a field of `Sharing`. A new aspect of a device is a record above, a
+field below and an entry here, and the step that acts on it in `core.dra.preparation`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """One device's resolved configs, one record per slot: applied once to the group of
+    devices that share it. The properties read the records for the code that acts on them."""
+
+    kind: DeviceKind
+    sharing: SharingSlot = SharingSlot()
+    guard: GuardSlot = GuardSlot()
+
+    @property
+    def strategy(self) -> NvidiaSharingName | None:
+        return self.sharing.strategy
+
+    @property
+    def interval(self) -> int | None:
+        return self.sharing.interval
+
+    @property
+    def mps(self) -> MpsSettings | None:
+        return self.sharing.mps
+
+    @property
+    def source(self) -> str:
+        """The sharing config's entry, which messages name."""
+        return self.sharing.source
+
+    @property
+    def guard_mode(self) -> str | None:
+        return self.guard.mode
+
+    @property
+    def shared_by(self) -> int | None:
+        return self.guard.shared_by
 
     @property
     def shares(self) -> SharingStrategy:
         """`strategy` in the one vocabulary (`NONE` when no sharing was asked)."""
-        return SharingStrategy.from_nvidia(self.strategy)
+        return SharingStrategy.from_nvidia(self.sharing.strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validation in the chart's claim-config admission policy: CEL the API server runs
+    on every ResourceClaim and template (`variables.at` is where their configs are)."""
+
+    expression: str
+    message_expression: str
+    """CEL: the refusal, naming the field and, where it can, the value."""
+    message: str | None = None
+    """The refusal where `message_expression` cannot be evaluated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admission must check that a kind's model cannot tell the generator
+    (`core.dra.opaque.admission`): nested blocks and rules across fields, as CEL. The
+    generator derives the rest (each scalar field's type, enum and range; the fields a kind
+    has); kinds that share one (NVIDIA's two sharing kinds) share the object, emitted once."""
+
+    name: str
+    covers: frozenset[str]
+    """The kind's fields (JSON names) these rules check, which the generator leaves alone."""
+    variables: tuple[tuple[str, str], ...] = ()
+    """CEL variables the rules read (`variables.known`: the configs of a registered kind;
+    `variables.of<Kind>`: one kind's)."""
+    rules: tuple[Rule, ...] = ()
 
 
 M = TypeVar("M", bound=StrictModel)
@@ -102,22 +191,25 @@ def _no_check(parsed: Any, where: str) -> None:
 
 
 @dataclass(frozen=True)
-class OpaqueKind(Generic[M]):
+class OpaqueKind(Generic[M, R]):
     """One opaque config kind, as `core.dra.sharing.resolve` uses it."""
 
     api_version: str
     kind: str
     model: type[M]
     """Strict: an unknown field is an error naming it."""
-    slot: str
-    """The aspect of a device the kind configures (`sharing`, `guard`): each device gets
+    slot: Slot[R]
+    """The aspect of a device the kind configures (`SHARING`, `GUARD`): each device gets
     at most one config per slot, the highest in NVIDIA's precedence that applies to it."""
     fits: frozenset[DeviceKind]
     """The devices it may configure. A config naming a request whose device it does not fit
     is an error (NVIDIA's rule: no `GpuConfig` on a MIG device); one naming no request
     passes such devices by."""
-    contribute: Callable[[M, Sharing, str], Sharing]
-    """The device's resolved `Sharing` with this config applied; `str` is the entry
-    (`config[2]`), for messages."""
+    contribute: Callable[[M, str], R]
+    """The slot's record for this config, whole (a slot's fields come from one config);
+    `str` is the entry (`config[2]`), for messages."""
     check: Callable[[M, str], None] = _no_check
     """Rules across fields that the model cannot say; ClaimConfigError naming `where`."""
+    admission: Admission | None = None
+    """The same checks for the chart's admission policy, where the model's fields are not
+    scalars the generator can read (`Admission`); None: the model says everything."""

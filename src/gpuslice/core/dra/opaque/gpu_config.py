@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpuslice.core.dra.opaque.base import OpaqueKind, Sharing, StrictModel
+from gpuslice.core.dra.opaque.base import SHARING, OpaqueKind, SharingSlot, StrictModel
 from gpuslice.core.dra.opaque.nvidia import (
+    ADMISSION,
     NVIDIA_API,
     GpuSharing,
     check_sharing,
@@ -21,8 +22,8 @@ class GpuConfig(StrictModel):
     sharing: GpuSharing | None = None
 
 
-def _contribute(cfg: GpuConfig, base: Sharing, source: str) -> Sharing:
-    return contribute_sharing(cfg.sharing, base, source)
+def _contribute(cfg: GpuConfig, source: str) -> SharingSlot:
+    return contribute_sharing(cfg.sharing, source)
 
 
 def _check(cfg: GpuConfig, where: str) -> None:
@@ -33,8 +34,9 @@ KIND = OpaqueKind(
     api_version=NVIDIA_API,
     kind="GpuConfig",
     model=GpuConfig,
-    slot="sharing",
+    slot=SHARING,
     fits=frozenset({"gpu"}),
     contribute=_contribute,
     check=_check,
+    admission=ADMISSION,
 )

@@ -5,12 +5,11 @@ instead of competing with one."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
 
-from gpuslice.core.dra.opaque.base import JsonInt, OpaqueKind, Sharing, StrictModel
+from gpuslice.core.dra.opaque.base import GUARD, GuardSlot, JsonInt, OpaqueKind, StrictModel
 
 GPUSLICE_API = "resource.gpuslice.io/v1alpha1"
 
@@ -24,16 +23,15 @@ class GuardConfig(StrictModel):
     1/sharedBy of its memory (as `replicas` does for the device plugin). Default 1."""
 
 
-def _contribute(cfg: GuardConfig, base: Sharing, source: str) -> Sharing:
-    """The guard's fields only: `source` stays the sharing config's, which messages name."""
-    return replace(base, guard_mode=cfg.mode, shared_by=cfg.shared_by)
+def _contribute(cfg: GuardConfig, source: str) -> GuardSlot:
+    return GuardSlot(mode=cfg.mode, shared_by=cfg.shared_by)
 
 
 KIND = OpaqueKind(
     api_version=GPUSLICE_API,
     kind="GuardConfig",
     model=GuardConfig,
-    slot="guard",
+    slot=GUARD,
     fits=frozenset({"gpu", "mig"}),
     contribute=_contribute,
 )

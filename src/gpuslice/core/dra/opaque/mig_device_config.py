@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpuslice.core.dra.opaque.base import OpaqueKind, Sharing, StrictModel
+from gpuslice.core.dra.opaque.base import SHARING, OpaqueKind, SharingSlot, StrictModel
 from gpuslice.core.dra.opaque.nvidia import (
+    ADMISSION,
     NVIDIA_API,
     MigSharing,
     check_sharing,
@@ -21,8 +22,8 @@ class MigDeviceConfig(StrictModel):
     sharing: MigSharing | None = None
 
 
-def _contribute(cfg: MigDeviceConfig, base: Sharing, source: str) -> Sharing:
-    return contribute_sharing(cfg.sharing, base, source)
+def _contribute(cfg: MigDeviceConfig, source: str) -> SharingSlot:
+    return contribute_sharing(cfg.sharing, source)
 
 
 def _check(cfg: MigDeviceConfig, where: str) -> None:
@@ -33,8 +34,9 @@ KIND = OpaqueKind(
     api_version=NVIDIA_API,
     kind="MigDeviceConfig",
     model=MigDeviceConfig,
-    slot="sharing",
+    slot=SHARING,
     fits=frozenset({"mig"}),
     contribute=_contribute,
     check=_check,
+    admission=ADMISSION,
 )

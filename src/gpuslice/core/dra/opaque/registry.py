@@ -9,7 +9,7 @@ from typing import Any
 from gpuslice.core.dra.opaque import gpu_config, guard_config, mig_device_config
 from gpuslice.core.dra.opaque.base import OpaqueKind
 
-KINDS: tuple[OpaqueKind[Any], ...] = (
+KINDS: tuple[OpaqueKind[Any, Any], ...] = (
     gpu_config.KIND,
     mig_device_config.KIND,
     guard_config.KIND,
