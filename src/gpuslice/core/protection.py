@@ -48,7 +48,7 @@ from gpuslice.core.attribution import (
     entitlement_of,
     sum_entitlements,
 )
-from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits
+from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, uncapped
 from gpuslice.core.guard.model import ContainerKey, GuardMode, Tenant
 from gpuslice.core.guard.policy import tenants_from
 from gpuslice.core.sharing.model import AdvertisedDevice, Plan
@@ -126,8 +126,10 @@ MIG device or a whole GPU, nobody shares it), or nothing (`none`)."""
 def mechanism(
     hold: Hold, capability: GpuCapability | None, guard_mode: str
 ) -> tuple[Mechanism, str]:
-    """What holds `hold` to its limits on its GPU, and why not the driver where it is not.
-    Observing is not holding: only an enforcing guard counts."""
+    """What would hold `hold` to its limits on its GPU, on the capability alone, and why not
+    the driver where it is not. Observing is not holding: the guard counts where
+    `core.caps.uncapped` says (the one rule the reports use); the agent reports `caps` only
+    once limits were read back (`core.caps.gpu_protection`)."""
     if hold.kind in ("exclusive", "mig"):
         return "own-memory", ""
     if hold.kind == "mps":
@@ -135,7 +137,7 @@ def mechanism(
     if capability is not None and capability.capable and hold.whole_gpus:
         return "caps", ""
     why = capability.reason if capability is not None else "no caps capability known"
-    return ("guard" if guard_mode == "enforce" else "none"), why
+    return ("guard" if uncapped(guard_mode) == "guarded" else "none"), why
 
 
 def node_protection(
