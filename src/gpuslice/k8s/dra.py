@@ -24,7 +24,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from gpuslice.core.dra.claim_list import read_page
 from gpuslice.core.jsontypes import Json
-from gpuslice.k8s.streams import list_from_cache, watch_from
+from gpuslice.k8s.streams import list_from_cache, list_page, watch_from
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
 
@@ -104,7 +104,9 @@ class DraApi:
         limit, token = self.claim_page, ""
         async with _translated("ResourceClaims"):
             while True:
-                body = await self._claim_page(limit, token)
+                body = await list_page(
+                    self._client, ResourceClaim, limit, token, max_bytes=self.claim_page_bytes
+                )
                 if body is None:
                     if limit == 1:
                         raise ClaimListTooLarge(
@@ -112,6 +114,7 @@ class DraApi:
                         )
                     limit = max(1, limit // 2)
                     continue
+                self.largest_page_read = max(self.largest_page_read, len(body))
                 page = read_page(body.decode("utf-8", errors="replace"))
                 for claim in page.items:
                     uid = (claim.get("metadata") or {}).get("uid")
@@ -133,30 +136,6 @@ class DraApi:
                 if not page.continue_token:
                     return kept
                 token = page.continue_token
-
-    async def _claim_page(self, limit: int, token: str) -> bytes | None:
-        """One page's bytes; None when it is over `claim_page_bytes` (read no further)."""
-        generic: Any = self._client._client  # lightkube's request builder, as `k8s.streams`
-        params = {"limit": limit, "continue": token or None}
-        request = generic.build_adapter_request(
-            generic.prepare_request("list", res=ResourceClaim, namespace="*", params=params)
-        )
-        response = await generic.send(request, stream=True)
-        try:
-            if response.is_error:
-                await response.aread()
-                generic.raise_for_status(response)
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self.claim_page_bytes:
-                    return None
-                chunks.append(chunk)
-        finally:
-            await response.aclose()
-        self.largest_page_read = max(self.largest_page_read, size)
-        return b"".join(chunks)
 
     async def node_uid(self) -> str:
         async with _translated(f"Node {self.node_name}"):
