@@ -454,3 +454,40 @@ async def test_an_upgrade_from_a_build_that_kept_checkpoint_json_loses_no_claim(
         assert (node.plugin_dir / "checkpoint.json").is_file(), "left for a rollback"
         assert await node.unprepare(ref) == {ref.uid: ""}
         await node.wait(lambda: not _alive(pid), "the claim's daemon stopped")
+
+
+SHARED_BY_TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+async def test_a_claims_warning_is_an_event_about_the_claim_in_its_namespace(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """What Prepare did not apply (NVIDIA's TimeSlicing interval on a GPU this node offers
+    as shares) is told where the claim's author looks, as the kubelet and the scheduler
+    post about a pod: a Warning Event about the ResourceClaim, in its namespace
+    (`kubectl events -n team-a --for resourceclaim/ts`), not one about the agent's pod."""
+    async with running_dra_node(sock_dir, api, config=SHARED_BY_TIME_SLICING) as node:
+        params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {
+            "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}  # fmt: skip
+        claim = claim_obj("ts", [request("gpu")], [opaque(params)])
+        claim["metadata"]["namespace"] = "team-a"
+        ref = node.allocate(claim)
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        [event] = [e for e in api.events("team-a") if e["reason"] == "ClaimConfigNotApplied"]
+        involved = event["involvedObject"]
+        assert (involved["kind"], involved["apiVersion"]) == ("ResourceClaim", "resource.k8s.io/v1")
+        assert (involved["namespace"], involved["name"], involved["uid"]) == (
+            "team-a",
+            "ts",
+            ref.uid,
+        )
+        assert event["type"] == "Warning"
+        assert "TimeSlicing (Long)" in event["message"]
+        assert event["metadata"]["namespace"] == "team-a"

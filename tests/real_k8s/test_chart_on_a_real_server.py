@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from gpuslice.k8s import (
     PodEvictor,
     make_client,
 )
+from gpuslice.k8s.claimevents import ClaimEvents
 from gpuslice.k8s.dra import DraApi
 from gpuslice.testing import envtest
 
@@ -409,6 +411,14 @@ async def test_what_the_agent_needs_it_can_do_with_its_token(
     assert await events.post("ConfigApplied", "a100"), "the repeat patches the count"
     listed = json.loads(_ok(control_plane, "get", "events", "-n", namespace, "-o", "json"))
     assert [e["count"] for e in listed["items"] if e["reason"] == "ConfigApplied"] == [2]
+    # events create + patch about a ResourceClaim, in the claim's namespace (dra.enabled)
+    claims = ClaimEvents(agent, node)
+    uid = str(uuid.uuid4())
+    assert await claims.post("default", "ts", uid, "ClaimConfigNotApplied", "kept")
+    assert await claims.post("default", "ts", uid, "ClaimConfigNotApplied", "kept")
+    listed = json.loads(_ok(control_plane, "get", "events", "-n", "default", "-o", "json"))
+    told = [e for e in listed["items"] if e["involvedObject"].get("uid") == uid]
+    assert [(e["involvedObject"]["kind"], e["count"]) for e in told] == [("ResourceClaim", 2)]
     # pods/eviction create (memoryGuard.action=evict)
     assert await PodEvictor(agent).evict(namespace, victim["metadata"]["name"])
     # resourceclaims list + get (a claim that is not there: authorised, then not found)
@@ -446,9 +456,12 @@ def test_the_granted_rules_are_the_documented_table(
     assert allowed == documented
 
 
-def test_events_only_in_the_agents_namespace(
+def test_events_only_in_the_agents_namespace_but_claims_warnings_in_theirs(
     control_plane: envtest.ControlPlane, installed: dict[str, str]
 ) -> None:
+    """Its own Events in its namespace (a Role); with `dra.enabled` (installed here) Events in
+    every namespace too, for claims' warnings, which go to the claim's namespace."""
+
     def event(namespace: str) -> str:
         return json.dumps({
             "apiVersion": "v1", "kind": "Event",
@@ -466,4 +479,4 @@ def test_events_only_in_the_agents_namespace(
         return "" if done.returncode == 0 else done.stderr
 
     assert create(installed["namespace"]) == ""
-    assert 'cannot create resource "events"' in create("kube-system")
+    assert create("kube-system") == ""  # the ClusterRole of dra.enabled: claims are anywhere

@@ -28,7 +28,7 @@ from gpuslice.agent.caps import (
     node_capability,
     pod_containers,
 )
-from gpuslice.agent.dra_driver import DraCaps, DraDriver, DriverSettings
+from gpuslice.agent.dra_driver import ClaimWarn, DraCaps, DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
@@ -43,6 +43,7 @@ from gpuslice.core.caps import CapsView, GpuCapability, caps_view
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.labels import gfd_labels
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
     from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, NodePods
+    from gpuslice.k8s.claimevents import ClaimEvents
 
 log = get_logger("gpuslice.agent")
 
@@ -142,6 +144,7 @@ def dra_front_end(
     *,
     timeslice: TimesliceSetter | None = None,
     warn: Callable[[str, str], Awaitable[None]] | None = None,
+    claim_warn: ClaimWarn | None = None,
     server_settings: DraServerSettings | None = None,
     mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
@@ -190,6 +193,7 @@ def dra_front_end(
         mps=mps,
         timeslice=timeslice if timeslice is not None else smi,
         warn=warn,
+        claim_warn=claim_warn,
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
@@ -669,11 +673,20 @@ async def _wire(
         warn = _warner(events)
     front: FrontEnd
     if settings.dra is not None:
+        from gpuslice.k8s.claimevents import ClaimEvents
         from gpuslice.k8s.dra import DraApi
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
-        front = dra_front_end(state, settings, settings.dra, objects, warn=warn, backend=backend)
+        front = dra_front_end(
+            state,
+            settings,
+            settings.dra,
+            objects,
+            warn=warn,
+            claim_warn=_claim_warner(ClaimEvents(client, settings.node_name)),
+            backend=backend,
+        )
     else:
         front = DevicePluginFrontEnd(state, settings)
     agent = Agent(
@@ -748,6 +761,15 @@ async def _wire(
         wire_label_api(agent, NodeLabeler(client, settings.node_name))
     agent.hooks.services.append(inventory_watcher(agent, warn))
     return agent
+
+
+def _claim_warner(events: ClaimEvents) -> ClaimWarn:
+    """A Warning Event about the claim, in its namespace (what its author reads)."""
+
+    async def warn(ref: ClaimRef, reason: str, message: str) -> None:
+        await events.post(ref.namespace, ref.name, ref.uid, reason, message)
+
+    return warn
 
 
 def _warner(events: NodeEvents) -> Callable[[str, str], Awaitable[None]]:

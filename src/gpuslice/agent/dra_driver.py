@@ -84,6 +84,8 @@ KUBELET_CALL_TIMEOUT_S = 45.0
 
 Warn = Callable[[str, str], Awaitable[None]]
 """Posts a Warning Event on the Node: (reason, message)."""
+ClaimWarn = Callable[[ClaimRef, str, str], Awaitable[None]]
+"""Posts a Warning Event about a ResourceClaim, in its namespace: (claim, reason, message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,7 @@ class DraDriver:
         mps: MpsDaemonManager | None = None,
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
+        claim_warn: ClaimWarn | None = None,
         old_checkpoint: CheckpointFile | None = None,
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
@@ -181,7 +184,9 @@ class DraDriver:
         `old_checkpoint` is where an earlier build kept the record
         (`host.checkpoint_file.OLD_CHECKPOINT_NAME`): read, never written, when
         `checkpoint` holds nothing. `dynamic_mig` creates and destroys the MIG devices of
-        the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`)."""
+        the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`). `claim_warn` tells a
+        claim's author what Prepare did not apply (about the claim, where its author looks);
+        without it those warnings go to `warn` with the node's own."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -195,6 +200,7 @@ class DraDriver:
         self._mps = mps
         self._timeslice = timeslice
         self._warn = warn
+        self._claim_warn = claim_warn
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -561,7 +567,7 @@ class DraDriver:
                 return _failed(ref, str(exc))
             try:
                 for notice in work.notices:  # the claim is prepared, on the node's terms
-                    await self._post("ClaimConfigNotApplied", notice)
+                    await self._post_about(ref, "ClaimConfigNotApplied", notice)
                 return await self._carry_out(work, prepared)
             finally:
                 del self._in_flight[ref.uid]
@@ -976,6 +982,15 @@ class DraDriver:
             await self._write()
         except OSError as exc:
             log.error("dra-checkpoint-write-failed", error=str(exc))
+
+    async def _post_about(self, ref: ClaimRef, reason: str, message: str) -> None:
+        if self._claim_warn is None:
+            await self._post(reason, message)
+            return
+        try:
+            await self._claim_warn(ref, reason, message)
+        except Exception as exc:  # an unreachable API must not stop the driver
+            log.warning("dra-event-failed", reason=reason, claim_uid=ref.uid, error=str(exc))
 
     async def _post(self, reason: str, message: str) -> None:
         if self._warn is None:
