@@ -35,7 +35,7 @@ def file_too_large(source: str, size: int, limit: int = MAX_FILE_BYTES) -> Advis
 def parse_samples(text: str, source: str) -> list[RawSeries]:
     """The series `advise` reads, grouped by name and labels, points in time order.
     OpenMetrics when the text ends with `# EOF`, else the text format. Held to the same
-    series and sample caps as an answer from Prometheus: a 256 MiB file of tiny samples
+    series and sample caps as an answer from Prometheus: a 64 MiB file of tiny samples
     is gigabytes as Python objects."""
     lines = text.count("\n") + 1
     if lines > MAX_ANSWER_SAMPLES + 2 * MAX_SERIES + 8:
