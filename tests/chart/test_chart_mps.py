@@ -71,3 +71,23 @@ def test_mps_pins_max_surge_zero_and_keeps_the_rest() -> None:
     on_delete = render(mps={"enabled": True}, updateStrategy={"type": "OnDelete"})
     assert on_delete.ok, on_delete.problems
     assert one(on_delete, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def _propagation(result: Any, volume: str) -> str | None:
+    [container] = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume]
+    propagation: str | None = mount.get("mountPropagation")
+    return propagation
+
+
+@pytest.mark.parametrize(("dra", "volume"), [(False, "mps-root"), (True, "dra-plugin")])
+def test_with_mps_the_shm_tmpfs_reaches_the_host(dra: bool, volume: str) -> None:
+    """The agent mounts each MPS daemon's shm directory as a size-limited tmpfs (issue 41):
+    the mount must propagate back to the host for the runtime to bind it into the pods, which
+    takes Bidirectional propagation, allowed privileged containers only (mps.enabled)."""
+    on = render(mps={"enabled": True}, dra={"enabled": dra})
+    assert on.ok, on.problems
+    assert _propagation(on, volume) == "Bidirectional"
+    off = render(dra={"enabled": dra})
+    assert off.ok, off.problems
+    assert _propagation(off, volume) is None

@@ -165,7 +165,10 @@ ENV_BEFORE = {
 
 FLAGS_ADDED = {"--memory-caps", "--memory-caps-policy", "--memory-caps-hook-path", "--cgroup-root"}
 """Since: memory caps (issue 32)."""
+FLAGS_ADDED |= {"--mps-shm-tmpfs", "--no-mps-shm-tmpfs"}
+"""Since: the MPS shm tmpfs (issue 41)."""
 ENV_ADDED = {"MEMORY_CAPS", "MEMORY_CAPS_POLICY", "MEMORY_CAPS_HOOK_PATH", "CGROUP_ROOT"}
+ENV_ADDED |= {"MPS_SHM_TMPFS"}
 
 
 def test_the_flags_and_variables_are_those_of_the_hand_written_command() -> None:

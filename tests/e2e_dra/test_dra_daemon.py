@@ -4,10 +4,13 @@ exclusive, time-sliced, MPS and MIG claims, unprepare, and restarts of both side
 
 from __future__ import annotations
 
+import ctypes
 import os
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e_dra.dra_node import (
@@ -21,6 +24,7 @@ from tests.e2e_dra.dra_node import (
 )
 
 NVIDIA = "resource.nvidia.com/v1beta1"
+MS_BIND, MS_SHARED, MNT_DETACH = 0x1000, 0x100000, 0x2
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 
 
@@ -491,3 +495,42 @@ async def test_a_claims_warning_is_an_event_about_the_claim_in_its_namespace(
         assert event["type"] == "Warning"
         assert "TimeSlicing (Long)" in event["message"]
         assert event["metadata"]["namespace"] == "team-a"
+
+
+def _tmpfs_on(directory: Path) -> bool:
+    path = os.path.realpath(directory)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        head, _, tail = line.partition(" - ")
+        if head.split()[4] == path and tail.split()[0] == "tmpfs":
+            return True
+    return False
+
+
+async def test_an_mps_claims_shm_is_a_tmpfs_until_unprepare(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """As NVIDIA's driver: the claim's shm directory (the pods' `/dev/shm`) is a tmpfs while
+    its daemon runs, so a tenant's writes are bounded memory, not the node's disk; it is
+    unmounted at Unprepare and the directory removed. The work directory is made a shared
+    mount first, as the chart's `mountPropagation: Bidirectional` makes the plugin
+    directory, so the agent sees its mount would reach the runtime."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(str(sock_dir).encode(), str(sock_dir).encode(), None, MS_BIND, None) != 0:
+        pytest.skip(f"cannot bind-mount here: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert libc.mount(None, str(sock_dir).encode(), None, MS_SHARED, None) == 0
+        params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+        async with running_dra_node(sock_dir, api, env={"MPS_SHM_TMPFS": "true"}) as node:
+            ref = node.allocate(
+                claim_obj("mps", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+            )
+            assert (await node.prepare(ref))[ref.uid].error == ""
+            mounts = {m["containerPath"]: m["hostPath"] for m in
+                      _device_edits(node.cdi_spec(ref.uid), "gpu-0")["mounts"]}  # fmt: skip
+            shm = Path(mounts["/dev/shm"])
+            assert _tmpfs_on(shm), node.log()
+            assert await node.unprepare(ref) == {ref.uid: ""}
+            await node.wait(lambda: not shm.exists(), "the claim's MPS directory removed")
+            assert not _tmpfs_on(shm)
+    finally:
+        libc.umount2(str(sock_dir).encode(), MNT_DETACH)

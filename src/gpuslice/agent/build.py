@@ -69,6 +69,7 @@ from gpuslice.mps import (
     MpsDaemonManager,
     MpsTimings,
 )
+from gpuslice.mps.shm import ShmMounts
 from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
 from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner, TimesliceSetter
@@ -94,6 +95,7 @@ def wire_mps(
     set_compute_mode: bool,
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",),
     timings: MpsTimings | None = None,
+    shm_tmpfs: bool = False,
 ) -> MpsDaemonManager:
     """Run an MPS control daemon per MPS resource; its replicas are Unhealthy while it is down.
 
@@ -104,7 +106,8 @@ def wire_mps(
     The daemons outlive the agent (as in DRA mode): quitting one cuts every client of every
     pod using it, so a stopping agent leaves them and the next one takes over those started
     with the settings its plan wants. Only a plan without them (a config reload) or with
-    other settings stops them.
+    other settings stops them. `shm_tmpfs`: the daemons' shared shm directory is a
+    size-limited tmpfs (`mps.shm`).
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
@@ -125,6 +128,7 @@ def wire_mps(
         timings=timings,
         on_readiness=withdraw_down_daemons,
         keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
+        shm=ShmMounts() if shm_tmpfs else None,
     )
 
     async def on_plan(plan: Plan, _inventory: Inventory) -> None:
@@ -165,6 +169,7 @@ def dra_front_end(
         compute_mode=smi if settings.set_compute_mode else None,
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
+        shm=ShmMounts() if settings.mps_shm_tmpfs else None,
     )
 
     def dynamic() -> tuple[str, ...]:
@@ -704,6 +709,7 @@ async def _wire(
             set_compute_mode=settings.set_compute_mode,
             nvidia_smi=settings.nvidia_smi,
             timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
+            shm_tmpfs=settings.mps_shm_tmpfs,
         )
     metrics_on = settings.metrics_port is not None
     node_pods = None

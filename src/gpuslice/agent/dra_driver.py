@@ -74,6 +74,7 @@ from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
+from gpuslice.mps.shm import unmount
 from gpuslice.ports import DraObjectNotFound, DraObjects, TimesliceSetter
 from gpuslice.state import Snapshot
 
@@ -961,6 +962,10 @@ class DraDriver:
         if _daemon_may_run(pid_file):
             log.warning("dra-mps-dir-kept", dir=str(base), reason="its daemon may still run")
             return
+        # a stray's tmpfs (its agent gone before it stopped the daemon) goes with the directory
+        why = unmount(str(base / "shm"))
+        if why is not None:
+            log.warning("dra-mps-shm-unmount-failed", dir=str(base / "shm"), error=why)
         shutil.rmtree(base, ignore_errors=True)
 
     # -- record ----------------------------------------------------------------------------

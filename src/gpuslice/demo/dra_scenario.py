@@ -274,6 +274,7 @@ async def _running_dra_node(
         reload_interval_s=0.5,
         mps_control=MPS_CONTROL,
         set_compute_mode=False,
+        mps_shm_tmpfs=False,  # a simulated node: nothing to mount on the host running it
         dra=dra,
     )
     first = await first_plan(settings, backend)
