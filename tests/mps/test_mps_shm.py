@@ -40,12 +40,15 @@ def tmpfs_options(directory: str) -> str | None:
     return None
 
 
-def manager_with(specs: list[MpsDaemonSpec], shm: ShmMounts) -> MpsDaemonManager:
+def manager_with(
+    specs: list[MpsDaemonSpec], shm: ShmMounts | None, *, keep_running: bool = False
+) -> MpsDaemonManager:
     return MpsDaemonManager(
         specs,
         ControlProgram.factory(FAKE_CONTROL, timeout_s=10.0, quit_grace_s=1.0),
         timings=FAST,
         shm=shm,
+        keep_running=keep_running,
     )
 
 
@@ -99,3 +102,28 @@ async def test_where_the_mount_would_not_reach_the_pods_it_is_not_made_and_said_
         [problem] = manager.problems
     assert f"MPS shm directory {spec.shm_dir} is left a plain directory" in problem
     assert "mountPropagation Bidirectional" in problem
+
+
+async def test_a_daemon_left_running_on_a_plain_shm_keeps_it(mountable: Path) -> None:
+    """Device-plugin mode after an upgrade: the previous agent's daemon runs on the plain
+    shared shm directory, its clients with it. A tmpfs mounted there now would hide their
+    files from every client that starts later, so the new agent takes the daemon over, starts
+    the other resource's daemon on the directory as it is, and says why."""
+    old, new = spec_in(mountable, "nvidia.com/gpu", 0), spec_in(mountable, "b.io/gpu", 1)
+    before = manager_with([old], None, keep_running=True)
+    async with running(before):
+        await wait_until(before, lambda: before.ready(old.resource), 10)
+    after = manager_with([old, new], ShmMounts(SIZE, host_namespace=True), keep_running=True)
+    try:
+        async with running(after):
+            await wait_until(
+                after, lambda: after.ready(old.resource) and after.ready(new.resource), 10
+            )
+            assert tmpfs_options(old.shm_dir) is None
+            [problem] = after.problems
+            assert f"the MPS daemon of {old.resource} runs on it as it is" in problem
+    finally:
+        for spec in (old, new):  # the test's cleanup: no agent follows
+            await ControlProgram(
+                Path(spec.pipe_dir), Path(spec.log_dir), command=FAKE_CONTROL
+            ).send("quit")

@@ -20,8 +20,14 @@ from pathlib import Path
 from gpuslice.aio.programs import ProgramError as MpsError
 from gpuslice.core.devices import GpuUuid
 from gpuslice.core.mps import MpsDaemonSpec
-from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
-from gpuslice.mps.identity import IdentityError, read_bounded
+from gpuslice.mps.control import (
+    PID_FILE,
+    SOCKET_NAME,
+    MpsControl,
+    MpsControlFactory,
+    process_alive,
+)
+from gpuslice.mps.identity import IdentityError, read_bounded, read_pid_file
 from gpuslice.mps.readiness import Readiness, ReadinessListener
 from gpuslice.mps.shm import ShmMounts, unmount
 from gpuslice.ports import ComputeModeSetter
@@ -79,6 +85,7 @@ class MpsDaemonManager:
         self._shm_users: dict[str, set[str]] = {}
         """shm directory -> the resources whose daemons run on it (device-plugin mode shares
         one among all its daemons)."""
+        self._shm_locks: dict[str, asyncio.Lock] = {}
         self._shm_told: set[str] = set()
         """The reasons a tmpfs could not be mounted that were reported already."""
         self._leaving = False
@@ -411,12 +418,27 @@ class MpsDaemonManager:
 
     async def _mount_shm(self, spec: MpsDaemonSpec) -> None:
         """The daemon's shm directory as a size-limited tmpfs, unless another daemon already
-        runs on it as it is (it would lose its clients' files); why not, said once."""
+        runs on it as it is (it would lose its clients' files); why not, said once. One
+        daemon at a time per directory: the second of two starting together finds the first
+        one's mount."""
+        async with self._shm_locks.setdefault(spec.shm_dir, asyncio.Lock()):
+            await self._mount_shm_in_turn(spec)
+
+    async def _mount_shm_in_turn(self, spec: MpsDaemonSpec) -> None:
         users = self._shm_users.setdefault(spec.shm_dir, set())
         others = users - {spec.resource}
         users.add(spec.resource)
         if self._shm is None:
             return
+        # a daemon wanted on the same directory whose takeover has not come yet (device
+        # plugin mode at an agent's start) may run on it already: its pid file says so
+        others |= {
+            d.spec.resource
+            for d in self._daemons.values()
+            if d.spec.shm_dir == spec.shm_dir
+            and d.spec.resource != spec.resource
+            and await asyncio.to_thread(_runs, d.spec)
+        }
         if others:
             why = (
                 None
@@ -480,6 +502,15 @@ class MpsDaemonManager:
         self._log.warning("%s", problem)
         self._problems.append(problem)
         del self._problems[:-50]
+
+
+def _runs(spec: MpsDaemonSpec) -> bool:
+    """Whether the daemon's pid file names a running process (never signalled from here)."""
+    try:
+        pid = int(read_pid_file(Path(spec.pipe_dir) / PID_FILE).strip())
+    except (IdentityError, ValueError):
+        return False
+    return process_alive(pid)
 
 
 def _make_dirs(spec: MpsDaemonSpec) -> None:
