@@ -460,23 +460,25 @@ def test_events_only_in_the_agents_namespace_but_claims_warnings_in_theirs(
     control_plane: envtest.ControlPlane, installed: dict[str, str]
 ) -> None:
     """Its own Events in its namespace (a Role); with `dra.enabled` (installed here) Events in
-    every namespace too, for claims' warnings, which go to the claim's namespace."""
+    every namespace too (a ClusterRole), which the chart's policy narrows to Events about
+    ResourceClaims, what a claim's warnings are."""
 
-    def event(namespace: str) -> str:
+    def event(namespace: str, kind: str = "Pod", api: str = "v1") -> str:
         return json.dumps({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": "agent.", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": "agent",
+            "involvedObject": {"kind": kind, "apiVersion": api, "name": "x",
                                "namespace": namespace},
             "reason": "ConfigApplied", "message": "x", "type": "Normal",
         })  # fmt: skip
 
-    def create(namespace: str) -> str:
+    def create(text: str) -> str:
         done = control_plane.kubectl(
-            "create", "--validate=false", "-f", "-", stdin=event(namespace),
+            "create", "--validate=false", "-f", "-", stdin=text,
             as_user=installed["user"], extra=[(NODE_EXTRA, installed["node"])],
         )  # fmt: skip
         return "" if done.returncode == 0 else done.stderr
 
-    assert create(installed["namespace"]) == ""
-    assert create("kube-system") == ""  # the ClusterRole of dra.enabled: claims are anywhere
+    assert create(event(installed["namespace"])) == ""
+    assert "only Events about ResourceClaims" in create(event("kube-system"))
+    assert create(event("kube-system", "ResourceClaim", "resource.k8s.io/v1")) == ""
