@@ -18,6 +18,11 @@ from gpuslice.testing.image import BASE_UNAVAILABLE, Buildah, default_cache
 
 IMAGE_REPORT = pytest.StashKey[list[str]]()
 
+# An agent started by a test (in this process or as a daemon, which inherits it) leaves the
+# machine's mount table alone: the MPS shm tmpfs outlives the agent with its daemons, as on a
+# node, and nothing would unmount it after the test. The tests of the mount turn it on.
+os.environ["MPS_SHM_TMPFS"] = "false"
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/backends/conftest.py: only root conftests may add options when

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Inventory
+from gpuslice.core.health import Unmonitored
 from gpuslice.core.sharing.model import Plan
 
 
@@ -31,14 +32,21 @@ class Snapshot:
     last_xid: Mapping[str, int | None] = field(default_factory=dict)
     """GPU UUID -> the XID that made it unhealthy (None: lost); DRA's taints and health
     stream carry it as NVIDIA's do. Published with the `unhealthy` set it explains."""
+    unmonitored: Mapping[str, Unmonitored] = field(default_factory=dict)
+    """GPU UUID -> why its health events are not watched (`core.health.Unmonitored`): DRA
+    taints it `unmonitored` and reports it Unknown; the device plugin lists it Unhealthy
+    unless NVIDIA's keeps it in service (`out_of_service`)."""
     host_dev_root: str = "/"
     """Where the device nodes are on the host for the config in force (`host.devroot`):
     the prefix of the DRA CDI specs' device paths."""
 
     @property
     def out_of_service(self) -> frozenset[str]:
-        """What the device plugin lists Unhealthy: the sick and the cordoned."""
-        return self.unhealthy | self.cordoned
+        """What the device plugin lists Unhealthy: the sick, the cordoned, and the GPUs whose
+        health events could not be registered (NVIDIA's device plugin marks them unhealthy:
+        an XID on them would never be seen)."""
+        unwatched = {u for u, why in self.unmonitored.items() if not why.in_service}
+        return self.unhealthy | self.cordoned | unwatched
 
 
 class PlanState:
@@ -67,6 +75,7 @@ class PlanState:
         cordoned: frozenset[str] | None = None,
         noticed: Mapping[str, int] | None = None,
         last_xid: Mapping[str, int | None] | None = None,
+        unmonitored: Mapping[str, Unmonitored] | None = None,
         host_dev_root: str | None = None,
     ) -> Snapshot:
         """Replace the given parts; the others are kept. Always bumps the version."""
@@ -80,6 +89,7 @@ class PlanState:
             cordoned=old.cordoned if cordoned is None else cordoned,
             noticed=old.noticed if noticed is None else noticed,
             last_xid=old.last_xid if last_xid is None else last_xid,
+            unmonitored=old.unmonitored if unmonitored is None else unmonitored,
             host_dev_root=old.host_dev_root if host_dev_root is None else host_dev_root,
         )
         # One event per version: waiters hold the old one, which stays set forever.

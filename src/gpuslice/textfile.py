@@ -23,11 +23,15 @@ class UnreadableFile(GpusliceError):
     """A file refused before or while it was read. `reason` reads after the path:
     `<path>: it is a FIFO, not a regular file`."""
 
-    def __init__(self, path: Path, reason: str, *, missing: bool = False) -> None:
+    def __init__(
+        self, path: Path, reason: str, *, missing: bool = False, size: int | None = None
+    ) -> None:
         self.path = path
         self.reason = reason
         self.missing = missing
         """Nothing at the path at all (the only failure a first start expects)."""
+        self.size = size
+        """Its size, when it was refused for being over the limit (a caller's own words)."""
         super().__init__(f"{path}: {reason}")
 
 
@@ -95,7 +99,9 @@ def _read(
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableFile(path, f"it is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
-            raise UnreadableFile(path, f"it is {st.st_size} bytes; at most {limit} are read")
+            raise UnreadableFile(
+                path, f"it is {st.st_size} bytes; at most {limit} are read", size=st.st_size
+            )
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -105,7 +111,9 @@ def _read(
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:  # grew after the fstat
-            raise UnreadableFile(path, f"it is more than {limit} bytes; at most {limit} are read")
+            raise UnreadableFile(
+                path, f"it is more than {limit} bytes; at most {limit} are read", size=total
+            )
         after = os.fstat(fd)
     except OSError as exc:
         raise UnreadableFile(path, f"cannot read it: {exc.strerror}") from None

@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from gpuslice.cli import advise as advise_cli
+from gpuslice.core.advise import AdviseError
+from gpuslice.prometheus.client import MAX_BODY_BYTES
 from tests.advise.advise_cases import by_model, check_known_answers, run
 
 
@@ -126,15 +128,41 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     assert "FIFO" in err
 
 
-def test_a_file_over_the_cap_is_refused_before_reading(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_file_over_the_cap_is_refused_before_reading(tmp_path: Path) -> None:
+    """Bound as one answer from Prometheus is (64 MiB), with one error line naming the file
+    and the bound: a 200 MB file took 1.5 GB. The file is sparse: its size is what is
+    refused, before a byte of it is read (so no 64 MiB is written either)."""
     big = tmp_path / "big.prom"
-    big.write_text("x" * 2048)
-    monkeypatch.setattr(advise_cli, "MAX_SAMPLES_BYTES", 1024)
+    with big.open("wb") as f:
+        f.truncate(MAX_BODY_BYTES + 1)
     code, _, err = run("advise", "--samples", str(big))
     assert code == 2
-    assert "big.prom" in err
+    [line] = err.splitlines()
+    assert line.startswith(f"error: {big}: {MAX_BODY_BYTES + 1:,} bytes, over 64 MiB"), line
+    assert "--prometheus" in line
+
+
+def test_the_bound_is_a_parameter_and_the_file_is_not_read_past_it(tmp_path: Path) -> None:
+    small = tmp_path / "small.prom"
+    small.write_text("x" * 2048)
+    with pytest.raises(AdviseError, match=r"2,048 bytes, over 0 MiB \(1024 bytes"):
+        advise_cli.load_history(None, small, None, None, None, max_file_bytes=1024)
+
+
+def test_a_file_of_more_lines_than_one_answers_samples_is_refused_before_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every line is a sample the parser builds before any is dropped (`x 1 1`: 11 million
+    of them in 64 MiB): counted first, as an answer's samples are."""
+    from gpuslice.prometheus import samples as samples_module
+
+    monkeypatch.setattr(samples_module, "MAX_ANSWER_SAMPLES", 10)
+    monkeypatch.setattr(samples_module, "MAX_SERIES", 1)
+    lines = tmp_path / "lines.prom"
+    lines.write_text("".join(f"x {i} {1700000000 + i}\n" for i in range(40)))
+    code, _, err = run("advise", "--samples", str(lines))
+    assert code == 2
+    assert err.startswith(f"error: {lines}: more than 10 samples in one file"), err
 
 
 def test_exactly_one_source(samples_file: Path) -> None:

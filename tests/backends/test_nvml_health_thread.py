@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 
 from gpuslice.backends.nvml import EVENT_XID, NvmlBackend
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
@@ -145,3 +146,63 @@ def test_close_returns_while_a_wait_is_in_the_driver_and_frees_after_it(
     assert not nvml.freed_during_wait
     backend.close()  # a second close changes nothing
     assert nvml.calls.count("nvmlShutdown") == 1
+
+
+def _refusing(nv: types.ModuleType, refused: dict[int, type[Exception]]) -> None:
+    """`nvmlDeviceRegisterEvents` raises the given NVML error for the given GPU indices."""
+
+    def register(handle: tuple[str, int], mask: int, event_set: object) -> None:
+        error = refused.get(handle[1])
+        if error is not None:
+            raise error(999)
+
+    nv.nvmlDeviceRegisterEvents = register  # type: ignore[attr-defined]
+
+
+def test_a_gpu_whose_events_cannot_be_registered_is_reported_unmonitored_by_uuid(
+    nvml: ScriptedNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVIDIA's device plugin marks such a GPU unhealthy and its DRA driver taints it
+    `unmonitored`: the backend must say which GPU it could not watch, not pass it for a
+    healthy one with an anonymous log line."""
+    nv = nvml.module()
+    _refusing(nv, {1: nv.NVMLError})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    with structlog.testing.capture_logs() as logs:
+        backend = NvmlBackend()
+    try:
+        event = backend.wait_health_event(5)
+        assert event is not None
+        assert (event.kind, event.gpu_uuid) == ("unmonitored", UUIDS[1])
+        assert "registering its events" in event.reason
+        [failed] = [e for e in logs if e["event"] == "nvml-health-register-failed"]
+        assert failed["gpu"] == UUIDS[1]
+        # the other GPU is watched: its XIDs still arrive
+        assert nvml.in_wait.wait(5)
+        nvml.waits.put(xid(0, 79))
+        assert backend.wait_health_event(5) == HealthEvent("xid", UUIDS[0], xid=79)
+    finally:
+        backend.close()
+
+
+def test_a_gpu_nvml_calls_too_old_for_health_events_is_reported_unsupported(
+    nvml: ScriptedNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's NOT_SUPPORTED: NVIDIA's device plugin keeps the GPU in service (a warning),
+    its DRA driver taints it `unmonitored`; the backend tells the two cases apart."""
+    nv = nvml.module()
+
+    class NVMLError_NotSupported(nv.NVMLError):  # type: ignore[name-defined,misc]
+        pass
+
+    nv.NVMLError_NotSupported = NVMLError_NotSupported  # type: ignore[attr-defined]
+    _refusing(nv, {0: NVMLError_NotSupported})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    backend = NvmlBackend()
+    try:
+        event = backend.wait_health_event(5)
+        assert event is not None
+        assert (event.kind, event.gpu_uuid) == ("unsupported", UUIDS[0])
+        assert backend.wait_health_event(0.2) is None  # GPU 1 is watched
+    finally:
+        backend.close()

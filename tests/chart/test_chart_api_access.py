@@ -23,7 +23,7 @@ from tests.chart.chart_support import render
 CLIENT_CALL: dict[str, tuple[str, ...]] = {
     "get": ("._client.get(",),
     # lists and watches go through `k8s.streams` (from the watch cache, with bookmarks)
-    "list": ("._client.list(", "list_from_cache("),
+    "list": ("._client.list(", "list_from_cache(", "list_page("),
     "watch": ("._client.watch(", "watch_from("),
     "create": ("._client.create(",),
     "update": ("._client.replace(",),

@@ -379,7 +379,9 @@ def test_slice_policy_is_bound_and_can_be_turned_off() -> None:
     names = [
         m["metadata"]["name"] for m in both.manifests if m["kind"] == "ValidatingAdmissionPolicy"
     ]
-    assert len(names) == len(set(names)) == 3, "the node-patch policy, this one, claim configs"
+    assert len(names) == len(set(names)) == 4, (
+        "the node-patch policy, this one, claim configs, claim events"
+    )
 
 
 def _agent_user() -> str:
@@ -586,3 +588,30 @@ def test_notes_send_rejected_configs_to_the_agents_pod_events_and_list_enforces_
     assert "CAP_KILL added: memoryGuard.mode=enforce with action kill" in enforce
     default = " ".join(render_notes().split())
     assert "CAP_KILL" not in default
+
+
+def test_claim_events_are_narrowed_to_claims_by_a_policy() -> None:
+    """dra.enabled grants Events in every namespace for a claim's warnings (issue 41); RBAC
+    cannot narrow that grant, a policy does: outside the release namespace, only Events
+    about ResourceClaims (checked against the real API server in tests/real_k8s)."""
+    result = render(dra=DRA)
+    assert result.ok, result.problems
+    [policy] = [
+        m
+        for m in result.manifests
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"].endswith("-claim-events")
+    ]
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["events"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    [check] = policy["spec"]["validations"]
+    assert "ResourceClaim" in check["expression"]
+    [binding] = [
+        m
+        for m in result.manifests
+        if m["kind"] == "ValidatingAdmissionPolicyBinding"
+        and m["metadata"]["name"].endswith("-claim-events")
+    ]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert not [m for m in render().manifests if m["metadata"]["name"].endswith("-claim-events")]

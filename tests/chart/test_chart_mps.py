@@ -100,3 +100,23 @@ def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
     pod = one(render(**time_sliced), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["hostPID"] is False
     assert pod["containers"][0]["securityContext"]["privileged"] is False
+
+
+def _propagation(result: Any, volume: str) -> str | None:
+    [container] = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume]
+    propagation: str | None = mount.get("mountPropagation")
+    return propagation
+
+
+@pytest.mark.parametrize(("dra", "volume"), [(False, "mps-root"), (True, "dra-plugin")])
+def test_with_mps_the_shm_tmpfs_reaches_the_host(dra: bool, volume: str) -> None:
+    """The agent mounts each MPS daemon's shm directory as a size-limited tmpfs (issue 41):
+    the mount must propagate back to the host for the runtime to bind it into the pods, which
+    takes Bidirectional propagation, allowed privileged containers only (mps.enabled)."""
+    on = render(mps={"enabled": True}, dra={"enabled": dra})
+    assert on.ok, on.problems
+    assert _propagation(on, volume) == "Bidirectional"
+    off = render(dra={"enabled": dra})
+    assert off.ok, off.problems
+    assert _propagation(off, volume) is None

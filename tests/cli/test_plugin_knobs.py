@@ -171,6 +171,8 @@ FLAGS_ADDED = {
     "--memory-caps-hook-seen-at",
 }
 """Since: memory caps (issue 32); where the agent sees the hook program (issue 40)."""
+FLAGS_ADDED |= {"--mps-shm-tmpfs", "--no-mps-shm-tmpfs"}
+"""Since: the MPS shm tmpfs (issue 41)."""
 ENV_ADDED = {
     "MEMORY_CAPS",
     "MEMORY_CAPS_POLICY",
@@ -178,6 +180,7 @@ ENV_ADDED = {
     "CGROUP_ROOT",
     "MEMORY_CAPS_HOOK_SEEN_AT",
 }
+ENV_ADDED |= {"MPS_SHM_TMPFS"}
 
 
 def test_the_flags_and_variables_are_those_of_the_hand_written_command() -> None:

@@ -253,6 +253,26 @@ async def test_the_claim_list_is_paged_and_keeps_only_the_claims_asked_for(
     assert sorted(c["metadata"]["uid"] for c in everything) == sorted(uids)
 
 
+async def test_the_claim_list_reads_pages_within_a_byte_bound(
+    api: FakeApiServer, client: AsyncClient
+) -> None:
+    """Any tenant can make large claims (500 of them made a 160 MB page against the chart's
+    256Mi): a page over the bound is not read further but asked for again with half the
+    claims, so no page read is larger than the bound and every wanted claim still comes."""
+    for i in range(12):
+        api.add_claim({"metadata": {"name": f"big{i:02d}", "namespace": "ml",
+                                    "annotations": {"pad": "x" * 10_000}},
+                       "spec": {"devices": {"requests": []}}})  # fmt: skip
+    uids = {c["metadata"]["uid"] for c in api.claims()}
+    dra = DraApi(client, "n1", DRIVER, claim_page=8, claim_page_bytes=45_000)
+    before = len(api.requests)
+    got = await dra.list_claims(uids)
+    assert {c["metadata"]["uid"] for c in got} == uids
+    assert 0 < dra.largest_page_read <= 45_000
+    pages = [r for r in api.requests[before:] if r.path.endswith("/resourceclaims")]
+    assert [r.query.get("limit") for r in pages][:2] == ["8", "4"]
+
+
 def test_the_double_pages_lists_as_the_api_does(api: FakeApiServer) -> None:
     for i in range(5):
         api.add_claim({"metadata": {"name": f"c{i}", "namespace": "ml"},

@@ -185,6 +185,34 @@ async def test_xid_marks_every_replica_unhealthy_then_recovers(sock_dir: Path) -
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, WAIT_S)
 
 
+UNWATCHED_NODE = """\
+gpus:
+- {model: t4, uuid: GPU-0e5c4d6a-0000-4000-8000-000000000000}
+- {model: t4, uuid: GPU-0e5c4d6a-0000-4000-8000-000000000001, healthEvents: unmonitored}
+- {model: t4, uuid: GPU-0e5c4d6a-0000-4000-8000-000000000002, healthEvents: unsupported}
+"""
+
+
+async def test_a_gpu_whose_health_events_cannot_be_registered_is_listed_unhealthy(
+    sock_dir: Path,
+) -> None:
+    """As NVIDIA's device plugin: a GPU nobody watches for XIDs is not advertised healthy
+    (one whose events NVML calls unsupported, too old, stays in service with a warning),
+    and the log names the GPU."""
+    node_file = sock_dir / "node.yaml"
+    node_file.write_text(UNWATCHED_NODE, encoding="utf-8")
+    unwatched = "GPU-0e5c4d6a-0000-4000-8000-000000000001"
+    async with running_daemon(sock_dir, TS4, node=f"sim:{node_file}") as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 12, WAIT_S)
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, WAIT_S)
+        health = kubelet.devices("nvidia.com/gpu")
+        assert {_gpu_of(i) for i, h in health.items() if h == "Unhealthy"} == {unwatched}
+        log = node.daemon.log()
+        assert f"event=health-unmonitored gpu={unwatched}" in log
+        assert "gpu=GPU-0e5c4d6a-0000-4000-8000-000000000002" in log
+
+
 async def test_bad_config_is_refused_and_devices_stay(sock_dir: Path) -> None:
     async with running_daemon(sock_dir, TS4) as node:
         kubelet = node.kubelet

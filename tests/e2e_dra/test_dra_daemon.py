@@ -4,10 +4,13 @@ exclusive, time-sliced, MPS and MIG claims, unprepare, and restarts of both side
 
 from __future__ import annotations
 
+import ctypes
 import os
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e_dra.dra_node import (
@@ -21,6 +24,7 @@ from tests.e2e_dra.dra_node import (
 )
 
 NVIDIA = "resource.nvidia.com/v1beta1"
+MS_BIND, MS_SHARED, MNT_DETACH = 0x1000, 0x100000, 0x2
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 
 
@@ -30,8 +34,12 @@ def _device_edits(spec: dict[str, Any], device: str) -> dict[str, Any]:
     return edits
 
 
-def _env(spec: dict[str, Any], device: str) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in _device_edits(spec, device)["env"])
+def _listed(spec: dict[str, Any], device: str) -> list[str]:
+    """The UUIDs the device's entry lists for the toolkit (its `volume-mounts` list): what
+    names the GPU, NVIDIA_VISIBLE_DEVICES being `void` as in NVIDIA's claim specs."""
+    mounts = _device_edits(spec, device)["mounts"]
+    prefix = "/var/run/nvidia-container-devices/"
+    return [m["containerPath"].removeprefix(prefix) for m in mounts if prefix in m["containerPath"]]
 
 
 def _is_dir(path: Path) -> bool:
@@ -84,7 +92,8 @@ async def test_exclusive_claim_prepared_idempotently_then_unprepared(
         assert device.cdi_ids == (f"k8s.gpuslice.io/claim={ref.uid}-gpu-0",)
         spec = node.cdi_spec(ref.uid)
         assert spec["kind"] == "k8s.gpuslice.io/claim"
-        assert _env(spec, "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, "gpu-0")
+        assert _listed(spec, "gpu-0") == [_uuid(node, "gpu-0")]
+        assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
         assert _device_edits(spec, "gpu-0")["deviceNodes"] == [{"path": "/dev/nvidia0"}]
         # the kubelet asks again (its restart): same answer, nothing redone
         assert (await node.prepare(ref))[ref.uid] == result
@@ -141,7 +150,7 @@ async def test_time_slicing_interval_is_set_then_reset(sock_dir: Path, api: Fake
         )
         assert (await node.prepare(ref))[ref.uid].error == ""
         assert node.nvidia_smi_calls() == [f"compute-policy -i {uuid} --set-timeslice 3"]
-        assert _env(node.cdi_spec(ref.uid), "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert _listed(node.cdi_spec(ref.uid), "gpu-0") == [uuid]
         assert await node.unprepare(ref) == {ref.uid: ""}
         assert node.nvidia_smi_calls()[-1] == f"compute-policy -i {uuid} --set-timeslice 0"
 
@@ -178,9 +187,8 @@ async def test_mig_devices_are_published_and_prepared_with_their_own_uuid(
             claim_obj("mig", [request("mig", "mig.nvidia.com")]), devices={"mig": name}
         )
         assert (await node.prepare(ref))[ref.uid].error == ""
-        env = _env(node.cdi_spec(ref.uid), name)
-        assert env["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, name)
-        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert _listed(node.cdi_spec(ref.uid), name) == [_uuid(node, name)]
+        assert _uuid(node, name).startswith("MIG-")
         mps = {
             "apiVersion": NVIDIA,
             "kind": "MigDeviceConfig",
@@ -450,3 +458,79 @@ async def test_an_upgrade_from_a_build_that_kept_checkpoint_json_loses_no_claim(
         assert (node.plugin_dir / "checkpoint.json").is_file(), "left for a rollback"
         assert await node.unprepare(ref) == {ref.uid: ""}
         await node.wait(lambda: not _alive(pid), "the claim's daemon stopped")
+
+
+SHARED_BY_TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+async def test_a_claims_warning_is_an_event_about_the_claim_in_its_namespace(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """What Prepare did not apply (NVIDIA's TimeSlicing interval on a GPU this node offers
+    as shares) is told where the claim's author looks, as the kubelet and the scheduler
+    post about a pod: a Warning Event about the ResourceClaim, in its namespace
+    (`kubectl events -n team-a --for resourceclaim/ts`), not one about the agent's pod."""
+    async with running_dra_node(sock_dir, api, config=SHARED_BY_TIME_SLICING) as node:
+        params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {
+            "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}  # fmt: skip
+        claim = claim_obj("ts", [request("gpu")], [opaque(params)])
+        claim["metadata"]["namespace"] = "team-a"
+        ref = node.allocate(claim)
+        assert (await node.prepare(ref))[ref.uid].error == ""
+        [event] = [e for e in api.events("team-a") if e["reason"] == "ClaimConfigNotApplied"]
+        involved = event["involvedObject"]
+        assert (involved["kind"], involved["apiVersion"]) == ("ResourceClaim", "resource.k8s.io/v1")
+        assert (involved["namespace"], involved["name"], involved["uid"]) == (
+            "team-a",
+            "ts",
+            ref.uid,
+        )
+        assert event["type"] == "Warning"
+        assert "TimeSlicing (Long)" in event["message"]
+        assert event["metadata"]["namespace"] == "team-a"
+
+
+def _tmpfs_on(directory: Path) -> bool:
+    path = os.path.realpath(directory)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        head, _, tail = line.partition(" - ")
+        if head.split()[4] == path and tail.split()[0] == "tmpfs":
+            return True
+    return False
+
+
+async def test_an_mps_claims_shm_is_a_tmpfs_until_unprepare(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """As NVIDIA's driver: the claim's shm directory (the pods' `/dev/shm`) is a tmpfs while
+    its daemon runs, so a tenant's writes are bounded memory, not the node's disk; it is
+    unmounted at Unprepare and the directory removed. The work directory is made a shared
+    mount first, as the chart's `mountPropagation: Bidirectional` makes the plugin
+    directory, so the agent sees its mount would reach the runtime."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(str(sock_dir).encode(), str(sock_dir).encode(), None, MS_BIND, None) != 0:
+        pytest.skip(f"cannot bind-mount here: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert libc.mount(None, str(sock_dir).encode(), None, MS_SHARED, None) == 0
+        params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+        async with running_dra_node(sock_dir, api, env={"MPS_SHM_TMPFS": "true"}) as node:
+            ref = node.allocate(
+                claim_obj("mps", [request("gpu")], [opaque(params)]), devices={"gpu": "gpu-0"}
+            )
+            assert (await node.prepare(ref))[ref.uid].error == ""
+            mounts = {m["containerPath"]: m["hostPath"] for m in
+                      _device_edits(node.cdi_spec(ref.uid), "gpu-0")["mounts"]}  # fmt: skip
+            shm = Path(mounts["/dev/shm"])
+            assert _tmpfs_on(shm), node.log()
+            assert await node.unprepare(ref) == {ref.uid: ""}
+            await node.wait(lambda: not shm.exists(), "the claim's MPS directory removed")
+            assert not _tmpfs_on(shm)
+    finally:
+        libc.umount2(str(sock_dir).encode(), MNT_DETACH)

@@ -61,3 +61,49 @@ async def test_an_xid_in_one_gpu_instance_marks_only_that_mig_device(
         assert "XID 94" in seen[(NODE, target.name)][1]
         others = {d for (_, d), (s, _) in seen.items() if s == "Healthy"}
         assert others == {d.name for d in dra_devices(inventory)} - {target.name}
+
+
+UNWATCHED_NODE = """\
+gpus:
+- {model: h100-80gb, uuid: GPU-0e5c4d6a-0000-4000-8000-00000000000a}
+- {model: h100-80gb, uuid: GPU-0e5c4d6a-0000-4000-8000-00000000000b, healthEvents: unmonitored}
+- {model: h100-80gb, uuid: GPU-0e5c4d6a-0000-4000-8000-00000000000c, healthEvents: unsupported}
+"""
+
+
+async def test_a_gpu_whose_health_events_cannot_be_registered_is_tainted_and_unknown(
+    sock_dir: Path, api: FakeApiServer
+) -> None:
+    """As NVIDIA's DRA driver: a GPU whose health events cannot be registered (refused, or
+    too old for them) is tainted `gpu.nvidia.com/unmonitored` with effect `None` (still
+    allocatable), its health is Unknown rather than Healthy, and the log names it."""
+    node_file = sock_dir / "node.yaml"
+    node_file.write_text(UNWATCHED_NODE, encoding="utf-8")
+    async with running_dra_node(sock_dir, api, node=f"sim:{node_file}") as node:
+        unwatched = {"gpu-1": "GPU-0e5c4d6a-0000-4000-8000-00000000000b"}
+        unwatched["gpu-2"] = "GPU-0e5c4d6a-0000-4000-8000-00000000000c"
+
+        def tainted() -> bool:
+            devices = node.devices()
+            return all("taints" in devices[name] for name in unwatched)
+
+        await node.wait(tainted, "gpu-1 and gpu-2 tainted unmonitored")
+        devices = node.devices()
+        for name in unwatched:
+            (taint,) = devices[name]["taints"]
+            assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unmonitored", "None")
+            assert "value" not in taint
+        assert "taints" not in devices["gpu-0"]
+        seen = await node.kubelet.wait_health(
+            DRIVER, lambda h: all(_status(h, d) == "Unknown" for d in unwatched), 15
+        )
+        assert seen[(NODE, "gpu-0")] == ("Healthy", "")
+        for name, uuid in unwatched.items():
+            assert uuid in seen[(NODE, name)][1]
+            assert f"event=health-unmonitored gpu={uuid}" in node.log()
+        # still watched for what can be seen: a lost GPU is Unhealthy, not Unknown
+        node.control.inject_lost(1)
+        seen = await node.kubelet.wait_health(
+            DRIVER, lambda h: _status(h, "gpu-1") == "Unhealthy", 15
+        )
+        assert "lost" in seen[(NODE, "gpu-1")][1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from gpuslice.k8s import (
     PodEvictor,
     make_client,
 )
+from gpuslice.k8s.claimevents import ClaimEvents
 from gpuslice.k8s.dra import DraApi
 from gpuslice.testing import envtest
 
@@ -409,6 +411,14 @@ async def test_what_the_agent_needs_it_can_do_with_its_token(
     assert await events.post("ConfigApplied", "a100"), "the repeat patches the count"
     listed = json.loads(_ok(control_plane, "get", "events", "-n", namespace, "-o", "json"))
     assert [e["count"] for e in listed["items"] if e["reason"] == "ConfigApplied"] == [2]
+    # events create + patch about a ResourceClaim, in the claim's namespace (dra.enabled)
+    claims = ClaimEvents(agent, node)
+    uid = str(uuid.uuid4())
+    assert await claims.post("default", "ts", uid, "ClaimConfigNotApplied", "kept")
+    assert await claims.post("default", "ts", uid, "ClaimConfigNotApplied", "kept")
+    listed = json.loads(_ok(control_plane, "get", "events", "-n", "default", "-o", "json"))
+    told = [e for e in listed["items"] if e["involvedObject"].get("uid") == uid]
+    assert [(e["involvedObject"]["kind"], e["count"]) for e in told] == [("ResourceClaim", 2)]
     # pods/eviction create (memoryGuard.action=evict)
     assert await PodEvictor(agent).evict(namespace, victim["metadata"]["name"])
     # resourceclaims list + get (a claim that is not there: authorised, then not found)
@@ -446,24 +456,29 @@ def test_the_granted_rules_are_the_documented_table(
     assert allowed == documented
 
 
-def test_events_only_in_the_agents_namespace(
+def test_events_only_in_the_agents_namespace_but_claims_warnings_in_theirs(
     control_plane: envtest.ControlPlane, installed: dict[str, str]
 ) -> None:
-    def event(namespace: str) -> str:
+    """Its own Events in its namespace (a Role); with `dra.enabled` (installed here) Events in
+    every namespace too (a ClusterRole), which the chart's policy narrows to Events about
+    ResourceClaims, what a claim's warnings are."""
+
+    def event(namespace: str, kind: str = "Pod", api: str = "v1") -> str:
         return json.dumps({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": "agent.", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": "agent",
+            "involvedObject": {"kind": kind, "apiVersion": api, "name": "x",
                                "namespace": namespace},
             "reason": "ConfigApplied", "message": "x", "type": "Normal",
         })  # fmt: skip
 
-    def create(namespace: str) -> str:
+    def create(text: str) -> str:
         done = control_plane.kubectl(
-            "create", "--validate=false", "-f", "-", stdin=event(namespace),
+            "create", "--validate=false", "-f", "-", stdin=text,
             as_user=installed["user"], extra=[(NODE_EXTRA, installed["node"])],
         )  # fmt: skip
         return "" if done.returncode == 0 else done.stderr
 
-    assert create(installed["namespace"]) == ""
-    assert 'cannot create resource "events"' in create("kube-system")
+    assert create(event(installed["namespace"])) == ""
+    assert "only Events about ResourceClaims" in create(event("kube-system"))
+    assert create(event("kube-system", "ResourceClaim", "resource.k8s.io/v1")) == ""

@@ -29,7 +29,7 @@ from gpuslice.agent.caps import (
     node_capability,
     pod_containers,
 )
-from gpuslice.agent.dra_driver import DraCaps, DraDriver, DriverSettings
+from gpuslice.agent.dra_driver import ClaimWarn, DraCaps, DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
@@ -45,6 +45,7 @@ from gpuslice.core.caps import CapsView, GpuCapability, caps_view
 from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.cdispec import CDI_KIND
+from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.labels import gfd_labels
@@ -70,6 +71,7 @@ from gpuslice.mps import (
     MpsDaemonManager,
     MpsTimings,
 )
+from gpuslice.mps.shm import ShmMounts
 from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
 from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner, TimesliceSetter
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
     from gpuslice.k8s import AgentPod, NodeEvents, NodeLabeler, NodePods
+    from gpuslice.k8s.claimevents import ClaimEvents
 
 log = get_logger("gpuslice.agent")
 
@@ -94,6 +97,7 @@ def wire_mps(
     set_compute_mode: bool,
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",),
     timings: MpsTimings | None = None,
+    shm_tmpfs: bool = False,
 ) -> MpsDaemonManager:
     """Run an MPS control daemon per MPS resource; its replicas are Unhealthy while it is down.
 
@@ -105,7 +109,8 @@ def wire_mps(
     pod using it, so a stopping agent leaves them and the next one takes over those started
     with the settings its plan wants. Only a plan without them or with other settings stops
     them: a config reload, or the next agent's first plan (`quit_left_behind`, before the
-    front end advertises anything).
+    front end advertises anything). `shm_tmpfs`: the daemons' shared shm directory is a
+    size-limited tmpfs (`mps.shm`).
     """
 
     def withdraw_down_daemons(_resource: str = "", _ready: bool = False) -> None:
@@ -126,6 +131,7 @@ def wire_mps(
         timings=timings,
         on_readiness=withdraw_down_daemons,
         keep_running=True,  # pods' clients outlive an agent stop, crash or rollout
+        shm=ShmMounts() if shm_tmpfs else None,
     )
 
     started = False
@@ -151,6 +157,7 @@ def dra_front_end(
     *,
     timeslice: TimesliceSetter | None = None,
     warn: Callable[[str, str], Awaitable[None]] | None = None,
+    claim_warn: ClaimWarn | None = None,
     server_settings: DraServerSettings | None = None,
     mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
@@ -172,6 +179,7 @@ def dra_front_end(
         # mid-Prepare is undone from the record (core.dra.preparation.SetComputeMode)
         timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
+        shm=ShmMounts() if settings.mps_shm_tmpfs else None,
     )
 
     def dynamic() -> tuple[str, ...]:
@@ -200,6 +208,7 @@ def dra_front_end(
         mps=mps,
         timeslice=timeslice if timeslice is not None else smi,
         warn=warn,
+        claim_warn=claim_warn,
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
@@ -726,11 +735,20 @@ async def _wire(
     front: FrontEnd
     mps: MpsDaemonManager | None = None
     if settings.dra is not None:
+        from gpuslice.k8s.claimevents import ClaimEvents
         from gpuslice.k8s.dra import DraApi
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
-        dra = dra_front_end(state, settings, settings.dra, objects, warn=warn, backend=backend)
+        dra = dra_front_end(
+            state,
+            settings,
+            settings.dra,
+            objects,
+            warn=warn,
+            claim_warn=_claim_warner(ClaimEvents(client, settings.node_name)),
+            backend=backend,
+        )
         front, mps = dra, dra.mps
     else:
         front = DevicePluginFrontEnd(state, settings)
@@ -749,6 +767,7 @@ async def _wire(
             set_compute_mode=settings.set_compute_mode,
             nvidia_smi=settings.nvidia_smi,
             timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
+            shm_tmpfs=settings.mps_shm_tmpfs,
         )
     metrics_on = settings.metrics_port is not None
     node_pods = None
@@ -808,6 +827,15 @@ async def _wire(
         wire_label_api(agent, NodeLabeler(client, settings.node_name))
     agent.hooks.services.append(inventory_watcher(agent, warn))
     return agent
+
+
+def _claim_warner(events: ClaimEvents) -> ClaimWarn:
+    """A Warning Event about the claim, in its namespace (what its author reads)."""
+
+    async def warn(ref: ClaimRef, reason: str, message: str) -> None:
+        await events.post(ref.namespace, ref.name, ref.uid, reason, message)
+
+    return warn
 
 
 def _warner(events: NodeEvents) -> Callable[[str, str], Awaitable[None]]:

@@ -85,6 +85,7 @@ from gpuslice.logs import get_logger
 from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
+from gpuslice.mps.shm import unmount
 from gpuslice.ports import ComputeModeSetter, DraObjectNotFound, DraObjects, TimesliceSetter
 from gpuslice.state import Snapshot
 
@@ -95,6 +96,8 @@ KUBELET_CALL_TIMEOUT_S = 45.0
 
 Warn = Callable[[str, str], Awaitable[None]]
 """Posts a Warning Event on the Node: (reason, message)."""
+ClaimWarn = Callable[[ClaimRef, str, str], Awaitable[None]]
+"""Posts a Warning Event about a ResourceClaim, in its namespace: (claim, reason, message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,7 @@ class DraDriver:
         mps: MpsDaemonManager | None = None,
         timeslice: TimesliceSetter | None = None,
         warn: Warn | None = None,
+        claim_warn: ClaimWarn | None = None,
         old_checkpoint: CheckpointFile | None = None,
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
@@ -208,7 +212,9 @@ class DraDriver:
         the GPUs `dynamic` marks (`core.dra.partitions.is_dynamic`). `compute_mode` sets
         a whole GPU's compute mode around its MPS daemon as a step of the claim (None: the
         node leaves compute modes alone, `--no-compute-mode`); the MPS manager then sets
-        none, so the claim's record is the one carrier of that change."""
+        none, so the claim's record is the one carrier of that change. `claim_warn` tells a
+        claim's author what Prepare did not apply (about the claim, where its author looks);
+        without it those warnings go to `warn` with the node's own."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -223,6 +229,7 @@ class DraDriver:
         self._timeslice = timeslice
         self._compute_mode = compute_mode
         self._warn = warn
+        self._claim_warn = claim_warn
         self._claims: dict[str, PreparedClaim] = {}
         self._daemons: dict[str, MpsDaemonSpec] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -614,7 +621,7 @@ class DraDriver:
                 return _failed(ref, str(exc))
             try:
                 for notice in work.notices:  # the claim is prepared, on the node's terms
-                    await self._post("ClaimConfigNotApplied", notice)
+                    await self._post_about(ref, "ClaimConfigNotApplied", notice)
                 return await self._carry_out(work, prepared)
             finally:
                 del self._in_flight[ref.uid]
@@ -1106,6 +1113,10 @@ class DraDriver:
         if _daemon_may_run(pid_file):
             log.warning("dra-mps-dir-kept", dir=str(base), reason="its daemon may still run")
             return
+        # a stray's tmpfs (its agent gone before it stopped the daemon) goes with the directory
+        why = unmount(str(base / "shm"))
+        if why is not None:
+            log.warning("dra-mps-shm-unmount-failed", dir=str(base / "shm"), error=why)
         shutil.rmtree(base, ignore_errors=True)
 
     # -- record ----------------------------------------------------------------------------
@@ -1127,6 +1138,15 @@ class DraDriver:
             await self._write()
         except OSError as exc:
             log.error("dra-checkpoint-write-failed", error=str(exc))
+
+    async def _post_about(self, ref: ClaimRef, reason: str, message: str) -> None:
+        if self._claim_warn is None:
+            await self._post(reason, message)
+            return
+        try:
+            await self._claim_warn(ref, reason, message)
+        except Exception as exc:  # an unreachable API must not stop the driver
+            log.warning("dra-event-failed", reason=reason, claim_uid=ref.uid, error=str(exc))
 
     async def _post(self, reason: str, message: str) -> None:
         if self._warn is None:

@@ -54,7 +54,12 @@ class PlanHealth:
         snap = self._state.current
         devices = None if self._devices is None else self._devices(snap.inventory)
         reports = device_health(
-            snap.inventory, snap.unhealthy, snap.last_xid, pool=self._pool, devices=devices
+            snap.inventory,
+            snap.unhealthy,
+            snap.last_xid,
+            pool=self._pool,
+            devices=devices,
+            unmonitored=snap.unmonitored,
         )
         return snap.version, reports
 

@@ -44,6 +44,7 @@ from gpuslice.core.dra.publish import (
     plan_slices,
     share_offers,
     taints,
+    unmonitored_taints,
 )
 from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
@@ -84,6 +85,7 @@ class SlicePublisher:
         self._tainted_since: dict[str, str] = {}
         self._noticed_since: dict[str, str] = {}
         self._cordoned_since: dict[str, str] = {}
+        self._unmonitored_since: dict[str, str] = {}
         self._node_uid: str | None = None
         self._stored: tuple[tuple[str, str], ...] | None = None
         """(name, resourceVersion) of the slices as we last left them."""
@@ -141,13 +143,19 @@ class SlicePublisher:
         for uuid in unhealthy:
             self._tainted_since.setdefault(uuid, _now())
         noticed = snap.noticed if self.informational else {}
+        # effect None, as the informational taints: an API server before 1.35 refuses both
+        unwatched = frozenset(snap.unmonitored) if self.informational else frozenset()
         _track(self._noticed_since, noticed)
         _track(self._cordoned_since, snap.cordoned)
-        health = Health(unhealthy, noticed, snap.cordoned)
+        _track(self._unmonitored_since, unwatched)
+        health = Health(unhealthy, noticed, snap.cordoned, unwatched)
         out = []
         for device in devices:
             since = _since(self._tainted_since, device) or _since(self._noticed_since, device)
             device_taints = taints(device, health, self.driver, since)
+            device_taints += unmonitored_taints(
+                device, health, self.driver, _since(self._unmonitored_since, device)
+            )
             device_taints += cordon_taints(device, health, _since(self._cordoned_since, device))
             owner = dyn.get(device.gpu.uuid)
             if owner is not None:

@@ -25,7 +25,7 @@ from gpuslice.core.cordon import CORDON_ANNOTATION, Cordon, parse_cordon
 from gpuslice.core.describe import unified_memory_note
 from gpuslice.core.devices import Inventory
 from gpuslice.core.errors import ConfigError, FieldProblem, GpusliceError
-from gpuslice.core.health import HealthPolicy, HealthState
+from gpuslice.core.health import HealthEvent, HealthPolicy, HealthState
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.devroot import host_dev_root
 from gpuslice.logs import get_logger
@@ -387,6 +387,9 @@ class Agent:
             if event.kind == "inventory-changed":  # MIG mode or layout changed
                 await self.reload("inventory-event")
                 continue
+            if event.kind in ("unmonitored", "unsupported"):
+                self._unmonitored(event)
+                continue
             inventory = self.state.current.inventory
             counted = event.kind == "lost" or bool(self.policy.affected(event, inventory))
             if event.kind in ("xid", "lost") and counted:
@@ -414,6 +417,24 @@ class Agent:
             for uuid in self.health.unhealthy ^ before:
                 for on_health in self.hooks.on_health:
                     on_health(uuid, uuid not in self.health.unhealthy)
+
+    def _unmonitored(self, event: HealthEvent) -> None:
+        """A GPU whose health cannot be watched: published so each front end says so its
+        way (`state.Snapshot.unmonitored`), and logged naming the GPU."""
+        before = self.health.unmonitored
+        self.health = self.health.apply(event, self.state.current.inventory, self.policy)
+        if self.health.unmonitored == before:
+            log.info("health-unmonitored-ignored", gpu=event.gpu_uuid, reason=event.reason)
+            return
+        why = self.health.unmonitored[event.gpu_uuid]
+        log.warning(
+            "health-unmonitored",
+            gpu=event.gpu_uuid,
+            reason=event.reason,
+            message=f"health events of GPU {event.gpu_uuid} are not watched: {event.reason}"
+            + ("" if why.in_service else "; its XIDs would go unseen"),
+        )
+        self.state.publish(unmonitored=self.health.unmonitored)
 
     # -- the operator's GPU cordon ---------------------------------------------------------
 

@@ -699,6 +699,19 @@ class AgentSettings:
         from_cli=_words,
     )
     """Command that runs the MPS control program (tests use the fake one)."""
+    mps_shm_tmpfs: bool = knob(
+        True,
+        "--mps-shm-tmpfs/--no-mps-shm-tmpfs",
+        env="MPS_SHM_TMPFS",
+        show_default=True,
+        help="Mount a size-limited tmpfs on each MPS daemon's shm directory.",
+    )
+    """Each MPS daemon's shm directory (its clients' `/dev/shm`) gets a tmpfs of half the
+    node's memory, as NVIDIA's DRA driver mounts it, so a tenant's writes are memory charged
+    to its pod rather than the node's disk (`mps.shm`). Needs CAP_SYS_ADMIN and a mount that
+    propagates to the host; where either is missing the directory stays plain, said once
+    per directory. The test suite turns it off (`tests/conftest.py`) except where it tests
+    the mount, so no test leaves a tmpfs on the machine."""
     mps_health_interval_s: float = knob(
         2.0,
         "--mps-health-interval",

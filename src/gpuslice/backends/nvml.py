@@ -10,7 +10,8 @@ Choices worth knowing:
   each intersected with what the device supports, registered on parent handles (NVML has no
   per-MIG-instance registration). Only XIDs become `xid` events; ECC events are logged and
   skipped, as NVIDIA does (a DBE is followed by its own XID). GI/CI ids of 0xFFFFFFFF mean
-  "not attributable" and become None.
+  "not attributable" and become None. A GPU whose registration fails is reported
+  `unmonitored` (one NVML calls too old for the events, `unsupported`), named in the log.
 - Recovery: NVIDIA never marks a device healthy again. We take a GpuRecoveryAction event
   whose action is NONE (the driver says the GPU needs nothing further) as `recovered`; other
   actions (reset, reboot, drain) leave the device unhealthy and are logged.
@@ -45,7 +46,7 @@ from gpuslice.backends.mignames import mig_profile_name
 from gpuslice.backends.nvml_limits import NvmlMemoryLimiter
 from gpuslice.core.devices import Gpu, GpuUuid, Inventory, Link, MigDevice, MigUuid, P2PLevel
 from gpuslice.core.gpumodels import MigGeometry
-from gpuslice.core.health import NO_INSTANCE, HealthEvent
+from gpuslice.core.health import NO_INSTANCE, HealthEvent, HealthEventKind
 from gpuslice.core.migcaps import access_files, char_major, device_file_minor
 from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
@@ -683,11 +684,16 @@ class NvmlBackend:
     # -- health --------------------------------------------------------------------------
 
     def _start_health(self) -> None:
+        """Register the health events of every GPU; one whose registration fails is queued
+        as `unmonitored` (NVIDIA's device plugin marks it unhealthy, its DRA driver taints it
+        `unmonitored`), one NVML calls too old for them as `unsupported`, each logged by
+        UUID: a GPU nobody watches must not pass for a healthy one."""
         nv = self._nv
         try:
             event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
             log.warning("nvml-health-disabled", reason=str(exc))
+            self._unwatched(self._uuids, "unsupported", f"no NVML event set: {exc}")
             return
         wanted = (
             EVENT_XID
@@ -697,24 +703,35 @@ class NvmlBackend:
             | EVENT_RECOVERY_ACTION
             | EVENT_MIG_CONFIG_CHANGE
         )
+        not_supported = getattr(nv, "NVMLError_NotSupported", ())
         registered = 0
-        for handle in self._handles:
+        for handle, uuid in zip(self._handles, self._uuids, strict=True):
             try:
-                uuid = str(nv.nvmlDeviceGetUUID(handle))
                 supported = int(nv.nvmlDeviceGetSupportedEventTypes(handle))
                 mask = wanted & supported
                 if not mask & EVENT_XID:
                     log.warning("nvml-health-unsupported", gpu=uuid, message="too old?")
+                    self._unwatched([uuid], "unsupported", "the GPU reports no XID events")
                     continue
                 nv.nvmlDeviceRegisterEvents(handle, mask, event_set)
                 registered += 1
+            except not_supported as exc:
+                log.warning("nvml-health-unsupported", gpu=uuid, error=str(exc))
+                self._unwatched([uuid], "unsupported", f"registering its events: {exc}")
             except nv.NVMLError as exc:
-                log.warning("nvml-health-register-failed", error=str(exc))
+                log.warning("nvml-health-register-failed", gpu=uuid, error=str(exc))
+                self._unwatched([uuid], "unmonitored", f"registering its events: {exc}")
         if registered == 0:
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlEventSetFree(event_set)
             return
         self._event_set = event_set
+
+    def _unwatched(self, uuids: list[str], kind: HealthEventKind, reason: str) -> None:
+        """Queue the GPUs whose health cannot be watched, for the agent's health loop."""
+        with self._arrived:
+            self._pending.extend(HealthEvent(kind, u, reason=reason) for u in uuids)
+            self._arrived.notify_all()
 
     def _watch(self) -> None:
         """The health thread: waits on the event set in slices until closed, then frees it.

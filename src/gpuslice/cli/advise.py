@@ -35,11 +35,8 @@ from gpuslice.core.advise import (
     parse_duration,
 )
 from gpuslice.core.advise.claims import mig_claim_templates
-from gpuslice.textfile import read_text
+from gpuslice.textfile import UnreadableFile, read_text
 
-MAX_SAMPLES_BYTES = 256 * 1024 * 1024
-"""Largest samples file read (into memory, whole): a week of a few dozen pods. Longer
-histories belong in Prometheus (`--prometheus`), which `advise` reads in chunks."""
 DEFAULT_SINCE = "24h"
 DEFAULT_STEP = "15s"
 MAX_SINCE_S = 5 * 366 * 86400
@@ -90,8 +87,12 @@ def load_history(
     until: str | None,
     step: str | None,
     timeout_s: float = 60.0,
+    *,
+    max_file_bytes: int | None = None,
 ) -> History:
-    """The history from whichever source was given, over the asked window."""
+    """The history from whichever source was given, over the asked window. A samples
+    file is held to `max_file_bytes` (`prometheus.samples.MAX_FILE_BYTES`: one answer's
+    bound), its size checked before a byte of it is read."""
     end = _until(until)
     if prometheus is not None:
         from gpuslice.prometheus.client import PrometheusReader, Window
@@ -103,9 +104,20 @@ def load_history(
         series = PrometheusReader(prometheus, timeout_s=timeout_s).series(window, _progress())
         return build_history(series, step_s, start=start, end=end)
     assert samples is not None
-    from gpuslice.prometheus.samples import parse_samples, scrape_interval
+    from gpuslice.prometheus.samples import (
+        MAX_FILE_BYTES,
+        file_too_large,
+        parse_samples,
+        scrape_interval,
+    )
 
-    text = read_text(samples, MAX_SAMPLES_BYTES)[0]
+    limit = MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+    try:
+        text = read_text(samples, limit)[0]
+    except UnreadableFile as exc:
+        if exc.size is None or exc.size <= limit:
+            raise
+        raise file_too_large(str(samples), exc.size, limit) from None
     series = parse_samples(text, str(samples))
     begin: float | None = None
     if end is not None or since is not None:

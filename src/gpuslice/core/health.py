@@ -10,6 +10,11 @@ Three deliberate differences from NVIDIA's plugin, each fixing a reported proble
 An ignored XID is still remembered (`HealthState.noticed`): DRA mode publishes it as NVIDIA's
 DRA driver does, an informational taint that leaves the device in service.
 
+A GPU whose health events could not be registered (`HealthState.unmonitored`) is not
+silently taken for healthy: each front end does what NVIDIA's does in its mode (the device
+plugin lists it Unhealthy, `state.Snapshot.out_of_service`; the DRA driver taints it
+`unmonitored`, effect `None`, and reports its health Unknown).
+
 The env-var rules (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`) are NVIDIA's, so
 existing DaemonSet settings keep their meaning. Parsing returns warnings instead of logging
 them: the core does no I/O.
@@ -18,13 +23,15 @@ them: the core does no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.sharing.model import AdvertisedDevice
 
-HealthEventKind = Literal["xid", "recovered", "lost", "inventory-changed"]
+HealthEventKind = Literal[
+    "xid", "recovered", "lost", "inventory-changed", "unmonitored", "unsupported"
+]
 
 NO_INSTANCE = 0xFFFFFFFF
 """NVML's marker for "not attributable to a MIG GPU/compute instance"."""
@@ -40,6 +47,9 @@ class HealthEvent:
     `lost` is a device that stopped answering at all. `inventory-changed` is not about
     health: the GPU's MIG mode or layout changed (NVML's MIG config change event), and the
     agent re-plans now instead of at its next periodic inventory read.
+    `unmonitored`: the GPU's health events could not be registered (NVML refused), so no
+    XID on it will ever be seen; `unsupported`: NVML says the GPU does not support them (too
+    old), or health events could not be set up at all. `reason` says why, for the log.
     """
 
     kind: HealthEventKind
@@ -47,6 +57,21 @@ class HealthEvent:
     xid: int | None = None
     gi_id: int | None = None
     ci_id: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unmonitored:
+    """Why a GPU's health is not watched (`HealthEvent` kinds `unmonitored`, `unsupported`).
+
+    NVIDIA's device plugin lists a GPU whose event registration failed Unhealthy, but keeps
+    one NVML calls too old for the events (or every GPU, when the event set itself cannot
+    be made: its health checks are then off) in service; NVIDIA's DRA driver taints all of
+    them `unmonitored` with effect `None`. `in_service` carries that difference.
+    """
+
+    reason: str
+    in_service: bool
 
 
 DeviceHealth = Literal["Healthy", "Unhealthy"]
@@ -110,6 +135,8 @@ class HealthPolicy:
         """
         if self.checking_disabled and event.kind != "recovered":
             return frozenset()
+        if event.kind not in ("xid", "lost", "recovered"):
+            return frozenset()  # not a verdict on the device (`HealthState.unmonitored`)
         gpu = inventory.gpu_by_uuid(event.gpu_uuid)
         if event.kind in ("lost", "recovered"):
             whole = _whole(gpu) if gpu is not None else frozenset()
@@ -170,18 +197,29 @@ class HealthState:
 
     unhealthy: frozenset[str] = field(default_factory=frozenset)
     noticed: Mapping[str, int] = field(default_factory=dict)
+    unmonitored: Mapping[str, Unmonitored] = field(default_factory=dict)
+    """GPU UUID -> why its health events are not watched. Kept for the agent's life: events
+    are registered once, at start, so nothing (not even `recovered`) makes it watched."""
 
     def apply(self, event: HealthEvent, inventory: Inventory, policy: HealthPolicy) -> HealthState:
         if event.kind == "inventory-changed":
             return self  # not a health change: the agent re-plans instead
+        if event.kind in ("unmonitored", "unsupported"):
+            if policy.checking_disabled:  # no health checks asked for: nothing is missing
+                return self
+            unmonitored = dict(self.unmonitored)
+            unmonitored[event.gpu_uuid] = Unmonitored(
+                event.reason, in_service=event.kind == "unsupported"
+            )
+            return replace(self, unmonitored=unmonitored)
         affected = policy.affected(event, inventory)
         if event.kind == "recovered":
             noticed = {u: x for u, x in self.noticed.items() if u not in affected}
-            return HealthState(self.unhealthy - affected, noticed)
+            return HealthState(self.unhealthy - affected, noticed, self.unmonitored)
         noticed = dict(self.noticed)
         if event.xid is not None:
             noticed.update(dict.fromkeys(policy.noticed(event, inventory), event.xid))
-        return HealthState(self.unhealthy | affected, noticed)
+        return HealthState(self.unhealthy | affected, noticed, self.unmonitored)
 
 
 def device_health(dev: AdvertisedDevice, unhealthy: frozenset[str]) -> DeviceHealth:

@@ -274,6 +274,7 @@ async def _running_dra_node(
         reload_interval_s=0.5,
         mps_control=MPS_CONTROL,
         set_compute_mode=False,
+        mps_shm_tmpfs=False,  # a simulated node: nothing to mount on the host running it
         dra=dra,
     )
     first = await first_plan(settings, backend)
@@ -337,24 +338,25 @@ def _pod_view(
     mounts: list[Mount] = []
     for cdi_id in ids:
         kind, _, name = cdi_id.partition("=")
-        entry = _cdi_entry(node.cdi_root, kind, name)
-        edits = entry.get("containerEdits") or {}
-        for e in edits.get("env") or ():
-            key, _, value = str(e).partition("=")
-            env.append((key, value))
-        mounts += [Mount(m["hostPath"], m["containerPath"]) for m in edits.get("mounts") or ()]
-    return PodView(pod, claim, prepared, ids, tuple(env), tuple(mounts))
+        common, entry = _cdi_entry(node.cdi_root, kind, name)
+        for edits in (common, entry.get("containerEdits") or {}):
+            for e in edits.get("env") or ():
+                key, _, value = str(e).partition("=")
+                env.append((key, value))
+            mounts += [Mount(m["hostPath"], m["containerPath"]) for m in edits.get("mounts") or ()]
+    return PodView(pod, claim, prepared, ids, tuple(dict(env).items()), tuple(mounts))
 
 
-def _cdi_entry(root: Path, kind: str, name: str) -> Json:
-    """The device `name` of kind `kind` in the CDI spec files, as a runtime looks it up."""
+def _cdi_entry(root: Path, kind: str, name: str) -> tuple[Json, Json]:
+    """The device `name` of kind `kind` in the CDI spec files, as a runtime looks it up,
+    with its spec's own edits (which the runtime applies with any of its devices)."""
     for path in sorted(root.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if spec.get("kind") != kind:
             continue
         for device in spec.get("devices") or ():
             if device.get("name") == name:
-                return dict(device)
+                return dict(spec.get("containerEdits") or {}), dict(device)
     raise DemoError(f"no CDI spec in {root} has device {kind}={name}")
 
 

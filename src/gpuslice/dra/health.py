@@ -51,7 +51,7 @@ def health_response(
         devices=[
             health.DeviceHealth(
                 device=health.DeviceIdentifier(pool_name=r.pool, device_name=r.device),
-                health=health.HEALTHY if r.healthy else health.UNHEALTHY,
+                health=_status(r),
                 last_updated_time=now,
                 health_check_timeout_seconds=timeout_s,
                 message=health_message(r.message),
@@ -59,6 +59,12 @@ def health_response(
             for r in reports
         ]
     )
+
+
+def _status(report: DeviceHealthReport) -> health.HealthStatus:
+    if not report.healthy:
+        return health.UNHEALTHY
+    return health.HEALTHY if report.monitored else health.UNKNOWN
 
 
 class DraHealthServicer:

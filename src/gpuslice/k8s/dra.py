@@ -22,9 +22,17 @@ from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from gpuslice.core.dra.claim_list import read_page
 from gpuslice.core.jsontypes import Json
-from gpuslice.k8s.streams import list_from_cache, watch_from
+from gpuslice.k8s.streams import list_from_cache, list_page, watch_from
+from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, SliceEvent, SliceListing
+
+log = get_logger("gpuslice.dra.api")
+
+
+class ClaimUnreadable(Exception):
+    """A ResourceClaim asked for by UID could not be decoded."""
 
 
 def _plain(obj: Any) -> Json:
@@ -45,38 +53,89 @@ async def _translated(what: str) -> AsyncIterator[None]:
         raise
 
 
-CLAIM_PAGE = 500
-"""ResourceClaims per page of the rebuild's cluster-wide LIST (a claim is a few KiB)."""
+CLAIM_PAGE = 100
+"""ResourceClaims asked for per page of the rebuild's cluster-wide LIST. A claim is a few
+KiB, but a tenant may make one of up to the API server's object limit (about 1.5 MiB in
+etcd): 500 large claims made a page of 160 MB, beyond the agent's memory limit."""
+CLAIM_PAGE_BYTES = 8 * 1024 * 1024
+"""The most bytes of one page read: a page that would be larger is read again with half
+as many claims, down to one (which always fits)."""
+
+
+class ClaimListTooLarge(Exception):
+    """One claim alone was larger than the page bound: not something a server sends."""
 
 
 class DraApi:
     def __init__(
-        self, client: AsyncClient, node_name: str, driver: str, *, claim_page: int = CLAIM_PAGE
+        self,
+        client: AsyncClient,
+        node_name: str,
+        driver: str,
+        *,
+        claim_page: int = CLAIM_PAGE,
+        claim_page_bytes: int = CLAIM_PAGE_BYTES,
     ) -> None:
         if claim_page < 1:
             raise ValueError(f"DraApi claim_page {claim_page!r} must be at least 1")
+        if claim_page_bytes < 1:
+            raise ValueError(f"DraApi claim_page_bytes {claim_page_bytes!r} must be at least 1")
         self._client = client
         self.node_name = node_name
         self.driver = driver
         self.claim_page = claim_page
+        self.claim_page_bytes = claim_page_bytes
+        self.largest_page_read = 0
+        """Bytes of the largest claim page read whole (what tests hold to the bound)."""
 
     async def get_claim(self, namespace: str, name: str) -> Json:
         async with _translated(f"ResourceClaim {namespace}/{name}"):
             return _plain(await self._client.get(ResourceClaim, name, namespace=namespace))
 
     async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
-        """Paged (`limit`/`continue`): one page of claims is decoded at a time and only the
-        wanted ones are kept, so the agent's memory does not grow with the cluster."""
+        """Paged (`limit`/`continue`), each page read up to `claim_page_bytes` (a larger one
+        is asked for again with half the claims) and walked claim by claim
+        (`core.dra.claim_list`): only the wanted claims are kept, so memory is bounded
+        whatever the cluster holds, and a claim that cannot be decoded (a tenant's nesting
+        bomb) is logged and skipped, costing only itself. One the caller asked for by UID
+        raises instead: nothing may be taken for not prepared because it was not read."""
         wanted = None if uids is None else frozenset(uids)
         kept: list[Json] = []
+        limit, token = self.claim_page, ""
         async with _translated("ResourceClaims"):
-            async for claim in self._client.list(
-                ResourceClaim, namespace="*", chunk_size=self.claim_page
-            ):
-                meta = claim.metadata
-                if wanted is None or (meta is not None and meta.uid in wanted):
-                    kept.append(_plain(claim))
-        return kept
+            while True:
+                body = await list_page(
+                    self._client, ResourceClaim, limit, token, max_bytes=self.claim_page_bytes
+                )
+                if body is None:
+                    if limit == 1:
+                        raise ClaimListTooLarge(
+                            f"one ResourceClaim is over {self.claim_page_bytes} bytes"
+                        )
+                    limit = max(1, limit // 2)
+                    continue
+                self.largest_page_read = max(self.largest_page_read, len(body))
+                page = read_page(body.decode("utf-8", errors="replace"))
+                for claim in page.items:
+                    uid = (claim.get("metadata") or {}).get("uid")
+                    if wanted is None or uid in wanted:
+                        kept.append(claim)
+                for bad in page.unreadable:
+                    log.warning(
+                        "dra-claim-unreadable",
+                        claim_uid=bad.uid or "?",
+                        claim=f"{bad.namespace or '?'}/{bad.name or '?'}",
+                        error=bad.error,
+                    )
+                    # one of ours read at its Prepare (a claim's spec never changes)
+                    if wanted is not None and bad.uid in wanted:
+                        raise ClaimUnreadable(
+                            f"ResourceClaim {bad.namespace}/{bad.name} ({bad.uid}) cannot be "
+                            f"read: {bad.error}"
+                        )
+                if not page.continue_token:
+                    return kept
+                token = page.continue_token
 
     async def node_uid(self) -> str:
         async with _translated(f"Node {self.node_name}"):

@@ -52,6 +52,35 @@ async def list_from_cache(
     return items, str(listing.resourceVersion)
 
 
+async def list_page(
+    client: AsyncClient, resource: Any, limit: int, token: str, *, max_bytes: int
+) -> bytes | None:
+    """One page of a cluster-wide LIST (`limit`, `continue`), as the server's bytes, for a
+    caller that decodes it itself; None once it is over `max_bytes` (read no further).
+    lightkube decodes a whole page at once, unbounded: one object it cannot decode loses
+    the page, and a page of large objects can be any size."""
+    params = {"limit": limit, "continue": token or None}
+    generic = _generic(client)
+    request = generic.build_adapter_request(
+        generic.prepare_request("list", res=resource, namespace="*", params=params)
+    )
+    response = await generic.send(request, stream=True)
+    try:
+        if response.is_error:
+            await response.aread()  # an error's Status, which the server keeps small
+            generic.raise_for_status(response)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > max_bytes:
+                return None
+            chunks.append(chunk)
+    finally:
+        await response.aclose()
+    return b"".join(chunks)
+
+
 async def watch_from(
     client: AsyncClient,
     resource: Any,

@@ -30,9 +30,16 @@ from gpuslice.core.mps import (
     shm_dir,
 )
 from gpuslice.logs import get_logger
-from gpuslice.mps.control import SOCKET_NAME, MpsControl, MpsControlFactory
-from gpuslice.mps.identity import IdentityError, read_bounded
+from gpuslice.mps.control import (
+    PID_FILE,
+    SOCKET_NAME,
+    MpsControl,
+    MpsControlFactory,
+    process_alive,
+)
+from gpuslice.mps.identity import IdentityError, read_bounded, read_pid_file
 from gpuslice.mps.readiness import Readiness, ReadinessListener
+from gpuslice.mps.shm import ShmMounts, unmount
 from gpuslice.ports import ComputeModeSetter
 
 HEALTH_COMMAND = "get_default_active_thread_percentage"
@@ -83,14 +90,24 @@ class MpsDaemonManager:
         logger: logging.Logger | None = None,
         on_readiness: ReadinessListener | None = None,
         keep_running: bool = False,
+        shm: ShmMounts | None = None,
     ) -> None:
         """`keep_running` (the agent's managers, both modes): the daemons serve pods that
         keep running while the agent restarts (a rollout, a crash, a force-deleted pod), so
         when the manager stops or is cancelled they are left running, and at start a daemon
         that already answers in a spec's pipe directory is taken over instead of restarted
         when it was started with the spec's settings (its started marker records them). A
-        daemon whose spec is removed or changed is still stopped."""
+        daemon whose spec is removed or changed is still stopped. `shm` mounts a
+        size-limited tmpfs on a daemon's shm directory before it starts and unmounts it
+        once no daemon uses it (`mps.shm`); None leaves plain directories."""
         self._keep_running = keep_running
+        self._shm = shm
+        self._shm_users: dict[str, set[str]] = {}
+        """shm directory -> the resources whose daemons run on it (device-plugin mode shares
+        one among all its daemons)."""
+        self._shm_locks: dict[str, asyncio.Lock] = {}
+        self._shm_told: set[str] = set()
+        """The reasons a tmpfs could not be mounted that were reported already."""
         self._leaving = False
         self._specs = _unique(specs)
         self._factory = control_factory
@@ -446,6 +463,7 @@ class MpsDaemonManager:
             _make_dirs(spec)
             # A daemon left by an earlier run would keep stale limits and block `-d`.
             await daemon.control.terminate()
+            await self._mount_shm(spec)
             await daemon.control.start_daemon()
             await self._wait_answering(daemon)
             spec = daemon.spec  # a retunable daemon's defaults may have moved meanwhile
@@ -476,6 +494,8 @@ class MpsDaemonManager:
         clients keep it. The defaults are sent again (they only shape clients that connect
         from now on), and its process is pinned to tell a lost socket from a dead daemon."""
         spec = daemon.spec
+        # running on whatever its shm is: mounting under it now would part it from its clients
+        self._shm_users.setdefault(spec.shm_dir, set()).add(spec.resource)
         try:
             await _configure(daemon.control, spec)
             _record(spec)
@@ -593,8 +613,62 @@ class MpsDaemonManager:
                 except MpsError as exc:
                     self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
         daemon.exclusive.clear()
+        await self._unmount_shm(spec)
         self._readiness.forget(spec.resource)
         self._log.info("mps-daemon-stopped", resource=spec.resource)
+
+    async def _mount_shm(self, spec: MpsDaemonSpec) -> None:
+        """The daemon's shm directory as a size-limited tmpfs, unless another daemon already
+        runs on it as it is (it would lose its clients' files); why not, said once. One
+        daemon at a time per directory: the second of two starting together finds the first
+        one's mount."""
+        async with self._shm_locks.setdefault(spec.shm_dir, asyncio.Lock()):
+            await self._mount_shm_in_turn(spec)
+
+    async def _mount_shm_in_turn(self, spec: MpsDaemonSpec) -> None:
+        users = self._shm_users.setdefault(spec.shm_dir, set())
+        others = users - {spec.resource}
+        users.add(spec.resource)
+        if self._shm is None:
+            return
+        # a daemon wanted on the same directory whose takeover has not come yet (device
+        # plugin mode at an agent's start) may run on it already: its pid file says so
+        others |= {
+            d.spec.resource
+            for d in self._daemons.values()
+            if d.spec.shm_dir == spec.shm_dir
+            and d.spec.resource != spec.resource
+            and await asyncio.to_thread(_runs, d.spec)
+        }
+        if others:
+            why = (
+                None
+                if await asyncio.to_thread(self._shm_mounted, spec.shm_dir)
+                else (f"the MPS daemon of {', '.join(sorted(others))} runs on it as it is")
+            )
+        else:
+            why = await asyncio.to_thread(self._shm.mount, spec.shm_dir)
+        if why is None or why in self._shm_told:
+            return
+        self._shm_told.add(why)  # once per reason: each DRA claim has a directory of its own
+        self._report(
+            f"MPS shm directory {spec.shm_dir} is left a plain directory on the node's disk, "
+            f"not a size-limited tmpfs: {why} (said once; so are the others while it lasts)"
+        )
+
+    def _shm_mounted(self, directory: str) -> bool:
+        assert self._shm is not None
+        return self._shm.mount_point(directory)
+
+    async def _unmount_shm(self, spec: MpsDaemonSpec) -> None:
+        users = self._shm_users.get(spec.shm_dir, set())
+        users.discard(spec.resource)
+        if users or self._shm is None:
+            return
+        self._shm_users.pop(spec.shm_dir, None)
+        why = await asyncio.to_thread(unmount, spec.shm_dir)
+        if why is not None:
+            self._report(f"could not unmount the tmpfs of {spec.shm_dir}: {why}")
 
     # -- markers and reports -----------------------------------------------------------------
 
@@ -635,6 +709,15 @@ class MpsDaemonManager:
         del self._problems[:-50]
         if resource is not None:
             self._down_because[resource] = problem
+
+
+def _runs(spec: MpsDaemonSpec) -> bool:
+    """Whether the daemon's pid file names a running process (never signalled from here)."""
+    try:
+        pid = int(read_pid_file(Path(spec.pipe_dir) / PID_FILE).strip())
+    except (IdentityError, ValueError):
+        return False
+    return process_alive(pid)
 
 
 def _make_dirs(spec: MpsDaemonSpec) -> None:

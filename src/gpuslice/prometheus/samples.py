@@ -15,14 +15,36 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from gpuslice.core.advise import SERIES_READ, AdviseError, RawSeries
-from gpuslice.prometheus.client import MAX_SAMPLES, MAX_SERIES
+from gpuslice.prometheus.client import MAX_ANSWER_SAMPLES, MAX_BODY_BYTES, MAX_SAMPLES, MAX_SERIES
+
+MAX_FILE_BYTES = MAX_BODY_BYTES
+"""The largest samples file read: the bound of one answer from Prometheus (64 MiB). A file
+is read and parsed whole, as one answer is; a 200 MB file took 1.5 GB. Longer histories
+belong in Prometheus, which `advise` reads in chunks."""
+
+
+def file_too_large(source: str, size: int, limit: int = MAX_FILE_BYTES) -> AdviseError:
+    """The one error for a samples file over the bound, worded as Prometheus's."""
+    return AdviseError(
+        f"{source}: {size:,} bytes, over {limit // (1024 * 1024)} MiB ({limit} bytes, the "
+        "most advise reads from a file, as from one Prometheus answer): give the history "
+        "through --prometheus, which advise reads in chunks, or cut the file"
+    )
 
 
 def parse_samples(text: str, source: str) -> list[RawSeries]:
     """The series `advise` reads, grouped by name and labels, points in time order.
     OpenMetrics when the text ends with `# EOF`, else the text format. Held to the same
-    series and sample caps as an answer from Prometheus: a 256 MiB file of tiny samples
+    series and sample caps as an answer from Prometheus: a 64 MiB file of tiny samples
     is gigabytes as Python objects."""
+    lines = text.count("\n") + 1
+    if lines > MAX_ANSWER_SAMPLES + 2 * MAX_SERIES + 8:
+        # every sample is a line, and the parser builds each before any is dropped: counted
+        # first, as an answer from Prometheus is held to its samples before it is parsed
+        raise AdviseError(
+            f"{source}: more than {MAX_ANSWER_SAMPLES:,} samples in one file (the most advise "
+            "reads in one piece, as from one Prometheus answer)"
+        )
     is_openmetrics = text.rstrip().endswith("# EOF")
     grouped: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
     untimed = kept = 0

@@ -9,6 +9,7 @@ hands each event to exactly one `wait_health_event` call.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import queue
 import threading
@@ -94,6 +95,7 @@ class SimulatedBackend:
                 raise BackendError(f"simulated control directory {control}: {exc}") from None
         for spec in node.processes:
             self.add_process(self._process_from_spec(spec))
+        self._report_unwatched(node)
 
     @property
     def name(self) -> str:
@@ -172,6 +174,19 @@ class SimulatedBackend:
                 return
             self._closed = True
         self._events.put(None)
+
+    def _report_unwatched(self, node: NodeSpec) -> None:
+        """The GPUs whose health events NVML would not register, reported as the NVML
+        backend reports them at start (`healthEvents` in the node file)."""
+        gpus = iter(self._inventory.gpus)
+        for group in node.groups:
+            for gpu in itertools.islice(gpus, group.count):
+                if group.health_events == "unmonitored":
+                    reason = "registering its events: Unknown Error (simulated)"
+                    self._events.put(HealthEvent("unmonitored", gpu.uuid, reason=reason))
+                elif group.health_events == "unsupported":
+                    reason = "registering its events: Not Supported (simulated)"
+                    self._events.put(HealthEvent("unsupported", gpu.uuid, reason=reason))
 
     # -- injection (tests, demo) ---------------------------------------------------------
 

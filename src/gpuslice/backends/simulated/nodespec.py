@@ -24,6 +24,9 @@ YAML node files describe richer nodes (`sim:/path/node.yaml` or just the path)::
         migPending: true                # optional; default: same as the current mode
         numa: 1                         # optional NUMA node for the group
         uuid: GPU-...                   # optional, only with count 1
+        healthEvents: unmonitored       # optional: watched (default); unmonitored (NVML
+                                        # refuses to register its health events);
+                                        # unsupported (NVML: too old for them)
       - model: t4
     processes:                          # optional: GPU processes present from the start
       - pid: 4242
@@ -40,6 +43,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -49,6 +53,9 @@ from gpuslice.ports import BackendError
 DEFAULT_DRIVER = "550.54.15"
 DEFAULT_CUDA = 12040
 MAX_GPUS = 32
+
+HealthWatch = Literal["watched", "unmonitored", "unsupported"]
+_HEALTH_WATCH: tuple[HealthWatch, ...] = ("watched", "unmonitored", "unsupported")
 
 _GROUP = re.compile(r"^(?:(?P<count>\d+)x)?(?P<model>[a-z0-9-]+)(?:/mig=(?P<mig>.*))?$")
 
@@ -62,6 +69,9 @@ class GpuGroup:
     mig_pending: bool | None = None
     numa: int | None = None
     uuid: str | None = None
+    health_events: HealthWatch = "watched"
+    """Whether NVML would register the group's health events (`HealthEvent` kinds
+    `unmonitored`, `unsupported`): the backend reports the GPUs it could not watch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +170,11 @@ def load_node_file(path: Path) -> NodeSpec:
 def _group(item: object, where: str) -> GpuGroup:
     if not isinstance(item, Mapping):
         raise BackendError(f"{where}: expected a mapping like {{model: t4, count: 2}}")
-    _no_unknown(item, {"model", "count", "mig", "migEnabled", "migPending", "numa", "uuid"}, where)
+    _no_unknown(
+        item,
+        {"model", "count", "mig", "migEnabled", "migPending", "numa", "uuid", "healthEvents"},
+        where,
+    )
     if "model" not in item:
         raise BackendError(f"{where}.model: required; one of {known_models()}")
     model = _model(_str(item["model"], f"{where}.model"), where)
@@ -188,6 +202,12 @@ def _group(item: object, where: str) -> GpuGroup:
             raise BackendError(f"{where}.uuid: only allowed with count 1 (count is {count})")
         if not uuid.startswith("GPU-"):
             raise BackendError(f"{where}.uuid: expected GPU-xxxxxxxx-..., got {uuid!r}")
+    watch = next((w for w in _HEALTH_WATCH if w == item.get("healthEvents", "watched")), None)
+    if watch is None:
+        raise BackendError(
+            f"{where}.healthEvents: expected one of {', '.join(_HEALTH_WATCH)}, "
+            f"got {item.get('healthEvents')!r}"
+        )
     return GpuGroup(
         model=model,
         count=count,
@@ -196,6 +216,7 @@ def _group(item: object, where: str) -> GpuGroup:
         mig_pending=pending,
         numa=numa,
         uuid=uuid,
+        health_events=watch,
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.publish import DraDevice, dra_devices
+from gpuslice.core.health import Unmonitored
 
 MAX_HEALTH_MESSAGE_CHARS = 1024
 """The kubelet keeps at most this many characters of a device's health message."""
@@ -31,6 +32,9 @@ class DeviceHealthReport:
     healthy: bool
     message: str = ""
     """Why the device is unhealthy ("" when healthy): `XID 79 on GPU-…`, `GPU-… lost`."""
+    monitored: bool = True
+    """False: its GPU's health events could not be registered, so a healthy device is
+    reported Unknown (nothing would tell if it were not), the message saying why."""
 
 
 def device_health(
@@ -40,6 +44,7 @@ def device_health(
     *,
     pool: str,
     devices: Sequence[DraDevice] | None = None,
+    unmonitored: Mapping[str, Unmonitored] | None = None,
 ) -> tuple[DeviceHealthReport, ...]:
     """Every device `dra_devices(inventory)` publishes (or `devices`, where dynamic MIG
     partitions replace a GPU's, `core.dra.partitions.node_devices`), in that order, with
@@ -48,19 +53,30 @@ def device_health(
     `unhealthy` holds physical UUIDs (GPU or MIG device); `xids` is the last health event
     per UUID: an XID code, or None for a GPU that fell off the bus. A device unhealthy for
     a reason without an event there (e.g. its MPS daemon is down) says so plainly.
+    `unmonitored` (GPU UUID -> why) are the GPUs whose health is not watched: their devices
+    are Unknown unless known to be unhealthy.
     """
     listed = dra_devices(inventory) if devices is None else devices
-    return tuple(_report(d, unhealthy, xids, pool) for d in listed)
+    unwatched = unmonitored or {}
+    return tuple(_report(d, unhealthy, xids, pool, unwatched) for d in listed)
 
 
 def _report(
-    device: DraDevice, unhealthy: Collection[str], xids: Mapping[str, int | None], pool: str
+    device: DraDevice,
+    unhealthy: Collection[str],
+    xids: Mapping[str, int | None],
+    pool: str,
+    unmonitored: Mapping[str, Unmonitored],
 ) -> DeviceHealthReport:
     if device.uuid and device.uuid in unhealthy:
         uuid = device.uuid
     elif device.gpu.uuid in unhealthy:
         uuid = device.gpu.uuid
     else:
+        why = unmonitored.get(device.gpu.uuid)
+        if why is not None:
+            message = f"health events of {device.gpu.uuid} are not watched: {why.reason}"
+            return DeviceHealthReport(pool, device.name, True, health_message(message), False)
         return DeviceHealthReport(pool, device.name, True)
     # an XID is recorded against the physical GPU, also for a MIG device on it
     key = uuid if uuid in xids else device.gpu.uuid

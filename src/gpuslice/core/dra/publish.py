@@ -295,6 +295,8 @@ class Health:
     unhealthy: Mapping[str, int | None]
     noticed: Mapping[str, int] = field(default_factory=dict)
     cordoned: frozenset[str] = frozenset()
+    unmonitored: frozenset[str] = frozenset()
+    """GPU UUIDs whose health events could not be registered (`core.health.Unmonitored`)."""
 
 
 def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
@@ -313,6 +315,15 @@ def taints(device: DraDevice, health: Health, driver: str, added: str) -> list[J
     if xid is None:
         return [{"key": f"{driver}/gpu-lost", "effect": "NoSchedule", "timeAdded": added}]
     return [{"key": f"{driver}/xid", "value": str(xid), "effect": "NoSchedule", "timeAdded": added}]
+
+
+def unmonitored_taints(device: DraDevice, health: Health, driver: str, added: str) -> list[Json]:
+    """NVIDIA's `<driver>/unmonitored` taint, effect `None` and no value, on every device of
+    a GPU whose health events could not be registered: an XID there would go unseen, which
+    operators and tolerations can see, while scheduling is left alone (as NVIDIA's driver)."""
+    if device.gpu.uuid in health.unmonitored:
+        return [{"key": f"{driver}/unmonitored", "effect": "None", "timeAdded": added}]
+    return []
 
 
 def cordon_taints(device: DraDevice, health: Health, added: str) -> list[Json]:
