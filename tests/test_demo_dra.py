@@ -8,7 +8,6 @@ import json
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
-from gpuslice.core.dra.cdispec import TOOLKIT_DEVICE_LIST
 from gpuslice.demo.dra_scenario import run_dra_demo
 
 
@@ -32,10 +31,7 @@ async def test_dra_demo_publishes_shares_one_mps_claim_picks_mig_by_cel_and_clea
     assert len(first.cdi_ids) == 1
     assert first.cdi_ids[0] == f"k8s.gpuslice.io/claim={claim.uid}-gpu-0"
     env = dict(first.env)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # as NVIDIA's claim specs
-    assert f"{TOOLKIT_DEVICE_LIST}/{by_name['gpu-0'].uuid}" in {
-        m.container_path for m in first.mounts
-    }
+    assert env["NVIDIA_VISIBLE_DEVICES"] == by_name["gpu-0"].uuid
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     (daemon,) = shared.mps_daemons
     assert daemon.ready
@@ -52,7 +48,7 @@ async def test_dra_demo_publishes_shares_one_mps_claim_picks_mig_by_cel_and_clea
     ((_, device),) = mig_claim.devices
     assert by_name[device].profile == "1g.10gb"
     (pod,) = mig.pods
-    assert f"{TOOLKIT_DEVICE_LIST}/{by_name[device].uuid}" in {m.container_path for m in pod.mounts}
+    assert dict(pod.env)["NVIDIA_VISIBLE_DEVICES"] == by_name[device].uuid
     assert by_name[device].uuid.startswith("MIG-")
     assert len(mig.cdi_specs) == 2
 

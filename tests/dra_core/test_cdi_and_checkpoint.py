@@ -30,10 +30,9 @@ def test_claim_spec_edits_and_lowest_version() -> None:
     assert spec["cdiVersion"] == "0.5.0"  # names start with the UID's digit
     first = spec["devices"][0]
     assert first["name"] == f"{UID}-gpu-0"
-    # no UUID in the environment, which cannot add up over devices and claims: the spec
-    # sets NVIDIA_VISIBLE_DEVICES=void for all, as NVIDIA's claim specs
-    assert first["containerEdits"]["env"] == []
-    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # two devices of one request (a claim of count 2): each names both, so whichever the
+    # runtime applies last, the container sees both
+    assert first["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"]
     assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidiactl",

@@ -23,7 +23,7 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.backends import open_backend
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.config import parse_config
-from gpuslice.core.dra.cdispec import CDI_KIND, TOOLKIT_DEVICE_LIST
+from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
@@ -100,10 +100,7 @@ class Node:
         path = self.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml"
         spec = yaml.safe_load(path.read_text("utf-8"))
         (entry,) = [d for d in spec["devices"] if d["name"] == f"{uid}-{device}"]
-        edits: Json = dict(entry["containerEdits"])
-        # what the container gets: the spec's own env (the runtime applies it too), then
-        # the device's
-        edits["env"] = [*spec["containerEdits"].get("env", ()), *edits["env"]]
+        edits: Json = entry["containerEdits"]
         return edits
 
 
@@ -384,8 +381,7 @@ async def test_mps_on_a_mig_device_is_predicted_with_its_own_daemon(sock_dir: Pa
         "pinned memory limit 4096 MiB, multi-user daemon (clients of any user ID)"
     )
     assert dict(d.env)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-    assert dict(d.env)["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert f"{TOOLKIT_DEVICE_LIST}/{d.uuid}" in {m.container_path for m in d.mounts}
+    assert dict(d.env)["NVIDIA_VISIBLE_DEVICES"] == d.uuid
 
 
 def test_claims_files_multi_document_list_and_template() -> None:

@@ -163,10 +163,7 @@ spec:
     assert [d["type"] for d in doc["devices"]].count("mig") == 7
     (device,) = doc["claims"][0]["devices"]
     assert (device["type"], device["profile"]) == ("mig", "1g.10gb")
-    assert device["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"  # as NVIDIA's claim specs
-    mounted = [m["container_path"] for m in device["mounts"]]
-    listed = [path for path in mounted if "nvidia-container-devices" in path]
-    assert [path.rsplit("/", 1)[1][:4] for path in listed] == ["MIG-"]
+    assert device["env"]["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     assert device["entitlement"]["kind"] == "mig"
 
 

@@ -12,7 +12,7 @@ import pytest
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME, DynamicMig
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
-from gpuslice.core.dra.cdispec import TOOLKIT_DEVICE_LIST, cdi_id, claim_spec
+from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claims import ClaimError, claim_work
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.partitions import dynamic_gpu, dynamic_gpus, node_devices
@@ -65,7 +65,7 @@ async def test_the_created_instance_gets_a_static_mig_devices_cdi_spec(tmp_path:
         f"/dev/nvidia-caps/nvidia-cap{gi}",
         f"/dev/nvidia-caps/nvidia-cap{ci}",
     }
-    assert seen.mounted_under(TOOLKIT_DEVICE_LIST) == [mig.uuid]
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
     assert await dyn.release(UID) == ""
     assert backend.inventory().gpus[1].mig_devices == ()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
-from gpuslice.core.dra.cdispec import TOOLKIT_DEVICE_LIST
 from gpuslice.demo.dynmig_scene import run_dynamic_mig_demo
 
 
@@ -20,8 +19,7 @@ async def test_the_scene_creates_and_destroys_what_the_claims_ask_for() -> None:
         (("mig", "gpu-0-mig-4g40gb-5-0"),),
         (("mig", "gpu-0-mig-3g40gb-9-4"),),
     ]
-    listed = [m.container_path for p in placed.pods for m in p.mounts]
-    visible = [path.rsplit("/", 1)[1] for path in listed if path.startswith(TOOLKIT_DEVICE_LIST)]
+    visible = [dict(p.env)["NVIDIA_VISIBLE_DEVICES"] for p in placed.pods]
     assert all(v.startswith("MIG-") for v in visible)
     assert len(set(visible)) == 2
     assert "4g.40gb at memory slices 0:4" in placed.note

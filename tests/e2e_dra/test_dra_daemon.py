@@ -34,12 +34,8 @@ def _device_edits(spec: dict[str, Any], device: str) -> dict[str, Any]:
     return edits
 
 
-def _listed(spec: dict[str, Any], device: str) -> list[str]:
-    """The UUIDs the device's entry lists for the toolkit (its `volume-mounts` list): what
-    names the GPU, NVIDIA_VISIBLE_DEVICES being `void` as in NVIDIA's claim specs."""
-    mounts = _device_edits(spec, device)["mounts"]
-    prefix = "/var/run/nvidia-container-devices/"
-    return [m["containerPath"].removeprefix(prefix) for m in mounts if prefix in m["containerPath"]]
+def _env(spec: dict[str, Any], device: str) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in _device_edits(spec, device)["env"])
 
 
 def _is_dir(path: Path) -> bool:
@@ -92,8 +88,7 @@ async def test_exclusive_claim_prepared_idempotently_then_unprepared(
         assert device.cdi_ids == (f"k8s.gpuslice.io/claim={ref.uid}-gpu-0",)
         spec = node.cdi_spec(ref.uid)
         assert spec["kind"] == "k8s.gpuslice.io/claim"
-        assert _listed(spec, "gpu-0") == [_uuid(node, "gpu-0")]
-        assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+        assert _env(spec, "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, "gpu-0")
         assert _device_edits(spec, "gpu-0")["deviceNodes"] == [{"path": "/dev/nvidia0"}]
         # the kubelet asks again (its restart): same answer, nothing redone
         assert (await node.prepare(ref))[ref.uid] == result
@@ -150,7 +145,7 @@ async def test_time_slicing_interval_is_set_then_reset(sock_dir: Path, api: Fake
         )
         assert (await node.prepare(ref))[ref.uid].error == ""
         assert node.nvidia_smi_calls() == [f"compute-policy -i {uuid} --set-timeslice 3"]
-        assert _listed(node.cdi_spec(ref.uid), "gpu-0") == [uuid]
+        assert _env(node.cdi_spec(ref.uid), "gpu-0")["NVIDIA_VISIBLE_DEVICES"] == uuid
         assert await node.unprepare(ref) == {ref.uid: ""}
         assert node.nvidia_smi_calls()[-1] == f"compute-policy -i {uuid} --set-timeslice 0"
 
@@ -187,8 +182,9 @@ async def test_mig_devices_are_published_and_prepared_with_their_own_uuid(
             claim_obj("mig", [request("mig", "mig.nvidia.com")]), devices={"mig": name}
         )
         assert (await node.prepare(ref))[ref.uid].error == ""
-        assert _listed(node.cdi_spec(ref.uid), name) == [_uuid(node, name)]
-        assert _uuid(node, name).startswith("MIG-")
+        env = _env(node.cdi_spec(ref.uid), name)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == _uuid(node, name)
+        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
         mps = {
             "apiVersion": NVIDIA,
             "kind": "MigDeviceConfig",

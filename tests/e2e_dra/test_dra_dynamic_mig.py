@@ -51,8 +51,7 @@ async def test_a_dynamic_gpu_through_the_daemon(sock_dir: Path, api: FakeApiServ
             0,
         )
         [entry] = node.cdi_spec(ref.uid)["devices"]
-        listed = f"/var/run/nvidia-container-devices/{made['created']['uuid']}"
-        assert listed in [m["containerPath"] for m in entry["containerEdits"]["mounts"]]
+        assert f"NVIDIA_VISIBLE_DEVICES={made['created']['uuid']}" in entry["containerEdits"]["env"]
 
         # an operator's 1g.10gb at memory slice 6: its placements go
         node.control.send({"kind": "create_mig", "gpu": 0, "profile": "1g.10gb", "start": 6})

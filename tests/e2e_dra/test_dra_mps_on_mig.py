@@ -71,9 +71,7 @@ async def test_mps_on_a_mig_device_runs_a_daemon_for_it_that_outlives_a_restart(
         mig_uuid = _uuid(node, DEVICE)
         edits = _edits(node, ref.uid, DEVICE)
         env = dict(e.split("=", 1) for e in edits["env"])
-        assert f"/var/run/nvidia-container-devices/{mig_uuid}" in {
-            m["containerPath"] for m in edits["mounts"]
-        }
+        assert env["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
         pipe = Path(mounts["/tmp/nvidia-mps"])

@@ -217,18 +217,7 @@ class DraNode:
             (self.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml").read_text()
         )
         entry = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
-        env = [*spec["containerEdits"].get("env", ()), *entry["containerEdits"]["env"]]
-        return dict(e.split("=", 1) for e in env)
-
-    def cdi_listed(self, uid: str, device: str) -> list[str]:
-        """The UUIDs the device's entry lists for the toolkit (`volume-mounts`)."""
-        spec = yaml.safe_load(
-            (self.workdir / "cdi" / f"k8s.gpuslice.io-claim_{uid}.yaml").read_text()
-        )
-        entry = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
-        prefix = "/var/run/nvidia-container-devices/"
-        paths = [m["containerPath"] for m in entry["containerEdits"]["mounts"]]
-        return [p.removeprefix(prefix) for p in paths if p.startswith(prefix)]
+        return dict(e.split("=", 1) for e in entry["containerEdits"]["env"])
 
     def cdi_files(self) -> list[str]:
         root = self.workdir / "cdi"
@@ -420,10 +409,10 @@ async def test_a_mig_device_picked_by_a_cel_selector(
     await driver.load()
     prepared = (await driver.prepare([ref]))[ref.uid]
     assert prepared.error == ""
+    env = node.cdi_env(ref.uid, result["device"])
     [gpu] = node.state.current.inventory.gpus
     [mig] = [m for m in gpu.mig_devices if m.profile == "2g.10gb"]
-    assert node.cdi_listed(ref.uid, result["device"]) == [mig.uuid]
-    assert node.cdi_env(ref.uid, result["device"])["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
     assert await driver.unprepare([ref]) == {ref.uid: ""}
 
 
@@ -453,8 +442,7 @@ async def test_mps_on_a_mig_device_runs_its_own_multi_user_daemon(
     assert (spec.mig_uuids, spec.multi_user, spec.gpu_uuids) == ((mig.uuid,), True, (gpu.uuid,))
     env = node.cdi_env(ref.uid, result["device"])
     assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_MPS_PIPE_DIRECTORY"]) == (
-        "void", "/tmp/nvidia-mps")  # fmt: skip
-    assert node.cdi_listed(ref.uid, result["device"]) == [mig.uuid]
+        mig.uuid, "/tmp/nvidia-mps")  # fmt: skip
     assert await driver.unprepare([ref]) == {ref.uid: ""}
     assert mps_manager.specs == ()
 

@@ -304,8 +304,7 @@ async def test_prepare_creates_the_allocated_instance_and_unprepare_destroys_it(
         (node.workdir / "cdi" / f"k8s.gpuslice.io-claim_{ref.uid}.yaml").read_text()
     )
     [entry] = spec["devices"]
-    listed = f"/var/run/nvidia-container-devices/{mig.uuid}"
-    assert listed in [m["containerPath"] for m in entry["containerEdits"]["mounts"]]
+    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in entry["containerEdits"]["env"]
     assert any("nvidia-caps" in n["path"] for n in entry["containerEdits"]["deviceNodes"])
     # the slices do not change while the instance exists: no republish per claim
     assert (await node.publisher.publish_once()).empty

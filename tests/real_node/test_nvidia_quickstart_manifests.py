@@ -4,9 +4,8 @@ validates them, the controller-manager makes their ResourceClaimTemplates into c
 Deployments into pods), the scheduler allocates from gpuslice's slices with the CEL of
 NVIDIA's own DeviceClasses, and the kubelet and containerd prepare the claims and start the
 containers. What NVIDIA's quickstart shows (`kubectl logs` of `nvidia-smi -L`) is asserted
-from inside the containers: which GPU each sees, by the toolkit's device list (the spec sets
-`NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's) and by the device nodes containerd created from
-the claim's CDI spec.
+from inside the containers: which GPU each sees, by `NVIDIA_VISIBLE_DEVICES` and by the
+device nodes containerd created from the claim's CDI spec.
 
 Three things are changed at load time, in this module, never in the files: the image (no
 registry here: the local busybox image), the command (`nvidia-smi -L` needs a GPU: the
@@ -186,8 +185,7 @@ class Quickstart(AgentProcess):
         """The one GPU a container sees, checked to agree across the environment, the
         device node and the toolkit's list (the UUID `nvidia-smi -L` would print)."""
         seen = self.seen(namespace, pod, container)
-        assert seen["visible"] == "void", seen  # as NVIDIA's claim specs set it
-        [uuid] = seen["listed"]
+        uuid = seen["visible"]
         assert uuid in self.uuids, seen
         assert seen["gpus"] == [f"nvidia{self.uuids.index(uuid)}"], seen
         assert seen["control"] == ["nvidia-uvm", "nvidiactl"], seen
@@ -374,7 +372,7 @@ def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> 
     by profile (`1g.5gb` twice, `2g.10gb`, `3g.20gb`) from NVIDIA's `mig.nvidia.com` class,
     constrained to one parent GPU (`matchAttribute: gpu.nvidia.com/parentUUID`); each
     container names its request. Each container sees its own request's MIG device and no
-    other: that MIG UUID in the toolkit's device list, its parent's device node, and the two
+    other: that MIG UUID in `NVIDIA_VISIBLE_DEVICES`, its parent's device node, and the two
     capability nodes of its GPU and compute instance. Each pod fills one A100."""
     objects = load("gpu-test4.yaml")
     [template] = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
@@ -404,7 +402,7 @@ def test_gpu_test4_mig_devices_of_one_parent_per_pod(quickstart: Quickstart) -> 
             device = by_request[claim_ref["request"]]
             assert device["profile"] == profiles[claim_ref["request"]]
             seen = quickstart.seen("gpu-test4", name, container["name"])
-            assert seen["visible"] == "void", (container["name"], seen)
+            assert seen["visible"] == device["uuid"], (container["name"], seen)
             assert seen["gpus"] == [f"nvidia{minor}"], seen
             assert seen["listed"] == [device["uuid"]], seen
             assert len(seen["caps"]) == 2, seen

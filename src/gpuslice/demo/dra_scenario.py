@@ -338,25 +338,24 @@ def _pod_view(
     mounts: list[Mount] = []
     for cdi_id in ids:
         kind, _, name = cdi_id.partition("=")
-        common, entry = _cdi_entry(node.cdi_root, kind, name)
-        for edits in (common, entry.get("containerEdits") or {}):
-            for e in edits.get("env") or ():
-                key, _, value = str(e).partition("=")
-                env.append((key, value))
-            mounts += [Mount(m["hostPath"], m["containerPath"]) for m in edits.get("mounts") or ()]
-    return PodView(pod, claim, prepared, ids, tuple(dict(env).items()), tuple(mounts))
+        entry = _cdi_entry(node.cdi_root, kind, name)
+        edits = entry.get("containerEdits") or {}
+        for e in edits.get("env") or ():
+            key, _, value = str(e).partition("=")
+            env.append((key, value))
+        mounts += [Mount(m["hostPath"], m["containerPath"]) for m in edits.get("mounts") or ()]
+    return PodView(pod, claim, prepared, ids, tuple(env), tuple(mounts))
 
 
-def _cdi_entry(root: Path, kind: str, name: str) -> tuple[Json, Json]:
-    """The device `name` of kind `kind` in the CDI spec files, as a runtime looks it up,
-    with its spec's own edits (which the runtime applies with any of its devices)."""
+def _cdi_entry(root: Path, kind: str, name: str) -> Json:
+    """The device `name` of kind `kind` in the CDI spec files, as a runtime looks it up."""
     for path in sorted(root.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if spec.get("kind") != kind:
             continue
         for device in spec.get("devices") or ():
             if device.get("name") == name:
-                return dict(spec.get("containerEdits") or {}), dict(device)
+                return dict(device)
     raise DemoError(f"no CDI spec in {root} has device {kind}={name}")
 
 

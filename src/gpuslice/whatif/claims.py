@@ -482,7 +482,6 @@ def _outcomes(
     uses, cdi, mps = _uses_and_cdi(work, uid, mps_root)
     spec = claim_spec(uid, cdi)
     edits = {entry["name"]: entry["containerEdits"] for entry in spec["devices"]}
-    common_env = list(spec["containerEdits"].get("env", ()))  # the runtime applies it too
     ns, name = work.ref.namespace, work.ref.name
     prepared = PreparedClaim(uid, ns, name, "PrepareCompleted", uses=tuple(uses))
     plan = claims_plan([prepared], inventory, pool)
@@ -492,7 +491,7 @@ def _outcomes(
     for dw, adv in zip(work.devices, advertised, strict=True):
         device: DraDevice = dw.device
         edit = edits[f"{uid}-{device.name}"]
-        env = tuple(tuple(e.split("=", 1)) for e in [*common_env, *edit["env"]])
+        env = tuple(tuple(e.split("=", 1)) for e in edit["env"])
         mounts = tuple(Mount(m["hostPath"], m["containerPath"]) for m in edit.get("mounts", ()))
         ent = entitlement_of(adv, sms.get(device.gpu.uuid))
         kind, text = _words(dw, mps.get(device.name))

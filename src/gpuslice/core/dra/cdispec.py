@@ -19,11 +19,11 @@ container sees are exactly the nodes it got. gpuslice's edits per device:
 - a mount of `/dev/null` at `/var/run/nvidia-container-devices/<UUID>`: the device list of the
   NVIDIA Container Toolkit's `volume-mounts` strategy, which the toolkit reads before the
   environment (`accept-nvidia-visible-devices-as-volume-mounts`), and which adds up too;
-- no UUID in `NVIDIA_VISIBLE_DEVICES`: the spec sets it to `void` for every device, as
-  NVIDIA's does, so the value is the same whatever claim is applied last (a UUID there made
-  a container with two claims see only the last one's GPU, since an environment variable
-  cannot add up), and an image's `NVIDIA_VISIBLE_DEVICES=all` (CUDA base images) never
-  reaches the toolkit;
+- `NVIDIA_VISIBLE_DEVICES` with the UUIDs of every device of the same request, the same value
+  on each, so a request of count 2 shows both whatever the order. A request is the smallest
+  unit a container references (the whole claim, or one of its requests), so the list never
+  names a GPU the container did not get; of two requests or two claims, the last applied
+  names its own (an environment variable cannot add up);
 - for an MPS claim, the daemon's pipe and shm directories; a share's hints;
 - for a capped device (`core.dra.caps`), with `caps` given: `NVIDIA_GPU_MEMORY_REQUEST` /
   `NVIDIA_GPU_MEMORY_LIMIT` (MiB) and a `createRuntime` hook running the NVIDIA Container
@@ -32,9 +32,8 @@ container sees are exactly the nodes it got. gpuslice's edits per device:
   hook reads one pair per container); the agent never passes `caps` on a node that cannot
   take the limits (cgroup v1: the hook would fail the container).
 
-Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which takes the
-device list from the mounts (`accept-nvidia-visible-devices-as-volume-mounts`): it adds up
-over claims, as the device nodes do.
+Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
+device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
 """
 
 from __future__ import annotations
@@ -50,10 +49,6 @@ from gpuslice.core.migcaps import cap_node
 
 CDI_KIND = "k8s.gpuslice.io/claim"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-NO_DEVICES = "void"
-"""What NVIDIA's claim specs (the toolkit's `nvcdi` common edits) set `NVIDIA_VISIBLE_DEVICES`
-to: no device by the environment, the same in every claim's spec."""
 TOOLKIT_DEVICE_LIST = "/var/run/nvidia-container-devices"
 """Where the NVIDIA Container Toolkit reads a device list from mounts (one per device ID)."""
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
@@ -76,8 +71,8 @@ class CdiDevice:
     mps: MpsMounts | None = None
     env: Mapping[str, str] | None = None
     request: str = ""
-    """The claim's request it was allocated for (a container gets a request's devices all
-    or none)."""
+    """The claim's request it was allocated for: devices of one request are listed together
+    in `NVIDIA_VISIBLE_DEVICES`, since a container gets a request's devices all or none."""
     mig_caps: tuple[int, ...] = ()
     """A MIG device's GPU and compute instance capability minors (`core.migcaps`)."""
     caps_major: int | None = None
@@ -140,9 +135,14 @@ def claim_spec(
         # Limits the hook would refuse (a request above the limit) would fail the
         # container: no hook then, and the pod runs (the agent's check applies or refuses).
         pair, capped_env = None, {}
+    by_request: dict[str, list[str]] = {}
+    for d in devices:
+        by_request.setdefault(d.request, [])
+        if d.uuid not in by_request[d.request]:
+            by_request[d.request].append(d.uuid)
     entries: list[Json] = []
     for d in devices:
-        env = dict(d.env or {})
+        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
         nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
         for minor in d.mig_caps:
             if d.caps_major is None:
@@ -181,7 +181,7 @@ def claim_spec(
         "cdiVersion": minimum_version(entries, common),
         "kind": kind,
         "devices": entries,
-        "containerEdits": {"env": [f"{VISIBLE_DEVICES}={NO_DEVICES}"], "deviceNodes": common},
+        "containerEdits": {"deviceNodes": common},
     }
 
 
