@@ -10,7 +10,9 @@ value to change named.
 
 from __future__ import annotations
 
+import itertools
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,14 @@ def test_a_boolean_node_selector_is_refused_by_the_schema() -> None:
 
 def _helm_sets(command: str) -> dict[str, Any]:
     """The values a `helm install` line's --set / --set-string flags give, typed as Helm
-    types them (--set: true/false are booleans; --set-string: strings)."""
+    types them (--set: true/false are booleans; --set-string: strings), after the shell has
+    read the line (an unquoted `\\.` loses its backslash there)."""
     values: dict[str, Any] = {}
-    for flag, key, value in re.findall(
-        r"(--set(?:-string)?) ((?:[^=\s\\]|\\.)+)=([^\s`]+)", command
-    ):
+    args = shlex.split(command.strip().strip("`"))
+    for flag, pair in itertools.pairwise(args):
+        if flag not in ("--set", "--set-string") or "=" not in pair:
+            continue
+        key, value = pair.split("=", 1)
         parts = re.split(r"(?<!\\)\.", key)
         typed: Any = value
         if flag == "--set" and value in ("true", "false"):

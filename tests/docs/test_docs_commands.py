@@ -91,17 +91,7 @@ NOT_HERE: dict[str, str] = {
 PLOT = r".*--plot advise\.png.*"
 """`--plot` needs matplotlib, an optional extra (`gpuslice[plot]`)."""
 
-KNOWN_BROKEN: dict[str, tuple[str, str]] = {
-    # unquoted, the shell eats the backslash: Helm gets `nodeSelector.gpuslice.io/migrate`,
-    # a map nested under `gpuslice`, whatever --set or --set-string says
-    r"helm install .* --set(-string)? nodeSelector\.gpuslice\\\.io/migrate=true": (
-        "the shell removes the backslash of the unquoted `gpuslice\\.io` (Helm nests a map "
-        "under `gpuslice`) and --set types `true` as a boolean: neither is a valid DaemonSet; "
-        "issue 43 item 2 (the line works as "
-        "--set-string 'nodeSelector.gpuslice\\.io/migrate=true')",
-        "nodeSelector.gpuslice",
-    ),
-}
+KNOWN_BROKEN: dict[str, tuple[str, str]] = {}
 """Lines the docs still get wrong, each with the issue that fixes it and a word its error
 names: the block must fail at that line with that error (the test shows the bug), then the
 test is an expected failure. Once the line

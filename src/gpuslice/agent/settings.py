@@ -171,6 +171,7 @@ class CapsSettings:
         "auto",
         "--memory-caps",
         env="MEMORY_CAPS",
+        chart="memoryCaps.mode",
         type=click.Choice(["auto", "off"]),
         show_default=True,
         help="Cap each time-sliced container's GPU memory where the driver can (r615+).",
@@ -181,6 +182,7 @@ class CapsSettings:
         "strict",
         "--memory-caps-policy",
         env="MEMORY_CAPS_POLICY",
+        chart="memoryCaps.policy",
         type=click.Choice(["strict", "borrow"]),
         show_default=True,
         help="Hard limit: strict (the container's share) or borrow (the whole GPU).",
@@ -191,6 +193,7 @@ class CapsSettings:
         DEFAULT_HOOK_PATH,
         "--memory-caps-hook-path",
         env="MEMORY_CAPS_HOOK_PATH",
+        chart="memoryCaps.hookPath",
         show_default=True,
         help="The NVIDIA Container Toolkit's nvidia-cdi-hook, for DRA claim specs ('' none).",
     )
@@ -200,6 +203,7 @@ class CapsSettings:
         "",
         "--memory-caps-hook-seen-at",
         env="MEMORY_CAPS_HOOK_SEEN_AT",
+        chart="memoryCaps.hookPath",
         help="Where the agent sees the hook program, when not at --memory-caps-hook-path.",
     )
     """`MEMORY_CAPS_HOOK_SEEN_AT`: the runtime runs the hook at `hook_path` on the host, but
@@ -684,6 +688,7 @@ class AgentSettings:
         Path("/sys/fs/cgroup"),
         "--cgroup-root",
         env="CGROUP_ROOT",
+        chart="memoryCaps.cgroupRoot",
         type=PATH,
         show_default=True,
         help="The host's cgroup filesystem (memory caps: containers' cgroups, cgroup v2).",

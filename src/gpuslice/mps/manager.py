@@ -263,7 +263,9 @@ class MpsDaemonManager:
             )
             self._mark(spec, False)
             return
-        self._log.info("MPS daemon for %s now serves %s", spec.resource, "; ".join(spec.commands))
+        self._log.info(
+            "mps-daemon-retuned", resource=spec.resource, settings="; ".join(spec.commands)
+        )
 
     async def _stopped(self, resource: str) -> None:
         task = self._stopping.get(resource)
@@ -294,10 +296,10 @@ class MpsDaemonManager:
                         asked += 1
             except MpsError as exc:
                 self._log.warning(
-                    "MPS daemon for %s: could not terminate clients %s: %s",
-                    daemon.spec.resource,
-                    ",".join(map(str, wanted)),
-                    exc,
+                    "mps-terminate-client-failed",
+                    resource=daemon.spec.resource,
+                    pids=",".join(map(str, wanted)),
+                    error=str(exc),
                 )
         return asked
 
@@ -340,8 +342,9 @@ class MpsDaemonManager:
                 if listening:  # no control socket, no daemon to ask
                     await self.quit_stray(spec)
                 self._log.info(
-                    "MPS daemon for %s, left by the previous agent, is not in this config: stopped",
-                    resource,
+                    "mps-left-behind-daemon-stopped",
+                    resource=resource,
+                    why="left by the previous agent, not in this config",
                 )
                 try:
                     await asyncio.to_thread(Path(spec.started_marker).unlink, missing_ok=True)
@@ -356,7 +359,7 @@ class MpsDaemonManager:
             except MpsError as exc:
                 self._report(f"could not reset compute mode of {uuid} to DEFAULT: {exc}")
             else:
-                self._log.info("compute mode of %s reset to DEFAULT (no MPS daemon here)", uuid)
+                self._log.info("mps-compute-mode-reset", gpu=uuid, mode="DEFAULT")
 
     def _launch(self, spec: MpsDaemonSpec) -> None:
         assert self._group is not None
