@@ -4,9 +4,11 @@ only for capped devices, only when one pair of limits serves the claim."""
 from __future__ import annotations
 
 from gpuslice.core.caps import MIB, GpuCapability, MemoryLimits, Refusal
+from gpuslice.core.cdi.hook import CdiCaps, hook_limits
+from gpuslice.core.cdi.spec import CdiDevice
 from gpuslice.core.devices import Gpu, GpuUuid
-from gpuslice.core.dra.caps import CdiCaps, claim_limits, hook_limits, use_limits
-from gpuslice.core.dra.cdispec import CdiDevice, claim_spec
+from gpuslice.core.dra.caps import claim_limits, use_limits
+from gpuslice.core.dra.cdispec import claim_spec
 from gpuslice.core.dra.prepared import DeviceUse
 from gpuslice.core.sharing.model import PhysicalDevice, SharingStrategy
 from gpuslice.testing.cdirun import Container
@@ -122,7 +124,7 @@ def test_an_uncapped_device_beside_a_capped_one_gets_no_hook() -> None:
 
 
 def test_with_limits_puts_each_devices_caps_on_it() -> None:
-    from gpuslice.core.dra.cdispec import with_limits
+    from gpuslice.core.cdi.spec import with_limits
 
     lim = MemoryLimits(4096 * MIB, 4096 * MIB)
     devs = with_limits([capped("gpu-0", "GPU-a", None), capped("gpu-1", "GPU-b", None, 1)],

@@ -10,17 +10,15 @@ from gpuslice.core.caps import (
     CLEARED,
     LIMIT_MAX,
     MIB,
-    CapsRequestError,
     GpuCapability,
     MemoryLimits,
     NodeCapability,
     check_outcome,
     gpu_capability,
-    hook_entry,
-    hook_env,
     limits_for,
     protection,
 )
+from gpuslice.core.cdi.hook import CapsRequestError, hook_entry, hook_env
 
 GIB = 1024 * MIB
 ABLE = NodeCapability(cgroup_v2=True, root=True)

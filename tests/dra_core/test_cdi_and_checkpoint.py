@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts, cdi_id, claim_spec
+from gpuslice.core.cdi.spec import CdiDevice, MpsMounts
+from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.kubelet_api import PreparedDevice
 from gpuslice.core.dra.prepared import (
     FORMAT,

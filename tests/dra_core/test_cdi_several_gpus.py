@@ -12,7 +12,8 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.nvml import read_cap_minors, read_caps_major
-from gpuslice.core.dra.cdispec import TOOLKIT_DEVICE_LIST, CdiDevice, cdi_id, claim_spec
+from gpuslice.core.cdi.spec import TOOLKIT_DEVICE_LIST, CdiDevice
+from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import preparation

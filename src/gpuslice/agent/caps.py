@@ -48,9 +48,9 @@ from gpuslice.core.caps import (
     check_outcome,
     gpu_capability,
 )
+from gpuslice.core.cdi.hook import CdiCaps
 from gpuslice.core.cgroups import parse_cgroup
 from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.caps import CdiCaps
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.protection import NodeProtection, node_protection
 from gpuslice.core.sharing.model import Plan

@@ -41,9 +41,11 @@ from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
 from gpuslice.core.caps import CapPolicy, GpuCapability
+from gpuslice.core.cdi.hook import CdiCaps
+from gpuslice.core.cdi.spec import CdiDevice, with_limits
 from gpuslice.core.devices import Inventory, MigDevice
-from gpuslice.core.dra.caps import CdiCaps, claim_limits
-from gpuslice.core.dra.cdispec import CdiDevice, cdi_id, claim_spec, with_limits
+from gpuslice.core.dra.caps import claim_limits
+from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult

@@ -17,7 +17,8 @@ from pathlib import Path
 import click
 
 from gpuslice.agent.knobs import knob, knob_of
-from gpuslice.core.caps import DEFAULT_HOOK_PATH, CapPolicy, CapsMode
+from gpuslice.core.caps import CapPolicy, CapsMode
+from gpuslice.core.cdi.hook import DEFAULT_HOOK_PATH
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import GuardParams, Reserve, lookahead_for
 from gpuslice.core.guard.model import ClaimOverride, GuardAction, GuardMode

@@ -12,8 +12,9 @@ A cap is the driver's answer to what the memory guard (`core.guard`) can only do
 fact: with it, a tenant that overruns fails its *own* allocation, and nobody is stopped. So
 this module decides, per GPU, which protection it gets (`protection`), and per device, which
 limits (`limits_for`; who holds what, and the limits of each container: `core.protection`);
-the adapters apply them (the CDI hook before the container runs, or
-the agent right after) and the guard steps back on the GPUs that are capped.
+the adapters apply them (the toolkit's CDI hook before the container runs, given its work
+by `core.cdi.hook`, or the agent right after) and the guard steps back on the GPUs that are
+capped.
 
 What is *not* documented, and so not assumed here: how the driver honours a soft limit (the
 simulator reads it as memory held back for that cgroup, `core.gpumemory`), what a hard
@@ -198,50 +199,6 @@ def limits_for(
     soft = max(0, min(entitlement.memory_bytes, gpu_total_bytes))
     hard = soft if policy == "strict" else gpu_total_bytes
     return MemoryLimits(soft, hard)
-
-
-class CapsRequestError(ValueError):
-    """Limits that cannot be asked for (a request above the limit, a negative size)."""
-
-
-def hook_env(limits: MemoryLimits) -> dict[str, str]:
-    """The environment the toolkit's `apply-cuda-memory-limits` hook reads: integers in MiB
-    (`NVIDIA_GPU_MEMORY_REQUEST` the soft limit, `NVIDIA_GPU_MEMORY_LIMIT` the hard one). Both
-    are rounded down to the MiB, so the hook never sets more than the entitlement; a request
-    above the limit is refused here, where the hook would fail the container."""
-    request = limits.soft_bytes // MIB
-    limit = limits.hard_bytes // MIB
-    if limits.soft_bytes < 0 or limits.hard_bytes < 0:
-        raise CapsRequestError(f"negative memory limits: {limits}")
-    if request > limit:
-        raise CapsRequestError(
-            f"memory request {request} MiB is above the limit {limit} MiB; the hook would "
-            "refuse the container"
-        )
-    return {"NVIDIA_GPU_MEMORY_REQUEST": str(request), "NVIDIA_GPU_MEMORY_LIMIT": str(limit)}
-
-
-HOOK_NAME = "apply-cuda-memory-limits"
-DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
-"""Where the NVIDIA Container Toolkit installs `nvidia-cdi-hook` (its CDI specs' default)."""
-HOOK_LIFECYCLE = "createRuntime"
-"""The OCI stage the toolkit gives this hook (`getOCIHookType`: create-runtime, after the
-container's cgroup exists and before its process runs), not createContainer."""
-
-
-def hook_entry(
-    hook_path: str, gpu_uuids: Iterable[str], driver_root: str = ""
-) -> dict[str, object]:
-    """One CDI hook entry running `apply-cuda-memory-limits` for `gpu_uuids`. Its arguments
-    follow the toolkit's own specs: `argv[0]` is the binary's name, `nvidia-ctk` takes
-    `hook` before the subcommand, and the flags are `--driver-root` then one `--gpu-id` per
-    GPU."""
-    base = hook_path.rstrip("/").rsplit("/", 1)[-1]
-    args = [base, "hook", HOOK_NAME] if base == "nvidia-ctk" else [base, HOOK_NAME]
-    args += ["--driver-root", driver_root]
-    for uuid in gpu_uuids:
-        args += ["--gpu-id", uuid]
-    return {"hookName": HOOK_LIFECYCLE, "path": hook_path, "args": args}
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuslice.core.attribution import entitlement_of
+from gpuslice.core.cdi.spec import MPS_PIPE_IN_CONTAINER, CdiDevice
 from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.devices import Inventory, MigDevice
-from gpuslice.core.dra.cdispec import MPS_PIPE_IN_CONTAINER, CdiDevice, claim_spec
+from gpuslice.core.dra.cdispec import claim_spec
 from gpuslice.core.dra.claimplan import claims_plan
 from gpuslice.core.dra.claims import (
     ClaimError,

@@ -18,7 +18,9 @@ limits after the container starts, as before, `agent.caps`):
   server holds the memory, nor MIG, which the hook skips and NVML refuses);
 * every GPU it lands on is capable (`core.caps.GpuCapability`: cgroup v2, root, a driver
   with the call, not MIG, caps on, no NVML error): the agent finds that and passes it in;
-* its GPUs all want the same limits: the hook gives one pair to every GPU it names.
+* its GPUs all want the same limits, and limits the hook would not refuse: the hook gives
+  one pair to every GPU it names (`core.cdi.hook.hook_env_for`, the rule DRA's claim specs
+  share).
 
 A pod's own `NVIDIA_GPU_MEMORY_*` in its spec wins over these (the kubelet puts the device
 plugin's env first and the container's after it; containerd keeps the later, measured in
@@ -32,14 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.attribution import Entitlement, entitlement_of
-from gpuslice.core.caps import (
-    CapPolicy,
-    CapsRequestError,
-    GpuCapability,
-    MemoryLimits,
-    hook_env,
-    limits_for,
-)
+from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, limits_for
+from gpuslice.core.cdi.hook import hook_env_for
 from gpuslice.core.sharing.model import AdvertisedDevice, DeviceListStrategy
 from gpuslice.core.units import MIB
 
@@ -94,9 +90,4 @@ def allocation_caps_env(
     if caps is None or not CDI_STRATEGIES.intersection(strategies):
         return {}
     limits = allocation_limits(devices, caps)
-    if limits is None or len(set(limits.values())) != 1:
-        return {}
-    try:
-        return hook_env(next(iter(limits.values())))
-    except CapsRequestError:
-        return {}  # the hook would refuse the container: the agent applies them
+    return {} if limits is None else hook_env_for(limits)

@@ -11,15 +11,15 @@ no memory is guaranteed none, and held to what no prepared share on its GPU rese
 The hook reads one `NVIDIA_GPU_MEMORY_REQUEST` / `NVIDIA_GPU_MEMORY_LIMIT` pair from the
 container's environment and applies it on every GPU it is given: one pair per container.
 So a claim whose capped devices would need different limits gets no hook in its spec (the
-agent applies and checks them itself), and a container holding two claims with different
-limits sees the last one's env (an environment variable does not add up, `cdispec`): the
-agent's check after the container starts repairs the GPU that got the wrong pair.
+agent applies and checks them itself: `core.cdi.hook.hook_env_for`, the rule the device
+plugin's Allocate shares), and a container holding two claims with different limits sees
+the last one's env (an environment variable does not add up, `core.cdi.spec`): the agent's
+check after the container starts repairs the GPU that got the wrong pair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from gpuslice.core.attribution import entitlement_of
 from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, limits_for
@@ -33,14 +33,6 @@ from gpuslice.core.sharing.model import (
 )
 
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class CdiCaps:
-    """How the claim specs call the toolkit's hook (`--memory-caps-hook-path`)."""
-
-    hook_path: str
-    driver_root: str = ""
 
 
 def use_limits(
@@ -96,10 +88,3 @@ def claim_limits(
         if limits is not None:
             out[use.device] = limits
     return out
-
-
-def hook_limits(limits: Mapping[str, MemoryLimits]) -> MemoryLimits | None:
-    """The one pair a claim's spec can give the hook, None when its devices need different
-    ones (or none): the agent then applies them itself."""
-    distinct = set(limits.values())
-    return next(iter(distinct)) if len(distinct) == 1 else None

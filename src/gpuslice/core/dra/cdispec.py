@@ -1,114 +1,33 @@
-"""The per-claim CDI spec: what the container runtime adds to a container for each device.
+"""The per-claim CDI spec: DRA's naming on the neutral CDI room (`core.cdi`).
 
 The kubelet hands the runtime the CDI device IDs Prepare returned; the runtime finds them in
 the spec files of `/var/run/cdi` and applies their edits. gpuslice writes one spec per claim
 under its own kind (`k8s.gpuslice.io/claim`, never NVIDIA's), with device names that embed
 the claim UID: runtimes cache specs, so a name is never reused for other content.
 
-**Several GPUs in one container.** A container may get several devices: a claim of count 2,
-a claim with two requests, two claims. The runtime applies each device's edits in order;
-device nodes and mounts add up, but an environment variable set twice keeps the last value.
-So what makes a GPU visible must add up, as in NVIDIA's DRA driver, whose claim spec gives
-each device its own device nodes (`/dev/nvidia<minor>`, and a MIG device's capability
-nodes) and sets `NVIDIA_VISIBLE_DEVICES=void` once for the spec
-(`cmd/gpu-kubelet-plugin/cdi.go`, the toolkit's `nvcdi` common edits), so the GPUs a
-container sees are exactly the nodes it got. gpuslice's edits per device:
-
-- the GPU's device node, and for a MIG device its GI and CI capability nodes (`core.migcaps`):
-  these add up over devices and claims;
-- a mount of `/dev/null` at `/var/run/nvidia-container-devices/<UUID>`: the device list of the
-  NVIDIA Container Toolkit's `volume-mounts` strategy, which the toolkit reads before the
-  environment (`accept-nvidia-visible-devices-as-volume-mounts`), and which adds up too;
-- `NVIDIA_VISIBLE_DEVICES` with the UUIDs of every device of the same request, the same value
-  on each, so a request of count 2 shows both whatever the order. A request is the smallest
-  unit a container references (the whole claim, or one of its requests), so the list never
-  names a GPU the container did not get; of two requests or two claims, the last applied
-  names its own (an environment variable cannot add up);
-- for an MPS claim, the daemon's pipe and shm directories; a share's hints;
-- for a capped device (`core.dra.caps`), with `caps` given: `NVIDIA_GPU_MEMORY_REQUEST` /
-  `NVIDIA_GPU_MEMORY_LIMIT` (MiB) and a `createRuntime` hook running the NVIDIA Container
-  Toolkit's `apply-cuda-memory-limits` for that device's GPU (`--gpu-id`), as the toolkit's
-  own specs call it. Only when the claim's capped devices share one pair of limits (the
-  hook reads one pair per container); the agent never passes `caps` on a node that cannot
-  take the limits (cgroup v1: the hook would fail the container).
-
-Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
-device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
+What each device's edits hold (device nodes, the toolkit's device-list mounts,
+`NVIDIA_VISIBLE_DEVICES` per request, MPS directories, the memory-limits hook and its
+variables) is the neutral room's (`core.cdi.spec`, `core.cdi.hook`), which the device
+plugin's front end shares.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 
-from gpuslice.core.caps import CapsRequestError, MemoryLimits, hook_entry, hook_env
-from gpuslice.core.dra.caps import CdiCaps, hook_limits
+from gpuslice.core.cdi.hook import CdiCaps
+from gpuslice.core.cdi.spec import CdiDevice, checked_name, device_spec
 from gpuslice.core.jsontypes import Json
-from gpuslice.core.migcaps import cap_node
 
 CDI_KIND = "k8s.gpuslice.io/claim"
-MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-TOOLKIT_DEVICE_LIST = "/var/run/nvidia-container-devices"
-"""Where the NVIDIA Container Toolkit reads a device list from mounts (one per device ID)."""
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-
-
-@dataclass(frozen=True, slots=True)
-class MpsMounts:
-    """Host directories of the claim's MPS control daemon."""
-
-    pipe_dir: str
-    shm_dir: str
-
-
-@dataclass(frozen=True, slots=True)
-class CdiDevice:
-    device: str
-    """The DRA device name (`gpu-0`, `gpu-0-mig-1g10gb-19-0`)."""
-    uuid: str
-    minor: int
-    mps: MpsMounts | None = None
-    env: Mapping[str, str] | None = None
-    request: str = ""
-    """The claim's request it was allocated for: devices of one request are listed together
-    in `NVIDIA_VISIBLE_DEVICES`, since a container gets a request's devices all or none."""
-    mig_caps: tuple[int, ...] = ()
-    """A MIG device's GPU and compute instance capability minors (`core.migcaps`)."""
-    caps_major: int | None = None
-    """The `nvidia-caps` major: the capability nodes are then given by number, for the
-    runtime to create (NVIDIA's way: the host needs no such node); None: the host's."""
-    memory_limits: MemoryLimits | None = None
-    """The holder's memory caps on this device's GPU (`core.dra.caps`); None: no cap."""
-
-
-def with_limits(
-    devices: Sequence[CdiDevice], limits: Mapping[str, MemoryLimits]
-) -> tuple[CdiDevice, ...]:
-    """The claim's devices with their holders' caps (`core.dra.caps.claim_limits`, by DRA
-    device name); a device without one keeps none."""
-    return tuple(replace(d, memory_limits=limits.get(d.device)) for d in devices)
 
 
 def cdi_name(claim_uid: str, device: str) -> str:
-    name = f"{claim_uid}-{device}"
-    if not _NAME.match(name):
-        raise ValueError(f"{name!r} is not a valid CDI device name")
-    return name
+    return checked_name(f"{claim_uid}-{device}")
 
 
 def cdi_id(claim_uid: str, device: str, kind: str = CDI_KIND) -> str:
     return f"{kind}={cdi_name(claim_uid, device)}"
-
-
-def device_node(name: str, host_dev_root: str = "/") -> Json:
-    """A device node the container sees at `/dev/<name>`. Its `hostPath` is written only
-    when the node lives under another dev root on the host (a driver container's root):
-    there the runtime must stat `<root>/dev/<name>`, not `/dev/<name>`."""
-    path = f"/dev/{name}"
-    if host_dev_root.rstrip("/") == "":
-        return {"path": path}
-    return {"path": path, "hostPath": f"{host_dev_root.rstrip('/')}{path}"}
 
 
 def claim_spec(
@@ -119,80 +38,9 @@ def claim_spec(
     kind: str = CDI_KIND,
     caps: CdiCaps | None = None,
 ) -> Json:
-    """The spec file's content for one claim (the adapter writes it as YAML).
-
-    `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
-    (`host.devroot` decides it as NVIDIA does); `caps` how to call the toolkit's memory
-    limits hook, None for no hook (caps off, or a node that cannot take them)."""
+    """The spec file's content for one claim (the adapter writes it as YAML): its devices
+    under names embedding the claim UID (`core.cdi.spec.device_spec` for the rest)."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
-    pair = None
-    if caps is not None:
-        pair = hook_limits({d.device: d.memory_limits for d in devices if d.memory_limits})
-    try:
-        capped_env = hook_env(pair) if pair is not None else {}
-    except CapsRequestError:
-        # Limits the hook would refuse (a request above the limit) would fail the
-        # container: no hook then, and the pod runs (the agent's check applies or refuses).
-        pair, capped_env = None, {}
-    by_request: dict[str, list[str]] = {}
-    for d in devices:
-        by_request.setdefault(d.request, [])
-        if d.uuid not in by_request[d.request]:
-            by_request[d.request].append(d.uuid)
-    entries: list[Json] = []
-    for d in devices:
-        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
-        nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
-        for minor in d.mig_caps:
-            if d.caps_major is None:
-                nodes.append(device_node(cap_node(minor), host_dev_root))
-            else:
-                nodes.append(
-                    {"path": f"/dev/{cap_node(minor)}", "type": "c", "major": d.caps_major,
-                     "minor": minor}
-                )  # fmt: skip
-        mounts: list[Json] = []
-        if d.mps is not None:
-            env["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
-            options = ["rw", "nosuid", "nodev", "bind"]
-            mounts += [
-                {"hostPath": d.mps.pipe_dir, "containerPath": MPS_PIPE_IN_CONTAINER,
-                 "options": options},
-                {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
-            ]  # fmt: skip
-        mounts.append(
-            {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
-             "options": ["ro", "nosuid", "nodev", "bind"]}
-        )  # fmt: skip
-        edits: Json = {
-            "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": nodes,
-            "mounts": mounts,
-        }
-        if caps is not None and pair is not None and d.memory_limits is not None:
-            edits["env"] += [f"{k}={v}" for k, v in capped_env.items()]
-            edits["hooks"] = [hook_entry(caps.hook_path, [d.uuid], caps.driver_root)]
-        entries.append({"name": cdi_name(claim_uid, d.device), "containerEdits": edits})
-    common = [
-        device_node(n, host_dev_root) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-    ]
-    return {
-        "cdiVersion": minimum_version(entries, common),
-        "kind": kind,
-        "devices": entries,
-        "containerEdits": {"deviceNodes": common},
-    }
-
-
-def minimum_version(devices: Sequence[Json], common_nodes: Sequence[Json] = ()) -> str:
-    """The lowest `cdiVersion` that allows these devices (runtimes vendor old CDI
-    libraries that refuse versions they do not know): 0.5.0 once a name starts with a
-    digit (claim UIDs often do) or a device node has a `hostPath` (both came with 0.5.0,
-    the CDI library's `requiresV050`), 0.3.0 otherwise."""
-    nodes = [*common_nodes]
-    for d in devices:
-        nodes.extend(d.get("containerEdits", {}).get("deviceNodes", ()))
-    if any(str(d["name"])[:1].isdigit() for d in devices) or any("hostPath" in n for n in nodes):
-        return "0.5.0"
-    return "0.3.0"
+    named = [(cdi_name(claim_uid, d.device), d) for d in devices]
+    return device_spec(kind, named, host_dev_root=host_dev_root, caps=caps)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from gpuslice.core.dra.cdispec import CdiDevice, MpsMounts
+from gpuslice.core.cdi.spec import CdiDevice, MpsMounts
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimWork,
