@@ -14,8 +14,10 @@ import pytest
 
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import ControlDir, SimulatedBackend
+from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.health import HealthEvent
 from gpuslice.core.units import MIB
+from gpuslice.ports import MemoryLimitsError
 
 
 @pytest.fixture
@@ -206,5 +208,27 @@ def test_a_grower_in_a_cgroup_fails_at_the_hard_limit_set_from_outside(tmp_path:
         assert (gpu, death.pid, death.reason) == (uuid, 9, "hard-limit")
         ctl.grow_process(10, 0, start_mib=800, cgroup=CG)
         assert sim.get_memory_limits(uuid, CG).used_bytes == 800 * MIB
+    finally:
+        sim.close()
+
+
+def test_limit_calls_are_made_to_fail_from_outside(tmp_path: Path) -> None:
+    """The NVML error a daemon's caps loop must back off from, and its end."""
+    sim = limits_sim(tmp_path)
+    try:
+        ctl = ControlDir(tmp_path / "ctl")
+        uuid = sim.inventory().gpus[0].uuid
+        ctl.fail_limits(0, "GPU is lost")
+        with pytest.raises(MemoryLimitsError, match="GPU is lost") as failed:
+            sim.get_memory_limits(uuid, CG)
+        assert failed.value.refusal == "nvml-error"
+        with pytest.raises(MemoryLimitsError):
+            sim.set_memory_limits(uuid, CG, MemoryLimits(MIB, MIB))
+        ctl.fail_limits(uuid, None)
+        assert sim.get_memory_limits(uuid, CG).cleared
+        ctl.send({"kind": "fail_limits", "gpu": 0, "error": 5})
+        sim.processes()
+        assert len(ctl.rejected()) == 1
+        assert sim.get_memory_limits(uuid, CG).cleared
     finally:
         sim.close()

@@ -272,6 +272,43 @@ def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: P
     ]
 
 
+def test_the_hooks_view_leaves_out_a_gpu_whose_nvml_fails_until_a_retry_confirms(
+    tmp_path: Path,
+) -> None:
+    """What Allocate and Prepare read (`hook_capabilities`): a GPU whose limit calls fail
+    is `nvml-error` from the failure until a retry confirms limits there, even once nobody
+    is left on it to retry (the hook would make the same call for the next container and
+    fail it); the loop's own `capabilities` keep it capable, so it keeps retrying."""
+    b = node()
+    inv = b.inventory()
+    gpu, other = inv.gpus[0].uuid, inv.gpus[1].uuid
+    caps = gpu_capabilities(inv, b, ABLE, "auto")
+    plan = build_plan(inv, parse_config(CONFIG))
+    path = make_cgroup(tmp_path, 1)
+    now = [100.0]
+    applier = CapsApplier(b, caps, cgroup_root=tmp_path, clock=lambda: now[0])
+    wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
+    applier.sync(wanted, {key(1): path})
+    assert applier.hook_capabilities() == caps
+    b.fail_memory_limits(gpu, "Unknown Error")
+    applier.sync(wanted, {key(1): path})
+    assert applier.hook_capabilities() == {
+        gpu: GpuCapability(gpu, "nvml-error"),
+        other: caps[other],
+    }
+    assert applier.capabilities[gpu].capable
+    applier.sync({}, {})  # its container went: nothing left to retry there
+    assert applier.gpu_states()[gpu].blocked == ""
+    assert applier.hook_capabilities()[gpu].refusal == "nvml-error"
+    b.fail_memory_limits(gpu, None)
+    with structlog.testing.capture_logs() as logs:
+        applier.sync(wanted, {key(1): path})  # a container there again: its limits confirm
+    assert applier.hook_capabilities() == caps
+    assert [e["event"] for e in logs if e["event"].startswith("caps-nvml")] == [
+        "caps-nvml-recovered"
+    ]
+
+
 def test_a_driver_refusal_still_takes_the_gpu_out(tmp_path: Path) -> None:
     """What the driver states for good (no such call, a MIG handle) is not retried."""
     b = node()
@@ -297,6 +334,7 @@ def test_a_driver_refusal_still_takes_the_gpu_out(tmp_path: Path) -> None:
     r = applier.sync(wanted, {key(1): path})
     assert r.refused == ((gpu, "driver-without-call"),)
     assert applier.capabilities[gpu].refusal == "driver-without-call"
+    assert applier.hook_capabilities()[gpu].refusal == "driver-without-call"  # Allocate's view
 
 
 def test_a_container_without_its_cgroup_says_so_and_the_gpu_is_not_capped(

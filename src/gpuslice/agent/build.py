@@ -446,10 +446,12 @@ def wire_caps(
     agent: Agent, *, pods: NodePods | None = None, refresher: SnapshotRefresher | None = None
 ) -> WiredCaps:
     """Memory caps (docs/memory-guard.md): what the node and each GPU allow, found once
-    (each refusal logged once); in DRA mode the claims' CDI specs carry the limits (and the
-    toolkit's hook where it can work); in both modes the caps loop applies, checks and
-    repairs each shared container's limits. No loop when caps are off or no GPU is
-    capable: the guard then covers every GPU as before."""
+    (each refusal logged once), then as the caps loop finds it; in DRA mode the claims'
+    CDI specs carry the limits (and the toolkit's hook where it can work), in device
+    plugin mode Allocate gives the hook's variables where the toolkit's spec carries the
+    hook; in both modes the caps loop applies, checks and repairs each shared container's
+    limits. No loop when caps are off or no GPU is capable: the guard then covers every
+    GPU as before."""
     settings = agent.settings
     caps_settings = settings.memory_caps
     limiter = memory_limiter_of(agent.backend)
@@ -469,10 +471,14 @@ def wire_caps(
         )
         program.cdi()  # says at start whether claims get the hook (again when that changes)
         hook = program.cdi
-    agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
     guard_mode = settings.memory_guard.mode
     if limiter is None or not capable:
+        agent.front_end.take_caps(DraCaps(capabilities, caps_settings.policy, hook))
         return WiredCaps(capabilities, guard_mode, None)
+    applier = CapsApplier(limiter, capabilities, cgroup_root=settings.cgroup_root)
+    # What containers are handed from now on follows the loop: a GPU it refuses or backs
+    # off from gets neither the hook's variables (Allocate) nor its limits (a claim's spec).
+    agent.front_end.take_caps(DraCaps(applier.hook_capabilities, caps_settings.policy, hook))
 
     def plan() -> Plan | None:
         current = agent.front_end.attributed_plan()
@@ -487,7 +493,7 @@ def wire_caps(
         }
 
     service = CapsService(
-        CapsApplier(limiter, capabilities, cgroup_root=settings.cgroup_root),
+        applier,
         policy=caps_settings.policy,
         current_plan=plan,
         assignments=PodResourcesClient(

@@ -189,6 +189,10 @@ class CapsApplier:
         self._confirmed_once: set[str] = set()
         self._failures: dict[str, tuple[int, float, str]] = {}
         """GPU -> (failed attempts in a row, monotonic time of the next try, the error)."""
+        self._unsure: frozenset[str] = frozenset()
+        """GPUs whose last limit call failed with an NVML error and none confirmed since:
+        unlike `_failures`, kept when nobody is left to retry there (the toolkit's hook
+        would make the same call for the next container and fail it)."""
         self.windows_s: list[float] = []
         """Per container and GPU, cgroup creation -> limits confirmed, in seconds: the
         latest WINDOWS_KEPT, since every scrape sorts them for the window's quantiles and
@@ -197,6 +201,19 @@ class CapsApplier:
     @property
     def capabilities(self) -> dict[str, GpuCapability]:
         return dict(self._capabilities)
+
+    def hook_capabilities(self) -> dict[str, GpuCapability]:
+        """Each GPU's capability as the toolkit's hook would meet it now, for what is
+        handed to containers from now on (Allocate's variables, DRA claims' specs): the
+        refusals found since start, and a GPU whose NVML limit calls failed, until a retry
+        confirms limits there, as `nvml-error` (the hook makes the same call, and a hook
+        that fails refuses the pod). Read from the event loop while a round runs in a
+        worker thread: both fields are replaced whole, never changed in place."""
+        unsure = self._unsure
+        return {
+            gpu: GpuCapability(gpu, "nvml-error") if cap.capable and gpu in unsure else cap
+            for gpu, cap in self._capabilities.copy().items()
+        }
 
     def capped(self) -> frozenset[tuple[ContainerKey, str]]:
         """(container, GPU) pairs whose limits were confirmed on the last round."""
@@ -301,7 +318,7 @@ class CapsApplier:
                     continue
                 if exc.refusal in ("driver-without-call", "mig"):
                     refusal: Refusal = "mig" if exc.refusal == "mig" else "driver-without-call"
-                    self._capabilities[gpu] = GpuCapability(gpu, refusal)
+                    self._capabilities = {**self._capabilities, gpu: GpuCapability(gpu, refusal)}
                     refused.append((gpu, refusal))
                     log.warning(
                         "caps-refused",
@@ -314,6 +331,7 @@ class CapsApplier:
                 pending[(key, gpu)] = f"NVML failed on this GPU ({exc}); retrying"
                 if gpu not in failed_now:
                     failed_now.add(gpu)
+                    self._unsure = self._unsure | {gpu}
                     self._fail(gpu, str(exc), now)
                 continue
             pair = (key, gpu)
@@ -324,7 +342,9 @@ class CapsApplier:
             confirmed[pair] = read
             self._paths[pair] = path
             self._confirmed_once.add(gpu)
-            if gpu not in failed_now and self._failures.pop(gpu, None) is not None:
+            if gpu not in failed_now and (gpu in self._unsure or gpu in self._failures):
+                self._unsure = self._unsure - {gpu}
+                self._failures.pop(gpu, None)
                 log.info("caps-nvml-recovered", gpu=gpu)
         for gpu in list(self._failures):
             if gpu not in failed_now and not any(g == gpu for _, g in wanted):

@@ -161,14 +161,20 @@ class _InFlight:
 
 @dataclass(frozen=True, slots=True)
 class DraCaps:
-    """What Prepare needs of memory caps: each GPU's capability, the policy, and how to
-    call the toolkit's hook (None: the agent applies the limits after the container starts;
-    a callable is asked at each Prepare, so a hook program installed or removed while the
-    agent runs is seen: `agent.caps.HookProgram.cdi`)."""
+    """What a front end hands containers of memory caps: each GPU's capability, the policy,
+    and how to call the toolkit's hook (None: the agent applies the limits after the
+    container starts). A callable is asked at each use (Prepare, Allocate), so what changes
+    while the agent runs is seen: a hook program installed or removed
+    (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML since start
+    (`agent.caps.CapsApplier.hook_capabilities`)."""
 
-    capabilities: Mapping[str, GpuCapability]
+    capabilities: Mapping[str, GpuCapability] | Callable[[], Mapping[str, GpuCapability]]
     policy: CapPolicy
     hook: CdiCaps | Callable[[], CdiCaps | None] | None
+
+    def gpus(self) -> Mapping[str, GpuCapability]:
+        """Each GPU's capability now."""
+        return self.capabilities() if callable(self.capabilities) else self.capabilities
 
     def cdi(
         self,
@@ -182,7 +188,7 @@ class DraCaps:
         physicals: dict[str, PhysicalDevice] = {
             g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
         }
-        limits = claim_limits(uses, physicals, self.capabilities, self.policy, unreserved)
+        limits = claim_limits(uses, physicals, self.gpus(), self.policy, unreserved)
         hook = self.hook() if callable(self.hook) else self.hook
         return with_limits(devices, limits), hook
 

@@ -79,7 +79,7 @@ class DevicePluginFrontEnd:
         self.on_allocate = on_allocate
         """Told (resource, succeeded, seconds) after every Allocate; set by the metrics."""
         self._started = False
-        self._caps: AllocateCaps | None = None
+        self._caps: DraCaps | None = None
         self.manager = DevicePluginManager(
             state,
             plugin_dir=settings.plugin_dir,
@@ -89,7 +89,9 @@ class DevicePluginFrontEnd:
         )
 
     def _allocate_caps(self) -> AllocateCaps | None:
-        return self._caps
+        """Asked at each Allocate: the GPUs' capabilities as the caps loop sees them now."""
+        caps = self._caps
+        return None if caps is None else AllocateCaps(caps.gpus(), caps.policy)
 
     def _allocated(self, resource: str, ok: bool, seconds: float) -> None:
         if self.on_allocate is not None:
@@ -122,5 +124,7 @@ class DevicePluginFrontEnd:
     def take_caps(self, caps: DraCaps) -> None:
         """Allocate gives a capped time-sliced share the toolkit hook's variables where the
         device reaches the container through CDI (`core.allocation.caps`); the caps loop
-        checks and repairs them, and applies the limits everywhere else."""
-        self._caps = AllocateCaps(caps.capabilities, caps.policy)
+        checks and repairs them, and applies the limits everywhere else. Read at each
+        Allocate, as DRA reads it at each Prepare: a GPU the caps loop refused or backs off
+        from since start gets no variables (the hook would fail the pod there)."""
+        self._caps = caps

@@ -637,6 +637,8 @@ class SimulatedBackend:
             self.put_limits(gpu.uuid, _str(command, "cgroup"), limits)
         elif kind == "clear_limits":
             self.put_limits(gpu.uuid, _str(command, "cgroup"), CLEARED)
+        elif kind == "fail_limits":
+            self.fail_memory_limits(gpu.uuid, _opt_str(command, "error"))
         elif kind == "set_status":
             power = command.get("powerW")
             if power is not None and not isinstance(power, int | float):
@@ -652,7 +654,7 @@ class SimulatedBackend:
             raise BackendError(
                 f"unknown command kind {kind!r}; accepted: xid, recovered, lost, add_process, "
                 "grow_process, remove_process, set_status, mig, create_mig, destroy_mig, "
-                "set_limits, clear_limits, cgroup_removed"
+                "set_limits, clear_limits, fail_limits, cgroup_removed"
             )
 
 

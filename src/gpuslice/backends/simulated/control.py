@@ -34,6 +34,9 @@ Commands (`gpu` is a GPU UUID or index; `mig` a MIG device UUID or index under t
         hard limit) or clears them: the drift the agent's read-back must find and repair.
     {"kind": "cgroup_removed", "cgroup": "/sys/fs/cgroup/..."}
         The cgroup went: the driver forgets its limits on every GPU.
+    {"kind": "fail_limits", "gpu": 0, "error": "GPU is lost"}
+        The limit calls on one GPU fail with that NVML error from now on (`error` null:
+        they succeed again): what the agent's back-off and the hook's variables must see.
     {"kind": "set_status", "gpu": 0, "gpuUtil": 80, "memoryUtil": 40, "temperatureC": 61,
      "powerW": 212.5}
     {"kind": "mig", "gpu": 0, "enabled": true, "layout": "1g.10gb*7"}
@@ -170,6 +173,10 @@ class ControlDir:
 
     def remove_process(self, pid: int) -> Path:
         return self.send({"kind": "remove_process", "pid": pid})
+
+    def fail_limits(self, gpu: str | int, error: str | None) -> Path:
+        """The limit calls on `gpu` fail with the NVML error `error` (None: succeed again)."""
+        return self.send({"kind": "fail_limits", "gpu": gpu, "error": error})
 
     def set_status(
         self,
