@@ -25,7 +25,6 @@ from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.backends.simulated.nodespec import parse_spec
 from gpuslice.core.caps import (
-    MIB,
     NOT_CONFIRMED_YET,
     CapPolicy,
     GpuCapability,
@@ -40,6 +39,7 @@ from gpuslice.core.guard.model import ContainerKey, Tenant
 from gpuslice.core.protection import in_guard_view, node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
+from gpuslice.core.units import MIB
 from gpuslice.ports import ContainerDevices, MemoryLimitsError
 
 ABLE = NodeCapability(cgroup_v2=True, root=True)

@@ -16,7 +16,8 @@ from gpuslice.backends.nvml_limits import NvmlMemoryLimiter
 from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.backends.simulated.nodespec import parse_spec
-from gpuslice.core.caps import CLEARED, LIMIT_MAX, MIB, MemoryLimits
+from gpuslice.core.caps import CLEARED, LIMIT_MAX, MemoryLimits
+from gpuslice.core.units import MIB
 from gpuslice.ports import MemoryLimiter, MemoryLimitsError
 
 CG = "/sys/fs/cgroup/kubepods.slice/kubepods-pod0.slice/cri-containerd-a.scope"

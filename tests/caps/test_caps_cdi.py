@@ -3,7 +3,7 @@ only for capped devices, only when one pair of limits serves the claim."""
 
 from __future__ import annotations
 
-from gpuslice.core.caps import MIB, GpuCapability, MemoryLimits, Refusal
+from gpuslice.core.caps import GpuCapability, MemoryLimits, Refusal
 from gpuslice.core.cdi.hook import CdiCaps, hook_limits
 from gpuslice.core.cdi.spec import CdiDevice
 from gpuslice.core.devices import Gpu, GpuUuid
@@ -11,6 +11,7 @@ from gpuslice.core.dra.caps import claim_limits, use_limits
 from gpuslice.core.dra.cdispec import claim_spec
 from gpuslice.core.dra.prepared import DeviceUse
 from gpuslice.core.sharing.model import PhysicalDevice, SharingStrategy
+from gpuslice.core.units import MIB
 from gpuslice.testing.cdirun import Container
 
 TS = SharingStrategy.TIME_SLICING

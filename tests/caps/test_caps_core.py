@@ -9,7 +9,6 @@ from gpuslice.core.attribution import Entitlement
 from gpuslice.core.caps import (
     CLEARED,
     LIMIT_MAX,
-    MIB,
     GpuCapability,
     MemoryLimits,
     NodeCapability,
@@ -19,6 +18,7 @@ from gpuslice.core.caps import (
     protection,
 )
 from gpuslice.core.cdi.hook import CapsRequestError, hook_entry, hook_env
+from gpuslice.core.units import MIB
 
 GIB = 1024 * MIB
 ABLE = NodeCapability(cgroup_v2=True, root=True)

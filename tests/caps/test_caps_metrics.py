@@ -10,12 +10,12 @@ from prometheus_client.registry import Collector
 from gpuslice.agent.caps import process_cgroups
 from gpuslice.core.caps import (
     LIMIT_MAX,
-    MIB,
     GpuCapability,
     MemoryLimits,
     caps_view,
 )
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.units import MIB
 from gpuslice.metrics.caps import caps_families
 
 KEY = ContainerKey("ml", "train", "main")

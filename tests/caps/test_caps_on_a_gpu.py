@@ -14,7 +14,8 @@ import pytest
 
 from gpuslice.agent.caps import gpu_capabilities, node_capability
 from gpuslice.backends import memory_limiter_of, open_backend
-from gpuslice.core.caps import CLEARED, MIB, MemoryLimits
+from gpuslice.core.caps import CLEARED, MemoryLimits
+from gpuslice.core.units import MIB
 from gpuslice.ports import GpuBackend, MemoryLimitsError
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gpuslice.core.caps import MIB, MemoryLimits
+from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.cdi.hook import hook_env_for
+from gpuslice.core.units import MIB
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuslice"
 GIB = 1024 * MIB

@@ -5,8 +5,6 @@ device."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ from gpuslice.core.dra.health import device_health
 from gpuslice.demo.dra_scenario import NAMESPACE, NODE_NAME, _add_and_allocate, _prepare
 from gpuslice.demo.dra_scenario import _running_dra_node as running
 from gpuslice.demo.dynmig_scene import DYNAMIC_CONFIG, profile_claim
+from gpuslice.testing.eventually import eventually
 from gpuslice.whatif.claims import DRIVER
 
 XID_CONTAINED_ECC = 94
@@ -22,13 +21,6 @@ XID_CONTAINED_ECC = 94
 
 def device(slices: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return next(d for s in slices for d in s["spec"].get("devices") or () if d["name"] == name)
-
-
-async def eventually(check: Any, what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_an_xid_on_a_created_instance_taints_its_partition_only(tmp_path: Path) -> None:
@@ -59,7 +51,7 @@ async def test_an_xid_on_a_created_instance_taints_its_partition_only(tmp_path: 
             slices = n.store.slices(node=NODE_NAME, driver=DRIVER)
             return bool(device(slices, name).get("taints"))
 
-        await eventually(tainted, "the partition's taint")
+        await eventually(tainted, "the partition's taint", timeout=15.0)
         slices = n.store.slices(node=NODE_NAME, driver=DRIVER)
         [taint] = device(slices, name)["taints"]
         assert (taint["key"], taint["value"], taint["effect"]) == (

@@ -32,8 +32,7 @@ from typing import Literal
 
 from gpuslice.core.attribution import Entitlement
 from gpuslice.core.guard.model import ContainerKey
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 LIMIT_MAX = 0xFFFF_FFFF_FFFF_FFFF
 """`NVML_DEVICE_MEMORY_LIMIT_MAX`: a hard limit of this is no hard limit."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuslice.core.caps import MIB, MemoryLimits
+from gpuslice.core.caps import MemoryLimits
+from gpuslice.core.units import MIB
 
 HOOK_NAME = "apply-cuda-memory-limits"
 DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"

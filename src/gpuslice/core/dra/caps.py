@@ -31,8 +31,7 @@ from gpuslice.core.sharing.model import (
     PhysicalDevice,
     SharingStrategy,
 )
-
-MIB = 1024 * 1024
+from gpuslice.core.units import MIB
 
 
 def use_limits(
