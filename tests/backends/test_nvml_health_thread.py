@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 
 from gpuslice.backends.nvml import EVENT_XID, NvmlBackend
 from gpuslice.core.health import NO_INSTANCE, HealthEvent
+from gpuslice.testing.logcapture import captured_events
 
 UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-aaaaaaaa-0000-0000-0000-000000000002")
 TIMEOUT = 10  # pynvml's NVML_ERROR_TIMEOUT
@@ -168,7 +168,7 @@ def test_a_gpu_whose_events_cannot_be_registered_is_reported_unmonitored_by_uuid
     nv = nvml.module()
     _refusing(nv, {1: nv.NVMLError})
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         backend = NvmlBackend()
     try:
         event = backend.wait_health_event(5)

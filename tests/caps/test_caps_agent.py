@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-import structlog
 
 from gpuslice.agent.caps import (
     CapsApplier,
@@ -41,6 +40,7 @@ from gpuslice.core.sharing.model import Plan
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.core.units import MIB
 from gpuslice.ports import ContainerDevices, MemoryLimitsError
+from gpuslice.testing.logcapture import captured_events
 
 ABLE = NodeCapability(cgroup_v2=True, root=True)
 CONFIG = """version: v1
@@ -242,7 +242,7 @@ def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: P
     applier = CapsApplier(b, caps, cgroup_root=tmp_path, clock=lambda: now[0])
     wanted = wanted_limits(assignments(b, (1, [0])), plan, applier.capabilities, "strict")
     b.fail_memory_limits(gpu, "Unknown Error")
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         for _ in range(3):
             applier.sync(wanted, {key(1): path})
     errors = [e for e in logs if e["event"] == "caps-nvml-error"]
@@ -262,7 +262,7 @@ def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: P
     applier.sync(wanted, {key(1): path})
     assert applier.capped() == frozenset()  # within the back-off: not asked yet
     now[0] += 2.0
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         applier.sync(wanted, {key(1): path})
     assert applier.capped() == {(key(1), gpu)}
     assert applier.gpu_states()[gpu] == GpuCaps(confirmed_once=True, blocked="")
@@ -301,7 +301,7 @@ def test_the_hooks_view_leaves_out_a_gpu_whose_nvml_fails_until_a_retry_confirms
     assert applier.gpu_states()[gpu].blocked == ""
     assert applier.hook_capabilities()[gpu].refusal == "nvml-error"
     b.fail_memory_limits(gpu, None)
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         applier.sync(wanted, {key(1): path})  # a container there again: its limits confirm
     assert applier.hook_capabilities() == caps
     assert [e["event"] for e in logs if e["event"].startswith("caps-nvml")] == [
@@ -478,7 +478,7 @@ def test_the_hook_program_is_checked_again_when_it_appears_or_goes(tmp_path: Pat
     program = HookProgram(
         "/usr/bin/nvidia-cdi-hook", "", ABLE, True, seen_at=str(seen / "nvidia-cdi-hook")
     )
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         assert program.cdi() is None
         assert program.cdi() is None
         (seen / "nvidia-cdi-hook").write_text("#!/bin/sh\n")
@@ -496,7 +496,7 @@ def test_the_hook_program_is_checked_again_when_it_appears_or_goes(tmp_path: Pat
 def test_no_log_line_says_the_agent_applies_limits_where_it_does_not() -> None:
     """On a node that cannot take limits the agent applies none either: the hook's log line
     gives the reason and promises nothing."""
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         assert HookProgram("/x", "", NodeCapability(cgroup_v2=False, root=True), True).cdi() is None
         assert HookProgram("/x", "", ABLE, False).cdi() is None
     assert [e["event"] for e in logs] == ["caps-hook-off", "caps-hook-off"]
@@ -527,7 +527,7 @@ def test_a_request_above_the_limit_is_never_sent_and_told_once(tmp_path: Path) -
     applier = CapsApplier(b, caps, cgroup_root=tmp_path)
     path = make_cgroup(tmp_path, 1)
     calls = b.memory_limit_calls
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         for _ in range(2):
             applier.sync({(key(1), gpu): MemoryLimits(2 * MIB, MIB)}, {key(1): path})
     assert b.memory_limit_calls == calls
@@ -610,7 +610,7 @@ def test_a_tenants_own_limit_above_its_share_is_told_and_set_back(tmp_path: Path
     applier = CapsApplier(b, caps, cgroup_root=tmp_path)
     tenant = Tenant(key(1), gpu, "time-slicing", share.soft_bytes, whole)
     assert in_guard_view([tenant], applier.readings()) == (tenant,)
-    with structlog.testing.capture_logs() as logs:
+    with captured_events() as logs:
         r = applier.sync(wanted, {key(1): path})
     assert (r.raised, r.repaired, r.set) == (1, 0, 0)
     assert b.get_memory_limits(gpu, path).same_limits(share)

@@ -12,11 +12,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import ClaimUnreadable, DraApi
 from gpuslice.testing import envtest
+from gpuslice.testing.logcapture import captured_events
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "tenant-bomb"
@@ -70,7 +70,7 @@ async def test_a_nesting_bomb_in_another_claim_costs_only_itself(
     try:
         dra = DraApi(client, "n1", DRIVER, claim_page=2)  # the bomb shares a page
         wanted = {uids["a1"], uids["c0"], uids["c1"]}
-        with structlog.testing.capture_logs() as logs:
+        with captured_events() as logs:
             got = await dra.list_claims(wanted)
         assert {c["metadata"]["uid"] for c in got} == wanted
         [skipped] = [e for e in logs if e["event"] == "dra-claim-unreadable"]
