@@ -286,6 +286,33 @@ async def test_the_share_daemon_serves_no_more_than_the_largest_share(
     await driver.unprepare([small])
 
 
+async def test_a_share_that_reserved_nothing_lifts_the_daemon_only_to_what_nobody_reserved(
+    sock_dir: Path, mps_manager: MpsDaemonManager
+) -> None:
+    """NVIDIA's share modes under MPS (`unlimited`): a share of 20 GiB, then one that
+    reserved no memory. The second may hold what no share reserved (its hard limit in
+    `core.protection`), so the daemon's pinned default becomes that, not "no limit": a
+    client of either share that unsets `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` cannot take the
+    20 GiB share's reservation on top (issue 40, items 6 and 7)."""
+    node = await make_node(sock_dir, SharesMode("unlimited"), MPS_4)
+    node.mps = mps_manager
+    driver = node.driver()
+    await driver.load()
+    gpu = node.state.current.inventory.gpus[0]
+    pipe = sock_dir / "mps" / share_daemon_key(gpu.uuid)
+    control = ControlProgram(pipe / "pipe", pipe / "log", command=FAKE_MPS)
+
+    sized = node.claim("sized", memory="20Gi")
+    assert (await driver.prepare([sized]))[sized.uid].error == ""
+    assert (await _defaults(control))[1] == pinned_limit_shown(20480)
+    free = node.claim("free")
+    assert (await driver.prepare([free]))[free.uid].error == ""
+    assert (await _defaults(control))[1] == pinned_limit_shown(gpu.memory_mib - 20480)
+    assert await driver.unprepare([free]) == {free.uid: ""}
+    assert (await _defaults(control))[1] == pinned_limit_shown(20480)
+    await driver.unprepare([sized])
+
+
 async def test_a_restarted_agent_takes_the_share_daemon_over_with_its_defaults(
     sock_dir: Path,
 ) -> None:

@@ -540,8 +540,11 @@ class DraDriver:
             if ref.uid != without and ref.uid not in self._leaving
             for u in held
         ]
+        snap = self._snapshot()
+        gpu = None if snap is None else snap.inventory.gpu_by_uuid(spec.gpu_uuids[0])
+        memory = None if gpu is None else gpu.memory_mib or None
         return share_daemon_spec(
-            self.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses
+            self.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses, memory
         )
 
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:

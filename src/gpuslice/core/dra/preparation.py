@@ -181,7 +181,7 @@ def _share(
     mounts = None
     if share.strategy == SharingStrategy.MPS:
         # this claim's share alone: the driver sizes the daemon by every share on the GPU
-        spec = share_daemon_spec(mps_root, gpu.uuid, gpu.index, [use])
+        spec = share_daemon_spec(mps_root, gpu.uuid, gpu.index, [use], gpu.memory_mib or None)
         record = AppliedSharing(SHARES_RECORD, (gpu.uuid,), mps_key=spec.resource)
         steps.append(exclusive(gpu.uuid))
         steps.append(StartDaemon(spec, record))
@@ -191,7 +191,11 @@ def _share(
 
 
 def share_daemon_spec(
-    mps_root: str, gpu_uuid: str, gpu_index: int, uses: Iterable[DeviceUse]
+    mps_root: str,
+    gpu_uuid: str,
+    gpu_index: int,
+    uses: Iterable[DeviceUse],
+    gpu_memory_mib: int | None = None,
 ) -> MpsDaemonSpec:
     """The daemon serving every MPS share of one GPU, its defaults the largest share prepared
     there (`uses`: every claim's, prepared or being prepared).
@@ -203,8 +207,12 @@ def share_daemon_spec(
     what it reserved (its env cannot raise them). What a smaller share takes above its own
     reservation up to the largest is the enforcing guard's to act on. The defaults change as
     shares come and go, sent to the running daemon (`MpsDaemonSpec.retunable`): a restart
-    would cut every share's clients. A share that reserved no memory holds the device's
-    memory, and so may every client then; admin claims are not tenants and size nothing."""
+    would cut every share's clients. A share that reserved no memory (NVIDIA's share modes)
+    may hold what no share on the GPU reserved (`core.protection`'s hard limit for it), so
+    the default is the larger of that and the largest reservation, never the whole GPU on
+    top of the others' reservations; without the GPU's memory (`gpu_memory_mib`, unknown on
+    a unified-memory GPU) such a GPU has no pinned default. Admin claims are not tenants and
+    size nothing."""
     shares = [
         u
         for u in uses
@@ -215,7 +223,12 @@ def share_daemon_spec(
     ]
     percentage = max((u.thread_percentage or 100 for u in shares), default=100)
     memory = [u.entitlement_mib or 0 for u in shares]
-    limits = {gpu_index: max(memory)} if shares and min(memory) > 0 else {}
+    limits: dict[int, int] = {}
+    if shares and min(memory) > 0:
+        limits = {gpu_index: max(memory)}
+    elif shares and gpu_memory_mib:
+        unreserved = max(0, gpu_memory_mib - sum(memory))
+        limits = {gpu_index: max(max(memory), unreserved)}
     spec = daemon_spec(
         share_daemon_key(gpu_uuid),
         mps_root,
