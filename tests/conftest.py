@@ -35,19 +35,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-NODE_GROUP = "real-node"
-"""The xdist group of the tests that run a real kubelet and containerd or build the image
-(`tests/real_node`, `tests/image`): a node's kubelet, containerd and buildah storage are one
-per machine, so these run on one worker, one after another, while the rest share the others."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`node` marks the tests that run a real kubelet and containerd or build the image
+    (`tests/real_node`, `tests/image`): a node's kubelet, containerd and buildah storage are
+    one per machine, and its pods' cgroups and probes do not survive other tests' load and
+    mounts beside them, so `scripts/check` runs them alone after the others
+    (`GPUSLICE_TEST_WORKERS`)."""
     tests = Path(__file__).parent
     for item in items:
         if item.path.is_relative_to(tests / "real_node") or item.path.is_relative_to(
             tests / "image"
         ):
-            item.add_marker(pytest.mark.xdist_group(NODE_GROUP))
+            item.add_marker(pytest.mark.node)
 
 
 @pytest.fixture

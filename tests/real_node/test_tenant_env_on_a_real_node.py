@@ -117,6 +117,7 @@ def agent(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iter
     cgroups = work / "cgroup"
     cgroups.mkdir()
     (cgroups / "cgroup.controllers").write_text("cpu memory pids\n", encoding="utf-8")
+    (cgroups / "kubepods.slice").mkdir()  # the host's tree: the kubelet's pods are there
     (work / "node.yaml").write_text(
         'driverVersion: "615.20"\ngpus:\n  - model: a100-40gb\n    count: 2\n', encoding="utf-8"
     )
