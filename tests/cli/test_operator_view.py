@@ -61,14 +61,17 @@ def restored_logging() -> Iterator[None]:
 
 @pytest.mark.usefixtures("restored_logging")
 @pytest.mark.parametrize("verbose", [False, True])
-def test_library_request_lines_are_debug(verbose: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("library", ["httpx", "httpx2"])  # httpx2: lightkube's, the agent's
+def test_library_request_lines_are_debug(
+    verbose: bool, library: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
     setup_logging("json", verbose=verbose)
-    logging.getLogger("httpx").info('HTTP Request: GET https://api/nodes "HTTP/1.1 200 OK"')
+    logging.getLogger(library).info('HTTP Request: GET https://api/nodes "HTTP/1.1 200 OK"')
     logging.getLogger("gpuslice.test").info("event=ours")
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    requests = [d for d in lines if d["logger"] == "httpx"]
+    requests = [d for d in lines if d["logger"] == library]
     assert [d["event"] for d in lines if d["logger"] == "gpuslice.test"] == ["ours"]
     if verbose:
         assert [d["level"] for d in requests] == ["debug"]

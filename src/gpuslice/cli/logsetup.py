@@ -162,9 +162,10 @@ def formatter(fmt: str) -> structlog.stdlib.ProcessorFormatter:
     )
 
 
-CHATTY_LIBRARIES = ("httpx", "httpcore", "hpack", "h11")
-"""Libraries that log each request at INFO (httpx: `HTTP Request: GET ... "200 OK"`, one
-line per watch and patch the agent makes): their INFO is our DEBUG, seen only with -v."""
+CHATTY_LIBRARIES = ("httpx", "httpx2", "httpcore", "hpack", "h11")
+"""Libraries that log each request at INFO (httpx, and httpx2 which lightkube uses: `HTTP
+Request: GET ... "200 OK"`, one line per watch and patch the agent makes): their INFO is our
+DEBUG, seen only with -v."""
 
 
 def _demoted(record: logging.LogRecord) -> bool:

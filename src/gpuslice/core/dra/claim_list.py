@@ -24,6 +24,11 @@ _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _FIELD = {
     key: re.compile(rf'"{key}"\s*:\s*"([^"\\]{{1,253}})"') for key in ("uid", "namespace", "name")
 }
+MAX_NESTING = 128
+"""The deepest claim read. A claim is a few dozen levels deep at most (its managed fields,
+its opaque parameters); one deeper is unreadable by this bound, checked by the stackless
+scan before decoding, not by whether the decoder happens to hit the interpreter's recursion
+limit (which the call's own stack depth and anything that raised the limit move)."""
 IDENTITY_WINDOW = 4096
 """How far into an unreadable item its identity is looked for (the server writes
 `metadata` first)."""
@@ -94,10 +99,17 @@ def _items(
             pos = _skip_space(text, _expect(text, pos, ","))
         first = False
         start = pos
+        if text.startswith(("{", "["), start):
+            end, depth = _extent(text, start)
+            if depth > MAX_NESTING:
+                head = text[start : min(end, start + IDENTITY_WINDOW)]
+                unreadable.append(_named(head, RecursionError(f"nested {depth} deep")))
+                pos = end
+                continue
         try:
             item, pos = decoder.raw_decode(text, pos)
         except (RecursionError, ValueError) as exc:
-            pos = _step_over(text, start)
+            pos = _extent(text, start)[0]
             unreadable.append(_named(text[start : min(pos, start + IDENTITY_WINDOW)], exc))
             continue
         if isinstance(item, dict):
@@ -106,19 +118,21 @@ def _items(
             unreadable.append(Unreadable("", "", "", f"not an object: {type(item).__name__}"))
 
 
-def _step_over(text: str, start: int) -> int:
-    """The end of the JSON value at `start`, found without decoding it (no recursion)."""
+def _extent(text: str, start: int) -> tuple[int, int]:
+    """The end of the JSON value at `start` and how deep it nests, found without decoding
+    it (no recursion)."""
     if not text.startswith(("{", "["), start):
         raise ValueError(f"claim list: the item at offset {start} is not an object")
-    depth = 0
+    depth = deepest = 0
     for match in _TOKEN.finditer(text, start):
         token = match.group()
         if token in "[{":
             depth += 1
+            deepest = max(deepest, depth)
         elif token in "]}":
             depth -= 1
         if depth == 0:
-            return match.end()
+            return match.end(), deepest
         if depth < 0:
             break
     raise ValueError(f"claim list: the item at offset {start} does not end")
@@ -127,7 +141,11 @@ def _step_over(text: str, start: int) -> int:
 def _named(head: str, exc: BaseException) -> Unreadable:
     found = {key: pattern.search(head) for key, pattern in _FIELD.items()}
     uid, namespace, name = (m.group(1) if m else "" for m in found.values())
-    why = "nested deeper than can be decoded" if isinstance(exc, RecursionError) else str(exc)
+    why = (
+        f"nested deeper than {MAX_NESTING} levels ({exc})"
+        if isinstance(exc, RecursionError)
+        else str(exc)
+    )
     return Unreadable(uid, namespace, name, why)
 
 
