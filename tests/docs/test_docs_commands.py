@@ -23,8 +23,9 @@ the next line, as in a terminal), in a scratch directory that holds the reposito
 What a user fills in is filled in, and said here: `<agent pod>`, `<node>` (a Node created for
 the block), the Prometheus URLs, `<node IP>:9400` (an agent started for the block), the
 local agent's port 9400 and `/tmp/gpuslice-dp` (a free port and a scratch directory, so
-parallel runs do not meet), `my-values.yaml` / `values.yaml` (NVIDIA's values from
-`tests/configs/seeds/001-helm-values-time-slicing.yaml`). Commands that cannot run here are
+parallel runs do not meet), `my-values.yaml` (NVIDIA's values from
+`tests/configs/seeds/001-helm-values-time-slicing.yaml`), `values.yaml` (the one the migration
+guide shows, its ```yaml block under "Order of steps"). Commands that cannot run here are
 listed in `NOT_HERE` with the reason; a command neither run nor listed fails the test.
 """
 
@@ -141,6 +142,16 @@ def blocks() -> list[Block]:
     return found
 
 
+def migration_values() -> str:
+    """The `values.yaml` the migration guide's step 1 installs with: its ```yaml block under
+    "Order of steps" (tests/real_node/test_migration_guide_on_a_real_kubelet.py follows the
+    same steps on a real kubelet)."""
+    text = (ROOT / "docs/migrating-from-nvidia.md").read_text()
+    steps = text.split("## Order of steps", 1)[1].split("\n## ", 1)[0]
+    [values] = re.findall(r"```yaml\n(.*?)```", steps, flags=re.S)
+    return str(values)
+
+
 def not_here(command: str) -> str | None:
     for pattern, why in NOT_HERE.items():
         if re.fullmatch(pattern, command):
@@ -202,7 +213,7 @@ def _workdir(tmp: Path) -> Path:
         (work / name).symlink_to(ROOT / name)
     (work / ".venv").symlink_to(Path(sys.prefix))
     shutil.copy(NVIDIA_VALUES, work / "my-values.yaml")
-    shutil.copy(NVIDIA_VALUES, work / "values.yaml")
+    (work / "values.yaml").write_text(migration_values())
     shim = tmp / "bin" / "helm"
     shim.parent.mkdir()
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.docs.helm_shim "$@"\n')
