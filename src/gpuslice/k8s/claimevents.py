@@ -16,19 +16,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from lightkube import AsyncClient
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event
-from lightkube.types import PatchType
+from lightkube.models.core_v1 import ObjectReference
 
-from gpuslice.k8s.events import MESSAGE_LIMIT
+from gpuslice.k8s.events import EventSeries
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
 
 CLAIM_API_VERSION = "resource.k8s.io/v1"
-REMEMBERED = 256
-"""Claims whose last Event is remembered, for a repeat to bump its count."""
 
 
 def _utc_now() -> datetime:
@@ -44,60 +39,22 @@ class ClaimEvents:
         component: str = "gpuslice",
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
-        self._client = client
-        self._node = node_name
-        self._component = component
-        self._clock = clock
-        self._last: dict[str, tuple[tuple[str, str], str, int]] = {}
-        """Claim UID -> ((reason, message), event name, count): a repeat bumps the count.
-        The latest `REMEMBERED` claims only, so it does not grow with the agent's life."""
+        self._series = EventSeries(client, node_name, component=component, clock=clock)
 
     async def post(self, namespace: str, name: str, uid: str, reason: str, message: str) -> bool:
-        """A Warning Event about the claim, in its namespace."""
-        if len(message) > MESSAGE_LIMIT:
-            message = message[: MESSAGE_LIMIT - 3] + "..."
-        now = self._clock().replace(microsecond=0)
-        last = self._last.get(uid)
+        """A Warning Event about the claim, in its namespace; a repeat bumps its count."""
+        claim = ObjectReference(
+            kind="ResourceClaim",
+            apiVersion=CLAIM_API_VERSION,
+            name=name,
+            namespace=namespace,
+            uid=uid,
+        )
         try:
-            if last is not None and last[0] == (reason, message):
-                count = last[2] + 1
-                await self._client.patch(
-                    Event,
-                    last[1],
-                    {"count": count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
-                    namespace=namespace,
-                    patch_type=PatchType.MERGE,
-                )
-                self._last[uid] = (last[0], last[1], count)
-                return True
-            claim = ObjectReference(
-                kind="ResourceClaim",
-                apiVersion=CLAIM_API_VERSION,
-                name=name,
-                namespace=namespace,
-                uid=uid,
+            await self._series.post(
+                uid, about=claim, namespace=namespace, reason=reason, message=message
             )
-            event = Event(
-                metadata=ObjectMeta(generateName=f"{name}.", namespace=namespace),
-                involvedObject=claim,
-                reason=reason,
-                message=message,
-                type="Warning",
-                source=EventSource(component=self._component, host=self._node),
-                reportingComponent=self._component,
-                reportingInstance=self._node,
-                firstTimestamp=now,
-                lastTimestamp=now,
-                count=1,
-            )
-            created = await self._client.create(event)
         except Exception as exc:
             log.warning("k8s-claim-event-failed", reason=reason, claim=uid, error=str(exc))
             return False
-        event_name = created.metadata.name if created.metadata is not None else None
-        if event_name is not None:
-            self._last.pop(uid, None)
-            self._last[uid] = ((reason, message), event_name, 1)
-            while len(self._last) > REMEMBERED:
-                del self._last[next(iter(self._last))]
         return True

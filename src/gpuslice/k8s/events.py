@@ -16,7 +16,7 @@ Run outside a pod (no POD_NAME), it falls back to an Event on the Node in `defau
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -56,6 +56,87 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _cut(message: str) -> str:
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
+
+
+class EventSeries:
+    """Create an Event, or bump the count of the last one posted under the same key when it
+    says the same again, as the kubelet's recorder does: the one mechanism behind the
+    node's, the guard's pod and the claims' Events. The latest `remembered` keys only, so
+    it does not grow with the agent's life. A failure raises; the caller logs it (posting
+    stays best effort) and the key is forgotten, so the next post creates anew."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        *,
+        component: str = "gpuslice",
+        clock: Callable[[], datetime] = _utc_now,
+        remembered: int = 256,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._component = component
+        self._clock = clock
+        self._remembered = remembered
+        self._last: dict[Hashable, tuple[tuple[str, str, str], str, int]] = {}
+        """Key -> ((reason, type, message), event name, count)."""
+
+    async def post(
+        self,
+        key: Hashable,
+        *,
+        about: ObjectReference,
+        namespace: str,
+        reason: str,
+        message: str,
+        type: EventType = "Warning",
+        related: ObjectReference | None = None,
+    ) -> None:
+        message = _cut(message)
+        now = self._clock().replace(microsecond=0)
+        said = (reason, type, message)
+        last = self._last.get(key)
+        try:
+            if last is not None and last[0] == said:
+                count = last[2] + 1
+                await self._client.patch(
+                    Event,
+                    last[1],
+                    {"count": count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                self._last[key] = (said, last[1], count)
+                return
+            event = Event(
+                metadata=ObjectMeta(generateName=f"{about.name}.", namespace=namespace),
+                involvedObject=about,
+                related=related,
+                reason=reason,
+                message=message,
+                type=type,
+                source=EventSource(component=self._component, host=self._node),
+                reportingComponent=self._component,
+                reportingInstance=self._node,
+                firstTimestamp=now,
+                lastTimestamp=now,
+                count=1,
+            )
+            created = await self._client.create(event)
+        except Exception:
+            self._last.pop(key, None)
+            raise
+        self._last.pop(key, None)
+        name = created.metadata.name if created.metadata is not None else None
+        if name is not None:
+            self._last[key] = (said, name, 1)
+            while len(self._last) > self._remembered:
+                del self._last[next(iter(self._last))]
+
+
 class NodeEvents:
     def __init__(
         self,
@@ -72,12 +153,8 @@ class NodeEvents:
         self._node = node_name
         self._agent = agent
         self._namespace = agent.namespace if agent is not None else namespace
-        self._component = component
-        self._clock = clock
         self._node_uid: str | None = None
-        self._last: tuple[str, str, str] | None = None
-        self._last_name: str | None = None
-        self._count = 0
+        self._series = EventSeries(client, node_name, component=component, clock=clock)
 
     async def _uid(self) -> str:
         """The Node's UID, so `kubectl describe node` lists the event; the node name when
@@ -93,55 +170,30 @@ class NodeEvents:
 
     async def post(self, reason: str, message: str, *, type: EventType = "Normal") -> bool:
         """Record one event (e.g. `ConfigRejected`/Warning, `ConfigApplied`/Normal)."""
-        if len(message) > MESSAGE_LIMIT:
-            message = message[: MESSAGE_LIMIT - 3] + "..."
-        now = self._clock().replace(microsecond=0)
-        key = (reason, type, message)
         try:
-            if key == self._last and self._last_name is not None:
-                self._count += 1
-                await self._client.patch(
-                    Event,
-                    self._last_name,
-                    {"count": self._count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
-                    namespace=self._namespace,
-                    patch_type=PatchType.MERGE,
-                )
-                return True
             node = ObjectReference(
                 kind="Node", apiVersion="v1", name=self._node, uid=await self._uid()
             )
             about, related = (
                 (node, None) if self._agent is None else (self._agent.reference(), node)
             )
-            event = Event(
-                metadata=ObjectMeta(generateName=f"{about.name}.", namespace=self._namespace),
-                involvedObject=about,
-                related=related,
+            await self._series.post(
+                "node",
+                about=about,
+                namespace=self._namespace,
                 reason=reason,
                 message=message
                 if self._agent is None
                 else about_message(f"Node {self._node}", message),
                 type=type,
-                source=EventSource(component=self._component, host=self._node),
-                reportingComponent=self._component,
-                reportingInstance=self._node,
-                firstTimestamp=now,
-                lastTimestamp=now,
-                count=1,
+                related=related,
             )
-            created = await self._client.create(event)
         except Exception as exc:
             log.warning("k8s-event-failed", reason=reason, error=str(exc))
-            self._last = None
             return False
-        self._last = key
-        self._last_name = created.metadata.name if created.metadata is not None else None
-        self._count = 1
         return True
 
 
 def about_message(what: str, message: str) -> str:
     """The message of an Event on the agent's Pod, naming what it is really about."""
-    text = f"{what}: {message}"
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+    return _cut(f"{what}: {message}")

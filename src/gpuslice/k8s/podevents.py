@@ -15,12 +15,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from lightkube import ApiError, AsyncClient
-from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Pod
-from lightkube.types import PatchType
+from lightkube.resources.core_v1 import Pod
 
-from gpuslice.k8s.events import MESSAGE_LIMIT, AgentPod, about_message
+from gpuslice.k8s.events import AgentPod, EventSeries, about_message
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -40,22 +39,14 @@ class PodEvents:
         clock: Callable[[], datetime] = _utc_now,
         agent: AgentPod | None = None,
     ) -> None:
-        self._client = client
-        self._node = node_name
         self._agent = agent
-        self._component = component
-        self._clock = clock
-        self._last: dict[tuple[str, str], tuple[tuple[str, str], str, int]] = {}
-        """(namespace, pod) -> ((reason, message), event name, count)."""
+        self._series = EventSeries(client, node_name, component=component, clock=clock)
 
     async def post(
         self, namespace: str, pod: str, uid: str | None, reason: str, message: str
     ) -> bool:
-        """A Warning Event about the pod (`uid` lets `kubectl describe pod` match it)."""
-        if len(message) > MESSAGE_LIMIT:
-            message = message[: MESSAGE_LIMIT - 3] + "..."
-        now = self._clock().replace(microsecond=0)
-        where = (namespace, pod)
+        """A Warning Event about the pod (`uid` lets `kubectl describe pod` match it); a
+        repeat about the same pod bumps its count."""
         target = ObjectReference(
             kind="Pod", apiVersion="v1", name=pod, namespace=namespace, uid=uid
         )
@@ -64,42 +55,18 @@ class PodEvents:
         )
         if self._agent is not None:
             message = about_message(f"Pod {namespace}/{pod}", message)
-        event_ns = about.namespace or namespace
-        last = self._last.get(where)
         try:
-            if last is not None and last[0] == (reason, message):
-                count = last[2] + 1
-                await self._client.patch(
-                    Event,
-                    last[1],
-                    {"count": count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")},
-                    namespace=event_ns,
-                    patch_type=PatchType.MERGE,
-                )
-                self._last[where] = (last[0], last[1], count)
-                return True
-            event = Event(
-                metadata=ObjectMeta(generateName=f"{about.name}.", namespace=event_ns),
-                involvedObject=about,
-                related=related,
+            await self._series.post(
+                (namespace, pod),
+                about=about,
+                namespace=about.namespace or namespace,
                 reason=reason,
                 message=message,
-                type="Warning",
-                source=EventSource(component=self._component, host=self._node),
-                reportingComponent=self._component,
-                reportingInstance=self._node,
-                firstTimestamp=now,
-                lastTimestamp=now,
-                count=1,
+                related=related,
             )
-            created = await self._client.create(event)
         except Exception as exc:
             log.warning("k8s-event-failed", reason=reason, pod=pod, error=str(exc))
-            self._last.pop(where, None)
             return False
-        name = created.metadata.name if created.metadata is not None else None
-        if name is not None:
-            self._last[where] = ((reason, message), name, 1)
         return True
 
 
