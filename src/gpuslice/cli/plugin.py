@@ -33,6 +33,7 @@ from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
 from gpuslice.cli.errors import BadInput, reports_errors
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError
 
@@ -326,14 +327,14 @@ _INT = r"^\s*[+-]?[0-9]+\s*$"
 _FLOAT = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
 
 
-def _check_of(option: click.Option) -> dict[str, Any]:
+def _check_of(option: click.Option) -> Json:
     """What click checks of the option's value, as the chart's templates can check it
     (Go's regexp and Sprig's comparisons); {} where click takes any text."""
     kind = option.type
     if isinstance(kind, click.Choice):
         return {"enum": [str(c) for c in kind.choices]}
     if isinstance(kind, click.types._NumberRangeBase):
-        check: dict[str, Any] = {
+        check: Json = {
             "pattern": _INT if isinstance(kind, click.IntRange) else _FLOAT,
             "min": kind.min,
             "max": kind.max,
@@ -350,16 +351,16 @@ def _check_of(option: click.Option) -> dict[str, Any]:
     return {}
 
 
-def chart_knobs() -> dict[str, dict[str, Any]]:
+def chart_knobs() -> dict[str, Json]:
     """Each variable `gpuslice plugin` reads, with the flag, the chart value that sets it
     (if any) and what click checks of its value: the chart refuses an `extraEnv` entry the
     agent would refuse at start (`gpuslice.validateExtraEnv`), from this one source."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Json] = {}
     for group in GROUPS:
         for f, option in FIELDS[group]:
             if f.knob.env is None:
                 continue
-            entry: dict[str, Any] = {"flag": f.knob.flags[0].split("/")[0] if f.knob.flags else ""}
+            entry: Json = {"flag": f.knob.flags[0].split("/")[0] if f.knob.flags else ""}
             if f.knob.chart:
                 entry["chart"] = f.knob.chart
             if option is not None:

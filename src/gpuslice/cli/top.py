@@ -21,6 +21,7 @@ from rich.live import Live
 
 from gpuslice.cli.common import console
 from gpuslice.cli.errors import EXIT_BAD_INPUT
+from gpuslice.core.jsontypes import Json
 from gpuslice.metrics.top import render_status
 
 DEFAULT_URL = "http://127.0.0.1:9400"
@@ -122,7 +123,7 @@ def top(url: str | None, port: str | None, output: str, watch: float | None) -> 
             doc = fetch_status(url)
 
 
-def _show(doc: dict[str, Any], output: str, *, stream: bool) -> None:
+def _show(doc: Json, output: str, *, stream: bool) -> None:
     """One document or table; streamed, JSON is one line per document (`jq` reads them
     one by one) and YAML documents start with `---`, each flushed as it is written."""
     if output == "json":

@@ -13,6 +13,7 @@ from gpuslice import __version__
 from gpuslice.core.caps import LIMIT_MAX, CapsView
 from gpuslice.core.dra.claimplan import CLAIM_PREFIX
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import Plan
 from gpuslice.metrics.snapshot import MetricsSnapshot
 
@@ -65,7 +66,7 @@ def build_status(
     pod_resources_present: bool,
     ready: tuple[bool, str],
     caps: CapsView | None = None,
-    mps_daemons: list[dict[str, Any]] | None = None,
+    mps_daemons: list[Json] | None = None,
 ) -> dict[str, Any]:
     """The JSON document of `/status` (version 1; fields are only ever added).
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import STRUCTURED_ATTR
 
 
 class _Events(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Json] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, STRUCTURED_ATTR, None)
@@ -30,7 +30,7 @@ class _Events(logging.Handler):
 
 
 @contextmanager
-def captured_events() -> Iterator[list[dict[str, Any]]]:
+def captured_events() -> Iterator[list[Json]]:
     """The events logged inside the block, oldest first: each its `event` name, its fields
     and its `log_level`, as `structlog.testing.capture_logs` gives them."""
     root = logging.getLogger()

@@ -27,6 +27,7 @@ from gpuslice.backends.simulated.partition import created, without
 from gpuslice.core.caps import CLEARED, LIMIT_MAX, MemoryLimits
 from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.units import MIB
 from gpuslice.logs import get_logger
 from gpuslice.ports import BackendError, GpuProcess, GpuStatus, MemoryLimitsError
@@ -681,7 +682,7 @@ def _opt_str(command: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _str(command: dict[str, Any], key: str) -> str:
+def _str(command: Json, key: str) -> str:
     value = command.get(key)
     if not isinstance(value, str) or not value:
         raise BackendError(f"{key}: expected a non-empty string, got {value!r}")

@@ -45,6 +45,7 @@ from gpuslice.core.dra.names import (
     check_object_name,
     check_path_component,
 )
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import SharingStrategy
 
 FORMAT = "gpuslice.io/dra-checkpoint"
@@ -191,7 +192,7 @@ def decode(raw: bytes | None, boot_id: str) -> Decoded:
 class Unsealed:
     """A sealed document opened: its data, the version it claims and its format name."""
 
-    data: dict[str, Any]
+    data: Json
     version: object
     format: str
 
