@@ -21,8 +21,8 @@ from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
 from gpuslice.backends.simulated.memory import Allocation
 from gpuslice.core.config import parse_config
-from gpuslice.core.guard import GuardParams, lookahead_for
-from gpuslice.demo.guardsim import SimPod, SimResult, simulate
+from gpuslice.core.guard import GuardParams
+from gpuslice.demo.guardsim import SimPod, SimResult, outcomes
 
 NODE = "sim:1xl40s"
 REPLICAS = 10
@@ -80,41 +80,16 @@ def run_guard_demo(interval_s: float = 1.0) -> GuardDemo:
     [resource] = plan.resources
     device = resource.devices[0]
     total = device.physical.memory_mib
-    params = GuardParams(mode="enforce")  # the defaults: reserve 10 %, grace 1 s
     story = pods()
-    results = {
-        mode: simulate(
-            total,
-            device.replicas,
-            story,
-            GuardParams(
-                mode=mode,
-                reserve=params.reserve,
-                grace_s=params.grace_s,
-                lookahead_s=lookahead_for(interval_s),
-            ),
-            interval_s=interval_s,
-            until_s=UNTIL_S,
-        )
-        for mode in ("off", "enforce")
-    }
-    capped = simulate(
-        total,
-        device.replicas,
-        story,
-        GuardParams(mode="off"),
-        interval_s=interval_s,
-        until_s=UNTIL_S,
-        caps="strict",
-    )
+    told = outcomes(total, device.replicas, story, interval_s=interval_s, until_s=UNTIL_S)
     return GuardDemo(
         gpu=inventory.gpus[0].product_name,
         total_mib=total,
         share_mib=total // device.replicas,
-        params=params,
+        params=told.params,
         interval_s=interval_s,
         pods=story,
-        off=results["off"],
-        enforce=results["enforce"],
-        caps=capped,
+        off=told.nothing,
+        enforce=told.guard,
+        caps=told.caps,
     )

@@ -26,7 +26,16 @@ from typing import Literal
 
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
 from gpuslice.core.caps import CapPolicy, MemoryLimits
-from gpuslice.core.guard import ContainerKey, GpuMemory, GuardParams, GuardState, Tenant, evaluate
+from gpuslice.core.guard import (
+    ContainerKey,
+    GpuMemory,
+    GuardParams,
+    GuardState,
+    Tenant,
+    evaluate,
+    lookahead_for,
+)
+from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.protection import in_guard_view
 from gpuslice.core.units import MIB
 
@@ -239,3 +248,42 @@ def simulate(
                     exiting[name] = t
         t = round(t + step_s, 9)
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """One story told three ways: nothing between the pods (NVIDIA's device plugin), the
+    memory guard enforcing with its defaults, and the driver's caps (soft = hard = share)."""
+
+    params: GuardParams
+    """The enforcing guard's parameters (reserve 10 %, grace 1 s: the agent's defaults)."""
+    nothing: SimResult
+    guard: SimResult
+    caps: SimResult
+
+
+def outcomes(
+    total_mib: int,
+    replicas: int,
+    pods: Sequence[SimPod],
+    *,
+    interval_s: float,
+    until_s: float,
+) -> Outcomes:
+    """The guard demo's and the default demo's three runs of the same pods."""
+    defaults = GuardParams(mode="enforce")
+    lookahead = lookahead_for(interval_s)
+
+    def run(params: GuardParams, caps: CapPolicy | None = None) -> SimResult:
+        return simulate(
+            total_mib, replicas, pods, params, interval_s=interval_s, until_s=until_s, caps=caps
+        )
+
+    def guard(mode: GuardMode) -> GuardParams:
+        return GuardParams(
+            mode=mode, reserve=defaults.reserve, grace_s=defaults.grace_s, lookahead_s=lookahead
+        )
+
+    return Outcomes(
+        defaults, run(guard("off")), run(guard("enforce")), run(GuardParams(mode="off"), "strict")
+    )

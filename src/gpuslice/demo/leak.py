@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.backends.simulated.memory import Allocation
-from gpuslice.core.guard import GuardParams, lookahead_for
-from gpuslice.demo.guardsim import SimPod, SimResult, simulate
+from gpuslice.demo.guardsim import SimPod, SimResult, outcomes
 
 POLL_S = 1.0
 """The guard's poll interval (the agent's default)."""
@@ -78,28 +77,8 @@ def run_leak_story(
 ) -> LeakStory:
     share = total_mib // replicas
     pods = story_pods(share, total_mib, neighbour, leaker)
-    params = GuardParams(mode="enforce")
-    runs = {
-        mode: simulate(
-            total_mib,
-            replicas,
-            pods,
-            GuardParams(
-                mode=mode,
-                reserve=params.reserve,
-                grace_s=params.grace_s,
-                lookahead_s=lookahead_for(POLL_S),
-            ),
-            interval_s=POLL_S,
-            until_s=UNTIL_S,
-        )
-        for mode in ("off", "enforce")
-    }
-    caps = simulate(
-        total_mib, replicas, pods, GuardParams(mode="off"), interval_s=POLL_S, until_s=UNTIL_S,
-        caps="strict",
-    )  # fmt: skip
-    guard = runs["enforce"]
+    told = outcomes(total_mib, replicas, pods, interval_s=POLL_S, until_s=UNTIL_S)
+    guard = told.guard
     acted = [e for e in guard.events if e.what == "reclaim"]
     seen = acted[0].at if acted else UNTIL_S
     top = tuple(
@@ -121,9 +100,9 @@ def run_leak_story(
         leaker=leaker,
         leak_mib_s=pods[1].allocation.rate_mib_s,
         pods=pods,
-        nvidia=runs["off"],
+        nvidia=told.nothing,
         guard=guard,
-        caps=caps,
+        caps=told.caps,
         seen_at_s=seen,
         top=top,
     )
