@@ -13,21 +13,17 @@ is best effort: a failure is logged and reported as False, never raised into Pre
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from lightkube import AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 
-from gpuslice.k8s.events import EventSeries
+from gpuslice.k8s.events import EventSeries, utc_now
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
 
 CLAIM_API_VERSION = "resource.k8s.io/v1"
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class ClaimEvents:
@@ -37,7 +33,7 @@ class ClaimEvents:
         node_name: str,
         *,
         component: str = "gpuslice",
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._series = EventSeries(client, node_name, component=component, clock=clock)
 

@@ -52,7 +52,7 @@ MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages; longer ones are cut with an ellipsis."""
 
 
-def _utc_now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -73,7 +73,7 @@ class EventSeries:
         node_name: str,
         *,
         component: str = "gpuslice",
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         remembered: int = 256,
     ) -> None:
         self._client = client
@@ -145,7 +145,7 @@ class NodeEvents:
         namespace: str = "default",
         *,
         component: str = "gpuslice",
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         agent: AgentPod | None = None,
     ) -> None:
         """`namespace` is used only without `agent` (then Events are on the Node)."""

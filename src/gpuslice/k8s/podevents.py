@@ -12,21 +12,17 @@ the same event about the same pod bumps its count.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from gpuslice.k8s.events import AgentPod, EventSeries, about_message
+from gpuslice.k8s.events import AgentPod, EventSeries, about_message, utc_now
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class PodEvents:
@@ -36,7 +32,7 @@ class PodEvents:
         node_name: str,
         *,
         component: str = "gpuslice",
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         agent: AgentPod | None = None,
     ) -> None:
         self._agent = agent
