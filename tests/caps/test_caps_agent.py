@@ -36,7 +36,7 @@ from gpuslice.core.caps import (
 from gpuslice.core.config import parse_config
 from gpuslice.core.guard.model import ContainerKey, Tenant
 from gpuslice.core.protection import in_guard_view, node_protection
-from gpuslice.core.sharing.model import Plan
+from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.core.units import MIB
 from gpuslice.ports import ContainerDevices, MemoryLimitsError
@@ -250,7 +250,7 @@ def test_an_nvml_error_is_retried_with_back_off_not_refused_for_life(tmp_path: P
     assert errors[0]["retry_in_s"] == 1.0
     assert applier.capabilities[gpu].capable  # not refused for life
     assert applier.capped() == frozenset()
-    tenant = Tenant(key(1), gpu, "time-slicing", 1, 2)
+    tenant = Tenant(key(1), gpu, SharingStrategy.TIME_SLICING, 1, 2)
     # the guard watches it meanwhile
     assert in_guard_view([tenant], applier.readings()) == (tenant,)
     assert "NVML failed" in applier.pending()[(key(1), gpu)]
@@ -543,7 +543,6 @@ async def test_a_share_claims_memory_is_divided_among_the_pods_that_use_it(tmp_p
     from gpuslice.core.cgroups import ContainerId, PodUid
     from gpuslice.core.dra.claimplan import claims_plan
     from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
-    from gpuslice.core.sharing.model import SharingStrategy
     from gpuslice.k8s.pods import PodEntry
 
     b = node("1xl40s")
@@ -608,7 +607,7 @@ def test_a_tenants_own_limit_above_its_share_is_told_and_set_back(tmp_path: Path
     whole = inv.gpus[0].memory_mib * MIB
     b.set_memory_limits(gpu, path, MemoryLimits(whole, whole))  # the tenant's own, by the hook
     applier = CapsApplier(b, caps, cgroup_root=tmp_path)
-    tenant = Tenant(key(1), gpu, "time-slicing", share.soft_bytes, whole)
+    tenant = Tenant(key(1), gpu, SharingStrategy.TIME_SLICING, share.soft_bytes, whole)
     assert in_guard_view([tenant], applier.readings()) == (tenant,)
     with captured_events() as logs:
         r = applier.sync(wanted, {key(1): path})

@@ -18,6 +18,7 @@ from gpuslice.core.caps import (
     protection,
 )
 from gpuslice.core.cdi.hook import CapsRequestError, hook_entry, hook_env
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 
 GIB = 1024 * MIB
@@ -78,22 +79,22 @@ def test_an_uncapped_gpu_is_guarded_only_while_the_guard_enforces() -> None:
 
 
 def test_time_sliced_tenants_get_soft_share_and_hard_by_policy() -> None:
-    share = Entitlement("time-slicing", 12 * GIB, 0.25)
+    share = Entitlement(SharingStrategy.TIME_SLICING, 12 * GIB, 0.25)
     assert limits_for(share, 48 * GIB, "strict") == MemoryLimits(12 * GIB, 12 * GIB)
     assert limits_for(share, 48 * GIB, "borrow") == MemoryLimits(12 * GIB, 48 * GIB)
 
 
-@pytest.mark.parametrize("kind", ["exclusive", "mps", "mig"])
-def test_only_time_sliced_tenants_are_capped(kind: str) -> None:
-    assert limits_for(Entitlement(kind, 12 * GIB, 0.25), 48 * GIB, "strict") is None  # type: ignore[arg-type]
+@pytest.mark.parametrize("kind", [SharingStrategy.NONE, SharingStrategy.MPS, SharingStrategy.MIG])
+def test_only_time_sliced_tenants_are_capped(kind: SharingStrategy) -> None:
+    assert limits_for(Entitlement(kind, 12 * GIB, 0.25), 48 * GIB, "strict") is None
 
 
 def test_a_gpu_without_memory_figure_caps_nobody() -> None:
-    assert limits_for(Entitlement("time-slicing", 0, 0.5), 0, "strict") is None
+    assert limits_for(Entitlement(SharingStrategy.TIME_SLICING, 0, 0.5), 0, "strict") is None
 
 
 def test_soft_never_above_the_gpu() -> None:
-    got = limits_for(Entitlement("time-slicing", 60 * GIB, 1.0), 48 * GIB, "strict")
+    got = limits_for(Entitlement(SharingStrategy.TIME_SLICING, 60 * GIB, 1.0), 48 * GIB, "strict")
     assert got == MemoryLimits(48 * GIB, 48 * GIB)
 
 

@@ -267,7 +267,7 @@ def test_memory_above_a_confirmed_cap_is_reclaimed_whatever_the_free_memory() ->
     though the GPU looks half empty. A claim's pods are held to the claim's hard limit
     together: one over its part, the claim within, is left alone."""
     capped = MemoryLimits(11517 * MIB, 11517 * MIB, 20000 * MIB)
-    jax = Tenant(key("jax"), GPU, "time-slicing", 11517 * MIB, 20000 * MIB, (7,))
+    jax = Tenant(key("jax"), GPU, SharingStrategy.TIME_SLICING, 11517 * MIB, 20000 * MIB, (7,))
     [seen] = in_guard_view([jax], {(key("jax"), GPU): capped})
     assert seen.hard_bytes == 11517 * MIB
     ev = enforce((seen,), 20000)  # 26068 MiB free, far above the reserve
@@ -275,8 +275,24 @@ def test_memory_above_a_confirmed_cap_is_reclaimed_whatever_the_free_memory() ->
         ("jax", "over-cap")
     ]
     part = MemoryLimits(2048 * MIB, 2048 * MIB)
-    a = Tenant(key("a"), GPU, "time-slicing", 4096 * MIB, 3000 * MIB, (8,), holder="claim:ml/t")
-    b = Tenant(key("b"), GPU, "time-slicing", 4096 * MIB, 500 * MIB, (9,), holder="claim:ml/t")
+    a = Tenant(
+        key("a"),
+        GPU,
+        SharingStrategy.TIME_SLICING,
+        4096 * MIB,
+        3000 * MIB,
+        (8,),
+        holder="claim:ml/t",
+    )
+    b = Tenant(
+        key("b"),
+        GPU,
+        SharingStrategy.TIME_SLICING,
+        4096 * MIB,
+        500 * MIB,
+        (9,),
+        holder="claim:ml/t",
+    )
     confirmed = {(key("a"), GPU): part, (key("b"), GPU): part}
     both = in_guard_view([a, b], confirmed)
     assert [t.key.pod for t in both] == ["a", "b"]  # a is over its part: the claim in view
@@ -292,5 +308,5 @@ def test_what_holds_each_holder() -> None:
     assert mechanism(hold, CAPABLE[GPU], "observe") == ("caps", "")
     assert mechanism(hold, old, "enforce") == ("guard", old.reason)
     assert mechanism(hold, old, "observe") == ("none", old.reason)
-    assert mechanism(replace(hold, kind="mps"), old, "off") == ("mps-server", "")
-    assert mechanism(replace(hold, kind="exclusive"), old, "off") == ("own-memory", "")
+    assert mechanism(replace(hold, kind=SharingStrategy.MPS), old, "off") == ("mps-server", "")
+    assert mechanism(replace(hold, kind=SharingStrategy.NONE), old, "off") == ("own-memory", "")

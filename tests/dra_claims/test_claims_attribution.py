@@ -78,23 +78,25 @@ def test_a_share_is_entitled_to_its_consumed_memory_not_memory_over_replicas() -
     share = dev("node-1/gpu-0/s1", WHOLE, 4, entitlement_mib=30000)
     # time-sliced: the SM share follows the share's memory (30000 of the L40S's 46068 MiB)
     assert entitlement_of(share, 142) == Entitlement(
-        "time-slicing", 30000 * MIB, 30000 / WHOLE.memory_mib
+        SharingStrategy.TIME_SLICING, 30000 * MIB, 30000 / WHOLE.memory_mib
     )
 
 
 def test_an_mps_share_takes_its_memory_and_the_clients_thread_percentage() -> None:
     mps = MpsShare(active_thread_percentage=75, pinned_memory_limit_mib=34551)
     share = dev("node-1/gpu-0/s2", WHOLE, 4, mps=mps, entitlement_mib=30000)
-    assert entitlement_of(share, 142) == Entitlement("mps", 30000 * MIB, 0.75)
+    assert entitlement_of(share, 142) == Entitlement(SharingStrategy.MPS, 30000 * MIB, 0.75)
 
 
 def test_a_claim_shared_by_pods_is_a_fair_share_and_alone_is_exclusive() -> None:
     """GuardConfig `sharedBy: 4` arrives as replicas 4 with no replica number (the device
     plugin never builds that): a fair share, as a time-slicing replica would get."""
     assert entitlement_of(dev("p/gpu-0", WHOLE, 4), 142) == Entitlement(
-        "time-slicing", 46068 * MIB // 4, 0.25
+        SharingStrategy.TIME_SLICING, 46068 * MIB // 4, 0.25
     )
-    assert entitlement_of(dev("p/gpu-0", WHOLE), 142) == Entitlement("exclusive", 46068 * MIB, 1.0)
+    assert entitlement_of(dev("p/gpu-0", WHOLE), 142) == Entitlement(
+        SharingStrategy.NONE, 46068 * MIB, 1.0
+    )
 
 
 def test_a_mig_claim_is_its_mig_device_even_with_replicas() -> None:
@@ -106,9 +108,11 @@ def test_a_mig_claim_is_its_mig_device_even_with_replicas() -> None:
 def test_device_plugin_entitlements_are_unchanged() -> None:
     """The new field defaults to None: replicas and MPS limits decide, as before."""
     replica = AdvertisedDevice(DeviceId(f"{L40S}::1"), WHOLE, 1, 4)
-    assert entitlement_of(replica, 142) == Entitlement("time-slicing", 46068 * MIB // 4, 0.25)
+    assert entitlement_of(replica, 142) == Entitlement(
+        SharingStrategy.TIME_SLICING, 46068 * MIB // 4, 0.25
+    )
     mps = AdvertisedDevice(DeviceId(f"{L40S}::0"), WHOLE, 0, 2, MpsShare(50, 23034))
-    assert entitlement_of(mps, 142) == Entitlement("mps", 23034 * MIB, 0.5)
+    assert entitlement_of(mps, 142) == Entitlement(SharingStrategy.MPS, 23034 * MIB, 0.5)
 
 
 PLAN = Plan(
@@ -163,7 +167,7 @@ def test_claims_are_attributed_per_pod_with_their_share() -> None:
     by_pod = {u.pod: u for u in att.usages}
     assert by_pod["trainer"].resources == ("claim:ml/big",)
     assert by_pod["trainer"].entitlement == Entitlement(
-        "time-slicing", 30000 * MIB, 30000 / WHOLE.memory_mib
+        SharingStrategy.TIME_SLICING, 30000 * MIB, 30000 / WHOLE.memory_mib
     )
     assert by_pod["trainer"].memory_used_bytes == 32000 * MIB
     assert by_pod["infer"].entitlement.memory_bytes == 8000 * MIB

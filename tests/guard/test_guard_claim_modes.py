@@ -61,7 +61,9 @@ def key(pod: str) -> ContainerKey:
 
 def tenant(pod: str, used_gib: float, mode: GuardMode | None = None) -> Tenant:
     pid = 100 + sum(map(ord, pod))
-    return Tenant(key(pod), "GPU-0", "time-slicing", SHARE, int(used_gib * GIB), (pid,), mode)
+    return Tenant(
+        key(pod), "GPU-0", SharingStrategy.TIME_SLICING, SHARE, int(used_gib * GIB), (pid,), mode
+    )
 
 
 def run(tenants: list[Tenant], node: GuardMode, state: GuardState | None = None) -> Evaluation:

@@ -25,6 +25,7 @@ from gpuslice.core.guard import (
     Reserve,
     Tenant,
 )
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.emulator.fake_mps_control import SERVER_ENV
 from gpuslice.guard import GuardView, MemoryGuard, ProcessSignaller
 from gpuslice.k8s import PodEvents, PodEvictor, make_client
@@ -91,7 +92,7 @@ def reader(tmp_path: Path, pods: dict[str, Pod], mps: frozenset[str] = frozenset
             Tenant(
                 ContainerKey("ml", p.name, "main"),
                 "GPU-0",
-                "mps" if p.name in mps else "time-slicing",
+                SharingStrategy.MPS if p.name in mps else SharingStrategy.TIME_SLICING,
                 SHARE,
                 int(p.used_gib * GIB),
                 (p.proc.pid,),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.core.attribution import EntitlementKind
 from gpuslice.core.guard import (
     ContainerKey,
     Evaluation,
@@ -16,6 +15,7 @@ from gpuslice.core.guard import (
     Tenant,
     evaluate,
 )
+from gpuslice.core.sharing.model import SharingStrategy
 
 GIB = 1024**3
 TOTAL = 48 * GIB  # an L40S
@@ -32,7 +32,7 @@ def tenant(
     *,
     gpu: str = "GPU-0",
     share: int = SHARE,
-    kind: EntitlementKind = "time-slicing",
+    kind: SharingStrategy = SharingStrategy.TIME_SLICING,
 ) -> Tenant:
     return Tenant(key(pod), gpu, kind, share, int(used_gib * GIB), (hash(pod) % 30000 + 100,))
 
@@ -171,7 +171,7 @@ def test_stopping_pod_counts_as_freed_then_is_escalated_after_grace() -> None:
     ev = run(pods, params, now=5.0, state=ev.state)
     assert ev.decisions == ()  # escalated once
     gone = [tenant("a", 0), tenant("b", 15)]
-    gone[0] = Tenant(key("a"), "GPU-0", "time-slicing", SHARE, 0, ())
+    gone[0] = Tenant(key("a"), "GPU-0", SharingStrategy.TIME_SLICING, SHARE, 0, ())
     ev = run(gone, params, now=6.0, state=ev.state)
     assert ev.state.stopping == {}
     assert ev.state.escalated == frozenset()
@@ -193,9 +193,9 @@ def test_an_mps_share_over_its_share_is_reclaimed_and_mig_exclusive_are_exempt()
     hold it, the guard does."""
     ev = run(
         [
-            tenant("mps", 30, kind="mps"),
-            tenant("mig", 12, kind="mig", share=6 * GIB),
-            tenant("excl", 5, kind="exclusive", share=TOTAL),
+            tenant("mps", 30, kind=SharingStrategy.MPS),
+            tenant("mig", 12, kind=SharingStrategy.MIG, share=6 * GIB),
+            tenant("excl", 5, kind=SharingStrategy.NONE, share=TOTAL),
         ],
         enforce(),
     )
@@ -246,7 +246,15 @@ def test_reserve_as_fraction_of_the_gpu() -> None:
 usage = st.lists(
     st.tuples(
         st.integers(0, 30 * GIB),
-        st.sampled_from(["time-slicing", "time-slicing", "mps", "mig", "exclusive"]),
+        st.sampled_from(
+            [
+                SharingStrategy.TIME_SLICING,
+                SharingStrategy.TIME_SLICING,
+                SharingStrategy.MPS,
+                SharingStrategy.MIG,
+                SharingStrategy.NONE,
+            ]
+        ),
         st.sampled_from(["GPU-0", "GPU-1"]),
     ),
     min_size=1,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpuslice.core.attribution import Attribution, ContainerGpuUsage, attribute
 from gpuslice.core.cgroups import ContainerId, PodUid
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 from gpuslice.metrics.procfs import cgroup_identities
 from gpuslice.ports import ContainerDevices, GpuProcess
@@ -122,7 +123,7 @@ def test_sole_holder_rule_and_learned_uid_carry_to_a_shared_gpu(tmp_path: Path) 
     assert att.learned_pods == {uid(1): ("ml", "train")}
     whole = next(u for u in att.usages if u.gpu_uuid == L40S)
     shared = next(u for u in att.usages if u.gpu_uuid == T4 and u.pod == "train")
-    assert (whole.memory_used_bytes, whole.entitlement.kind) == (2000 * MIB, "exclusive")
+    assert (whole.memory_used_bytes, whole.entitlement.kind) == (2000 * MIB, SharingStrategy.NONE)
     assert whole.entitlement.memory_bytes == 46068 * MIB
     assert whole.entitlement.sm_fraction == 1.0
     assert shared.memory_used_bytes == 700 * MIB

@@ -28,6 +28,7 @@ from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.host.configfiles import MAX_BYTES
 from gpuslice.ports import GpuBackend
 from gpuslice.textfile import read_text
@@ -321,10 +322,10 @@ def claims_table(claims: Sequence[ClaimOutcome], title: str) -> Table:
             env = "\n".join(f"{k}={short_ids(v)}" for k, v in d.env)
             for m in d.mounts:
                 env += f"\n[dim]mount {m.container_path} ← {short_ids(m.host_path)}[/dim]"
-            guard = f"{d.entitlement}: {gib(d.entitlement_mib)} GiB"
+            guard = f"{d.entitlement.entitlement_kind}: {gib(d.entitlement_mib)} GiB"
             if not d.memory_mib:  # unified memory: nothing for the guard to hold
-                guard = f"{d.entitlement}: no memory figure, not guarded"
-            if d.sm_fraction is not None and d.entitlement != "exclusive":
+                guard = f"{d.entitlement.entitlement_kind}: no memory figure, not guarded"
+            if d.sm_fraction is not None and d.entitlement is not SharingStrategy.NONE:
                 guard += f", {d.sm_fraction:.0%} of SMs"
             if c.guard_mode:
                 guard += f"\n[dim]GuardConfig mode {c.guard_mode}[/dim]"

@@ -43,10 +43,9 @@ from typing import Literal, Protocol
 
 from gpuslice.core.cgroups import CgroupIdentity, ContainerId, PodUid
 from gpuslice.core.devices import Inventory
-from gpuslice.core.sharing.model import AdvertisedDevice, Plan
+from gpuslice.core.sharing.model import AdvertisedDevice, Plan, SharingStrategy
 from gpuslice.core.units import MIB
 
-EntitlementKind = Literal["exclusive", "time-slicing", "mps", "mig"]
 UnattributedReason = Literal["not-in-a-pod", "ambiguous", "no-holder"]
 """`not-in-a-pod`: no pod in its cgroup path (host process, MPS server); `no-holder`: its
 pod holds no device on that GPU (or nobody does); `ambiguous`: several could own it."""
@@ -84,8 +83,9 @@ class Process(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Entitlement:
-    kind: EntitlementKind
-    """The sharing form; `mig` wins over the others when a container mixes them."""
+    kind: SharingStrategy
+    """The sharing form (NONE: exclusive); `mig` wins over the others when a container
+    mixes them."""
     memory_bytes: int
     sm_fraction: float | None
     """Share of the physical GPU's SMs; None for MIG when the parent's SM count is unknown."""
@@ -301,31 +301,38 @@ def entitlement_of(dev: AdvertisedDevice, gpu_sms: int | None) -> Entitlement:
     total_bytes = phys.memory_mib * MIB
     if phys.kind == "mig":
         fraction = phys.multiprocessors / gpu_sms if gpu_sms else None
-        return Entitlement("mig", total_bytes, fraction)
+        return Entitlement(SharingStrategy.MIG, total_bytes, fraction)
     replicas = max(1, dev.replicas)
     if dev.entitlement_mib is not None:
         # A DRA share: the scheduler sized its memory per claim (consumed capacity).
         if dev.mps is not None:
             return Entitlement(
-                "mps", dev.entitlement_mib * MIB, dev.mps.active_thread_percentage / 100.0
+                SharingStrategy.MPS,
+                dev.entitlement_mib * MIB,
+                dev.mps.active_thread_percentage / 100.0,
             )
         # Time-sliced, its SM share follows its memory: k of N default-sized shares is k/N
         # (to the MiB the scheduler rounded to), a larger memory request a larger share.
         fraction = min(1.0, dev.entitlement_mib / phys.memory_mib) if phys.memory_mib else None
-        return Entitlement("time-slicing", dev.entitlement_mib * MIB, fraction)
+        return Entitlement(SharingStrategy.TIME_SLICING, dev.entitlement_mib * MIB, fraction)
     if dev.mps is not None:
         return Entitlement(
-            "mps",
+            SharingStrategy.MPS,
             (dev.mps.pinned_memory_limit_mib or 0) * MIB,
             dev.mps.active_thread_percentage / 100.0,
         )
     if replicas == 1:
-        return Entitlement("exclusive", total_bytes, 1.0)
+        return Entitlement(SharingStrategy.NONE, total_bytes, 1.0)
     # A device-plugin replica, or a DRA claim meant for `replicas` pods (GuardConfig sharedBy).
-    return Entitlement("time-slicing", total_bytes // replicas, 1.0 / replicas)
+    return Entitlement(SharingStrategy.TIME_SLICING, total_bytes // replicas, 1.0 / replicas)
 
 
-_KIND_ORDER: dict[EntitlementKind, int] = {"mig": 3, "mps": 2, "time-slicing": 1, "exclusive": 0}
+_KIND_ORDER: dict[SharingStrategy, int] = {
+    SharingStrategy.MIG: 3,
+    SharingStrategy.MPS: 2,
+    SharingStrategy.TIME_SLICING: 1,
+    SharingStrategy.NONE: 0,
+}
 
 
 def sum_entitlements(entitlements: list[Entitlement]) -> Entitlement:

@@ -32,6 +32,7 @@ from typing import Literal
 
 from gpuslice.core.attribution import Entitlement
 from gpuslice.core.guard.model import ContainerKey
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 
 LIMIT_MAX = 0xFFFF_FFFF_FFFF_FFFF
@@ -193,7 +194,7 @@ def limits_for(
     capped: an exclusive holder has nobody to protect, a MIG device has its own memory, and
     an MPS client keeps the pinned limit its MPS server enforces (see the module docstring).
     soft = the entitlement the guard already computes; hard by `policy`."""
-    if entitlement.kind != "time-slicing" or gpu_total_bytes <= 0:
+    if entitlement.kind is not SharingStrategy.TIME_SLICING or gpu_total_bytes <= 0:
         return None
     soft = max(0, min(entitlement.memory_bytes, gpu_total_bytes))
     hard = soft if policy == "strict" else gpu_total_bytes

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from gpuslice.core.devices import Gpu, Inventory
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
+    Isolation,
     MigStrategy,
     PhysicalDevice,
     Plan,
     ResourcePlan,
     SharingStrategy,
 )
-
-Isolation = Literal["none", "mps", "mig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +161,13 @@ def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
     if strategy == SharingStrategy.MPS:
         pct = dev.mps.active_thread_percentage if dev.mps else 100
         limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
-        return _Numbers("mps", pct / 100, pct, limit or 0, bool(limit))
+        return _Numbers(strategy.isolation, pct / 100, pct, limit or 0, bool(limit))
     if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
-        isolation: Isolation = "mig" if phys.kind == "mig" else "none"
-        return _Numbers(isolation, 1.0, None, phys.memory_mib, True)
-    return _Numbers("none", 1 / dev.replicas, None, phys.memory_mib // dev.replicas, False)
+        held = SharingStrategy.MIG if phys.kind == "mig" else SharingStrategy.NONE
+        return _Numbers(held.isolation, 1.0, None, phys.memory_mib, True)
+    return _Numbers(
+        strategy.isolation, 1 / dev.replicas, None, phys.memory_mib // dev.replicas, False
+    )
 
 
 def _shares(resource: ResourcePlan, gpu: Gpu) -> list[ShareReport]:

@@ -44,14 +44,13 @@ from typing import Literal
 from gpuslice.core.attribution import (
     Assignment,
     Attribution,
-    EntitlementKind,
     entitlement_of,
     sum_entitlements,
 )
 from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, uncapped
 from gpuslice.core.guard.model import ContainerKey, GuardMode, Tenant
 from gpuslice.core.guard.policy import tenants_from
-from gpuslice.core.sharing.model import AdvertisedDevice, Plan
+from gpuslice.core.sharing.model import AdvertisedDevice, Plan, SharingStrategy
 from gpuslice.core.units import MIB
 
 Pair = tuple[ContainerKey, str]
@@ -66,7 +65,7 @@ class Hold:
     """`claim:<namespace>/<name>` for a DRA share (all its consumers together), else the
     container, `namespace/pod/container`."""
     gpu_uuid: str
-    kind: EntitlementKind
+    kind: SharingStrategy
     soft_bytes: int
     """Guaranteed: what it reserved; the guard's share."""
     hard_bytes: int
@@ -110,7 +109,11 @@ class NodeProtection:
             capability = capabilities.get(hold.gpu_uuid)
             if capability is None or not capability.capable:
                 continue
-            if hold.kind != "time-slicing" or not hold.whole_gpus or hold.gpu_total_bytes <= 0:
+            if (
+                hold.kind is not SharingStrategy.TIME_SLICING
+                or not hold.whole_gpus
+                or hold.gpu_total_bytes <= 0
+            ):
                 continue
             for key in hold.consumers:
                 out[(key, hold.gpu_uuid)] = hold.each()
@@ -130,9 +133,9 @@ def mechanism(
     the driver where it is not. Observing is not holding: the guard counts where
     `core.caps.uncapped` says (the one rule the reports use); the agent reports `caps` only
     once limits were read back (`core.caps.gpu_protection`)."""
-    if hold.kind in ("exclusive", "mig"):
+    if not hold.kind.shares_memory:
         return "own-memory", ""
-    if hold.kind == "mps":
+    if hold.kind is SharingStrategy.MPS:
         return "mps-server", ""
     if capability is not None and capability.capable and hold.whole_gpus:
         return "caps", ""

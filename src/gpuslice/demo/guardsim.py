@@ -37,6 +37,7 @@ from gpuslice.core.guard import (
 )
 from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.protection import in_guard_view
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 
 GPU_UUID = "GPU-sim-0"
@@ -212,7 +213,11 @@ def simulate(
                 Tenant(
                     ContainerKey("default", p.name, "main"),
                     GPU_UUID,
-                    "mps" if client_limits_mib is not None else "time-slicing",
+                    (
+                        SharingStrategy.MPS
+                        if client_limits_mib is not None
+                        else SharingStrategy.TIME_SLICING
+                    ),
                     share[p.name],
                     (model.usage(pid_of[p.name]) or 0) * MIB,
                     (pid_of[p.name],),

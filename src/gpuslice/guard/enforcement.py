@@ -30,6 +30,7 @@ from gpuslice.core.guard import (
 )
 from gpuslice.core.guard.model import GuardAction
 from gpuslice.core.guard.policy import Evaluation
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 from gpuslice.guard.signals import ProcessSignaller, Target
 from gpuslice.logs import get_logger
@@ -158,7 +159,11 @@ class MemoryGuard:
                 if target is None:
                     acted = False
                 else:
-                    mps = any(t.kind == "mps" for t in view.tenants if (t.key, t.gpu_uuid) == pair)
+                    mps = any(
+                        t.kind is SharingStrategy.MPS
+                        for t in view.tenants
+                        if (t.key, t.gpu_uuid) == pair
+                    )
                     terminate = self.terminate_mps_clients
                     if (
                         mps

@@ -121,7 +121,7 @@ def build_status(
                         for r in u.resources
                         if r.startswith(CLAIM_PREFIX)
                     ],
-                    "sharing": ent.kind,
+                    "sharing": ent.kind.entitlement_kind,
                     "memory_used_bytes": u.memory_used_bytes,
                     "memory_entitled_bytes": ent.memory_bytes,
                     "memory_share_used": share,

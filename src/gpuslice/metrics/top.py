@@ -73,7 +73,7 @@ def render_top(snapshot: MetricsSnapshot | None, *, now: float | None = None) ->
             f"{u.namespace}/{u.pod}",
             u.container,
             *([claim_of(u.resources) or "-"] if claims else []),
-            ent.kind,
+            ent.kind.entitlement_kind,
             _mib(u.memory_used_bytes),
             _mib(ent.memory_bytes),
             _share(u),

@@ -326,8 +326,6 @@ def node_slices(
 
 # -- what each claim gets ----------------------------------------------------------------------
 
-SharingKind = Literal["exclusive", "time-slicing", "mps"]
-
 
 @dataclass(frozen=True, slots=True)
 class ShareInfo:
@@ -355,7 +353,8 @@ class DeviceOutcome:
     profile: str | None
     memory_mib: int
     uuid: str
-    sharing: SharingKind
+    sharing: SharingStrategy
+    """NONE, TIME_SLICING or MPS, printed as its `entitlement_kind`."""
     sharing_text: str
     """The sharing in words: what a user needs to know about the device's other tenants."""
     config: str
@@ -368,8 +367,8 @@ class DeviceOutcome:
     env: tuple[tuple[str, str], ...] = ()
     """The container env of the device's CDI entry, in the spec's order."""
     mounts: tuple[Mount, ...] = ()
-    entitlement: str = "exclusive"
-    """The memory guard's view of one pod: exclusive, time-slicing, mps or mig."""
+    entitlement: SharingStrategy = SharingStrategy.NONE
+    """The memory guard's view of one pod: exclusive (NONE), time-slicing, mps or mig."""
     entitlement_mib: int = 0
     """Memory one pod holding the claim may use before the guard acts."""
     sm_fraction: float | None = None
@@ -432,7 +431,9 @@ def _uses_and_cdi(
     return list(prepared.uses), list(prepared.cdi), mps
 
 
-def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[SharingKind, str]:
+def _words(
+    dw: DeviceWork, mps: tuple[int | None, int | None] | None
+) -> tuple[SharingStrategy, str]:
     share, sharing = dw.share, dw.sharing
     if share is not None:
         how = "MPS" if share.strategy == SharingStrategy.MPS else "time-slicing"
@@ -455,7 +456,7 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
                 "time-slicing does not limit a process to a share of the SMs, so it is "
                 "not enforced"
             )
-        return ("mps" if share.strategy == SharingStrategy.MPS else "time-slicing"), text
+        return share.strategy, text
     if sharing.shares is SharingStrategy.MPS:
         pct, limit = mps or (None, None)
         mig = dw.device.kind == "mig"
@@ -464,7 +465,7 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
         text += f", pinned memory limit {limit} MiB" if limit is not None else ", no memory limit"
         if sharing.mps is not None and sharing.mps.multi_user:
             text += ", multi-user daemon (clients of any user ID)"
-        return "mps", text
+        return SharingStrategy.MPS, text
     shared_by = sharing.shared_by or 1
     if sharing.shares is SharingStrategy.TIME_SLICING or shared_by > 1:
         interval = _INTERVAL_NAMES.get(sharing.interval) if sharing.interval is not None else None
@@ -472,9 +473,9 @@ def _words(dw: DeviceWork, mps: tuple[int | None, int | None] | None) -> tuple[S
         text += f", interval {interval}" if interval else " (interval left as it is)"
         if shared_by > 1:
             text += f", meant for {shared_by} pods (GuardConfig sharedBy)"
-        return "time-slicing", text
+        return SharingStrategy.TIME_SLICING, text
     what = "MIG device" if dw.device.kind == "mig" else "GPU"
-    return "exclusive", f"exclusive: the whole {what}, for the pods of this claim"
+    return SharingStrategy.NONE, f"exclusive: the whole {what}, for the pods of this claim"
 
 
 def _outcomes(
@@ -680,7 +681,7 @@ def _claim_dict(c: ClaimOutcome) -> dict[str, object]:
                 "created_at_prepare": d.created_at_prepare,
                 "memory_mib": d.memory_mib,
                 "uuid": d.uuid,
-                "sharing": d.sharing,
+                "sharing": d.sharing.entitlement_kind,
                 "sharing_text": d.sharing_text,
                 "config": d.config,
                 "interval": d.interval,
@@ -700,7 +701,7 @@ def _claim_dict(c: ClaimOutcome) -> dict[str, object]:
                     {"host_path": m.host_path, "container_path": m.container_path} for m in d.mounts
                 ],
                 "entitlement": {
-                    "kind": d.entitlement,
+                    "kind": d.entitlement.entitlement_kind,
                     "memory_mib": d.entitlement_mib,
                     "sm_fraction": d.sm_fraction,
                 },

@@ -32,6 +32,7 @@ from gpuslice.core.guard import (
     evaluate,
     lookahead_for,
 )
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
 
 
@@ -207,7 +208,7 @@ def _run(
                 )
                 continue
             tenants.extend(
-                Tenant(keys[p], view.uuid, "time-slicing", share, u, (p,))
+                Tenant(keys[p], view.uuid, SharingStrategy.TIME_SLICING, share, u, (p,))
                 for p, u in zip(pids, used, strict=True)
             )
             views.append(view)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from gpuslice.core.attribution import Entitlement, entitlement_of
 from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, limits_for
 from gpuslice.core.cdi.hook import hook_env_for
-from gpuslice.core.sharing.model import AdvertisedDevice, DeviceListStrategy
+from gpuslice.core.sharing.model import AdvertisedDevice, DeviceListStrategy, SharingStrategy
 from gpuslice.core.units import MIB
 
 CDI_STRATEGIES: frozenset[DeviceListStrategy] = frozenset({"cdi-annotations", "cdi-cri"})
@@ -67,13 +67,15 @@ def allocation_limits(
         if not capability.capable:
             return None
         entitlement = entitlement_of(dev, None)
-        if entitlement.kind != "time-slicing":
+        if entitlement.kind is not SharingStrategy.TIME_SLICING:
             return None
         memory[phys.gpu_uuid] = memory.get(phys.gpu_uuid, 0) + entitlement.memory_bytes
         totals[phys.gpu_uuid] = phys.memory_mib * MIB
     out: dict[str, MemoryLimits] = {}
     for gpu, held in memory.items():
-        limits = limits_for(Entitlement("time-slicing", held, None), totals[gpu], caps.policy)
+        limits = limits_for(
+            Entitlement(SharingStrategy.TIME_SLICING, held, None), totals[gpu], caps.policy
+        )
         if limits is None:
             return None
         out[gpu] = limits

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuslice.core.attribution import EntitlementKind
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import BINARY_SUFFIXES
 
 GuardMode = Literal["off", "observe", "enforce"]
@@ -105,9 +105,10 @@ class Tenant:
 
     key: ContainerKey
     gpu_uuid: str
-    kind: EntitlementKind
-    """`time-slicing` and `mps` tenants can be reclaimed (an MPS client can unset its own
-    limit, and a container can run several); `mig` and `exclusive` ones are exempt."""
+    kind: SharingStrategy
+    """`time-slicing` and `mps` tenants (`shares_memory`) can be reclaimed (an MPS client
+    can unset its own limit, and a container can run several); `mig` and `exclusive` ones
+    are exempt."""
     share_bytes: int
     used_bytes: int
     pids: tuple[int, ...] = ()

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuslice.core.attribution import Attribution, EntitlementKind
+from gpuslice.core.attribution import Attribution
 from gpuslice.core.guard.model import (
     ContainerKey,
     Decision,
@@ -62,9 +62,6 @@ from gpuslice.core.guard.model import (
     effective_mode,
     holder_mode,
 )
-
-RECLAIMABLE: frozenset[EntitlementKind] = frozenset({"time-slicing", "mps"})
-"""The tenants a reclaim may stop: those sharing a GPU's memory with others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +111,7 @@ def evaluate(
         return effective_mode(params.mode, t.mode)
 
     watched = [
-        t
-        for t in tenants
-        if t.kind in ("time-slicing", "mps") and t.gpu_uuid in by_gpu and mode(t) != "off"
+        t for t in tenants if t.kind.shares_memory and t.gpu_uuid in by_gpu and mode(t) != "off"
     ]
     holdings: dict[tuple[str, str], list[Tenant]] = {}
     for t in watched:
@@ -205,7 +200,7 @@ def evaluate(
         if projected < reserve or (g.uuid in state.pressure_since and free < release):
             pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
 
-    reclaimable = [t for t in watched if t.kind in RECLAIMABLE and t.key not in stopping]
+    reclaimable = [t for t in watched if t.kind.shares_memory and t.key not in stopping]
     chosen: set[ContainerKey] = set()
     observed: set[ContainerKey] = set()
     relieved: dict[tuple[str, str], int] = {}
@@ -305,7 +300,7 @@ def _borrowing_growth(
     out: dict[str, float] = {}
     for t in watched:
         before = state.last_used.get((t.key, t.gpu_uuid))
-        if t.kind not in RECLAIMABLE or overrun(t) <= 0 or before is None:
+        if not t.kind.shares_memory or overrun(t) <= 0 or before is None:
             continue
         at, used_then = before
         if now > at and t.used_bytes > used_then:

@@ -22,17 +22,23 @@ DeviceId = NewType("DeviceId", str)
 
 
 class SharingStrategy(StrEnum):
-    """How a device is shared: the one vocabulary of both front ends.
+    """How a device is shared: the one vocabulary of both front ends and of everything that
+    asks how a holder shares its device (attribution, the guard, caps, describe, what-if).
 
     A `StrEnum` so the values are the strings the device plugin has always printed, logged
     and checkpointed (`mps`, `time-slicing`, `none`): a value read back from JSON compares
-    equal to its member. NVIDIA's DRA opaque configs spell two of them differently on the
-    wire (`TimeSlicing`, `MPS`); those names are read once, with `from_nvidia`, and never
-    compared anywhere else."""
+    equal to its member. The other wire spellings are conversions of a member, never
+    compared anywhere else: NVIDIA's DRA opaque configs name two of them (`nvidia_name`,
+    read with `from_nvidia`), GFD's `sharing-strategy` label (`label_value`), a holder's kind
+    in the reports (`entitlement_kind`: `exclusive`) and describe's `isolation`."""
 
     NONE = "none"
+    """Not shared: one holder has the whole device."""
     TIME_SLICING = "time-slicing"
     MPS = "mps"
+    MIG = "mig"
+    """A MIG device held whole: memory and SMs of its own. Only a holder's entitlement is
+    MIG; a plan's MIG resource says how its MIG devices are shared (NONE when they are not)."""
 
     @classmethod
     def from_nvidia(cls, name: NvidiaSharingName | None) -> SharingStrategy:
@@ -41,9 +47,47 @@ class SharingStrategy(StrEnum):
             return cls.NONE
         return cls.MPS if name == "MPS" else cls.TIME_SLICING
 
+    @property
+    def nvidia_name(self) -> NvidiaSharingName:
+        """How NVIDIA's DRA configs (and Prepare's records of what it set) name it; only
+        time-slicing and MPS have a name there."""
+        if self is SharingStrategy.MPS:
+            return "MPS"
+        if self is SharingStrategy.TIME_SLICING:
+            return "TimeSlicing"
+        raise ValueError(f"NVIDIA's sharing.strategy has no name for {self.value!r}")
+
+    @property
+    def shares_memory(self) -> bool:
+        """Its holders share one memory, which nothing but an MPS server's limit divides:
+        what the guard watches and may reclaim. An exclusive holder or a MIG device has
+        memory of its own."""
+        return self in (SharingStrategy.TIME_SLICING, SharingStrategy.MPS)
+
+    @property
+    def label_value(self) -> str:
+        """GFD's `<resource>.sharing-strategy` label: a MIG device held whole is unshared."""
+        return SharingStrategy.NONE.value if self is SharingStrategy.MIG else self.value
+
+    @property
+    def entitlement_kind(self) -> str:
+        """A holder's kind as `status`, `top` and `describe --claims` print it: `exclusive`
+        for a device nobody shares."""
+        return "exclusive" if self is SharingStrategy.NONE else self.value
+
+    @property
+    def isolation(self) -> Isolation:
+        """What isolates its holders, as `describe -o json` says: an MPS server's limits, a
+        MIG device's hardware, else nothing (`none`: time-slicing, or a whole GPU)."""
+        if self is SharingStrategy.MPS:
+            return "mps"
+        return "mig" if self is SharingStrategy.MIG else "none"
+
 
 NvidiaSharingName = Literal["TimeSlicing", "MPS"]
 """`sharing.strategy` as NVIDIA's `GpuConfig` / `MigDeviceConfig` spell it on the wire."""
+Isolation = Literal["none", "mps", "mig"]
+"""`SharingStrategy.isolation`: describe's JSON field."""
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 DeviceIdStrategy = Literal["uuid", "index"]
