@@ -23,7 +23,7 @@ from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.guard import ContainerKey, GpuMemory
 from gpuslice.core.guard.model import ClaimOverride, GuardMode, claim_mode
 from gpuslice.core.protection import guard_tenants
-from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.sharing.model import Plan
 from gpuslice.core.units import MIB
 from gpuslice.guard import GuardView
 from gpuslice.guard.enforcement import ReadView
@@ -34,8 +34,6 @@ from gpuslice.metrics.snapshot import CurrentPlan
 from gpuslice.ports import GpuBackend
 
 log = get_logger("gpuslice.guard")
-
-GUARDED_STRATEGIES = (SharingStrategy.TIME_SLICING, SharingStrategy.MPS)
 
 IDLE_VIEW = GuardView(gpus=(), tenants=(), identities={})
 """No process on any GPU: nobody can be over a share, and evaluating this view clears the
@@ -141,7 +139,7 @@ def shares_memory(plan: Plan) -> bool:
     """Some resource shares a GPU's memory between holders: a time-slicing or MPS resource,
     or (a DRA claims plan) a whole GPU meant for several pods or a consumable share."""
     return any(
-        r.strategy in GUARDED_STRATEGIES
+        r.strategy.shares_memory
         or any(
             d.physical.kind == "gpu" and (d.replicas > 1 or d.entitlement_mib is not None)
             for d in r.devices

@@ -229,7 +229,7 @@ def _full_gpu_labels(
         f"{name}.count": str(count),
         f"{name}.product": product,
         f"{name}.replicas": str(sharing.replicas),
-        f"{name}.sharing-strategy": str(sharing.strategy),
+        f"{name}.sharing-strategy": sharing.strategy.label_value,
     }
     if first.memory_reported:
         # GFD writes no memory label where NVML reports no memory (a unified-memory GPU).
@@ -258,7 +258,7 @@ def _mig_labels(
         f"{name}.count": str(len(migs)),
         f"{name}.product": product,
         f"{name}.replicas": str(sharing.replicas),
-        f"{name}.sharing-strategy": str(sharing.strategy),
+        f"{name}.sharing-strategy": sharing.strategy.label_value,
         f"{name}.memory": str(first.memory_mib),
         f"{name}.multiprocessors": str(first.multiprocessors),
         f"{name}.slices.gi": str(first.slices_gi),

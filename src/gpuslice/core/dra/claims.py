@@ -210,7 +210,9 @@ def _on_a_share(
     if share.strategy == SharingStrategy.TIME_SLICING and chosen.interval is None:
         return kept, None  # time-slicing as asked: nothing differs
     names = {v: k for k, v in INTERVALS.items()}
-    asked = "TimeSlicing" + ("" if chosen.interval is None else f" ({names[chosen.interval]})")
+    asked = SharingStrategy.TIME_SLICING.nvidia_name + (
+        "" if chosen.interval is None else f" ({names[chosen.interval]})"
+    )
     return kept, (
         f"{where}: {chosen.source} asks for {asked} on device {shared}; the node's "
         f"{share.strategy} sharing is kept (its config sets how shares are shared) and the "

@@ -250,7 +250,7 @@ def _mps(
     spec = group_daemon_spec(claim_uid, group, mps_root)
     assert spec is not None
     record = AppliedSharing(
-        "MPS",
+        SharingStrategy.MPS.nvidia_name,
         spec.gpu_uuids,
         mps_key=spec.resource,
         thread_percentage=spec.active_thread_percentage,
@@ -287,7 +287,9 @@ def _time_slicing(
     if sharing.interval is not None:
         whole = dict.fromkeys(d.device.gpu.uuid for d in group.devices if d.device.mig is None)
         for uuid in whole:
-            record = AppliedSharing("TimeSlicing", (uuid,), interval=sharing.interval)
+            record = AppliedSharing(
+                SharingStrategy.TIME_SLICING.nvidia_name, (uuid,), interval=sharing.interval
+            )
             steps.append(SetInterval(uuid, sharing.interval, sharing.source, record))
     shared_by = sharing.shared_by or 1
     shared = sharing.shares is SharingStrategy.TIME_SLICING or shared_by > 1
