@@ -107,6 +107,21 @@ spec:
     assert device["entitlement"] == {"kind": "mps", "memory_mib": 20480, "sm_fraction": 0.5}
 
 
+def test_a_whole_gpu_nobody_shares_is_exclusive_in_json_and_table(tmp_path: Path) -> None:
+    """A node without a sharing config hands a claim the whole GPU: the JSON and the table
+    name it `exclusive`, as they always have (the plan's strategy says `none`)."""
+    path = claims_file(tmp_path, plain_claim("whole"))
+    code, doc = as_json("describe", "--node", "sim:1xh100-80gb", "--claims", str(path))
+    assert code == 0
+    (device,) = doc["claims"][0]["devices"]
+    assert (device["sharing"], device["entitlement"]["kind"]) == ("exclusive", "exclusive")
+    assert device["sharing_text"] == "exclusive: the whole GPU, for the pods of this claim"
+    code, out, _ = run("describe", "--node", "sim:1xh100-80gb", "--claims", str(path))
+    assert code == 0
+    assert "exclusive: 79.6" in out  # the guard column: 79.6 GiB, no SM share
+    assert "of SMs" not in out
+
+
 def test_mps_on_a_mig_device_multi_user_is_shown_as_prepare_runs_it(tmp_path: Path) -> None:
     """NVIDIA's MigDeviceConfig with MPS and multiUser, as a user would check it first."""
     path = claims_file(

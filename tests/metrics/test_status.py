@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpuslice.core.attribution import Attribution
+from dataclasses import replace
+
+from gpuslice.core.attribution import Attribution, ContainerGpuUsage, Entitlement
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.metrics.snapshot import MetricsSnapshot
 from gpuslice.metrics.status import build_status
 
@@ -51,3 +54,38 @@ def test_status_carries_config_and_readiness() -> None:
     doc = status(())
     assert (doc["node_name"], doc["config_name"]) == ("n1", "a100")
     assert (doc["ready"], doc["ready_reason"]) == (False, "not registered")
+
+
+def test_a_pods_sharing_is_spelled_as_before_exclusive_for_an_unshared_gpu() -> None:
+    """`/status` (and `gpuslice top`, which reads it) names a holder's kind as it always
+    has: `exclusive` for a whole GPU nobody shares, where the plan's strategy says `none`."""
+    usages = tuple(
+        ContainerGpuUsage(
+            "ml",
+            f"p{i}",
+            "main",
+            "GPU-0",
+            0,
+            ("nvidia.com/gpu",),
+            (f"d{i}",),
+            ("GPU-0",),
+            Entitlement(kind, 1024, 1.0),
+            512,
+            None,
+            (),
+        )
+        for i, kind in enumerate(SharingStrategy)
+    )
+    attribution = Attribution(usages, unattributed=(), unknown_device_ids=(), learned_pods={})
+    doc = build_status(
+        node_name="n1",
+        config_name=None,
+        plan=None,
+        snapshot=replace(snapshot(()), attribution=attribution),
+        gpu_metrics=True,
+        pod_resources_socket="/pr.sock",
+        pod_resources_present=True,
+        ready=(True, ""),
+    )
+    pods = doc["pods"]
+    assert [p["sharing"] for p in pods] == ["exclusive", "time-slicing", "mps", "mig"]
