@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import Field
 
 from gpuslice.core.dra.opaque.base import SHARING, JsonInt, OpaqueKind, SharingSlot, StrictModel
+from gpuslice.core.sharing.model import SharingStrategy
 
 
 class LongSlices(StrictModel):
@@ -34,7 +35,7 @@ class LongSlices(StrictModel):
 
 
 def _contribute(cfg: LongSlices, source: str) -> SharingSlot:
-    return SharingSlot(strategy="TimeSlicing", interval=3, source=source)
+    return SharingSlot(strategy=SharingStrategy.TIME_SLICING, interval=3, source=source)
 
 
 KIND = OpaqueKind(

@@ -46,7 +46,7 @@ class LongSlices(StrictModel):
 
 
 def _contribute(cfg: LongSlices, source: str) -> SharingSlot:
-    return SharingSlot(strategy="TimeSlicing", interval=3, source=source)
+    return SharingSlot(strategy=SharingStrategy.TIME_SLICING, interval=3, source=source)
 
 
 def _check(cfg: LongSlices, where: str) -> None:
@@ -147,7 +147,7 @@ def test_a_kind_sets_its_own_slot_and_no_other() -> None:
     for configs in ([cfg(EXAMPLE), cfg(guard)], [cfg(guard), cfg(EXAMPLE)]):
         for kinds in (WITH_EXAMPLE, reversed_kinds):
             got = resolve(alloc(configs), DRIVER, DEVICES, kinds)[0]
-            assert got.sharing == SharingSlot("TimeSlicing", 3, None, got.source)
+            assert got.sharing == SharingSlot(SharingStrategy.TIME_SLICING, 3, None, got.source)
             assert got.guard == GuardSlot(mode="enforce", shared_by=2)
     mode_only = resolve(alloc([cfg(EXAMPLE), cfg(GUARD)]), DRIVER, DEVICES, WITH_EXAMPLE)[0]
     assert (mode_only.interval, mode_only.guard) == (3, GuardSlot(mode="enforce"))

@@ -206,7 +206,9 @@ def _on_a_share(
         )
     if chosen.shares is not SharingStrategy.TIME_SLICING:
         return chosen, None
-    kept = replace(chosen, sharing=replace(chosen.sharing, strategy=None, interval=None))
+    kept = replace(
+        chosen, sharing=replace(chosen.sharing, strategy=SharingStrategy.NONE, interval=None)
+    )
     if share.strategy == SharingStrategy.TIME_SLICING and chosen.interval is None:
         return kept, None  # time-slicing as asked: nothing differs
     names = {v: k for k, v in INTERVALS.items()}

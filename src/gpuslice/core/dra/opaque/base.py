@@ -75,10 +75,9 @@ class SharingSlot:
     """The `sharing` slot (NVIDIA's `GpuConfig`, `MigDeviceConfig`): how the devices are
     shared between the claim's pods, time-sliced or by MPS."""
 
-    strategy: NvidiaSharingName | None = None
-    """As the config spelled it (messages quote it); None: no sharing asked (the default
-    config): the devices are the claim's alone, shared only by the pods and containers that
-    reference the claim. Code asks `Sharing.shares` instead."""
+    strategy: SharingStrategy = SharingStrategy.NONE
+    """NONE: no sharing asked (the default config): the devices are the claim's alone,
+    shared only by the pods and containers that reference the claim."""
     interval: int | None = None
     """Time-slice interval (0-3) when the claim asked for one; None: leave the GPU as is."""
     mps: MpsSettings | None = None
@@ -126,7 +125,9 @@ class Sharing:
 
     @property
     def strategy(self) -> NvidiaSharingName | None:
-        return self.sharing.strategy
+        """As NVIDIA's config spells it; None: no sharing asked."""
+        shares = self.sharing.strategy
+        return None if shares is SharingStrategy.NONE else shares.nvidia_name
 
     @property
     def interval(self) -> int | None:
@@ -151,8 +152,8 @@ class Sharing:
 
     @property
     def shares(self) -> SharingStrategy:
-        """`strategy` in the one vocabulary (`NONE` when no sharing was asked)."""
-        return SharingStrategy.from_nvidia(self.sharing.strategy)
+        """How the devices are shared (`NONE` when no sharing was asked)."""
+        return self.sharing.strategy
 
 
 @dataclass(frozen=True, slots=True)

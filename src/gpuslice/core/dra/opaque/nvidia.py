@@ -98,7 +98,8 @@ def contribute_sharing(sharing: GpuSharing | MigSharing | None, source: str) -> 
     mps: MpsSettings | None = None
     interval: int | None = None
     mps_cfg = sharing.mps_config
-    if SharingStrategy.from_nvidia(sharing.strategy) is SharingStrategy.MPS:
+    shares = SharingStrategy.from_nvidia(sharing.strategy)
+    if shares is SharingStrategy.MPS:
         per_device = (mps_cfg.default_per_device_pinned_memory_limit if mps_cfg else None) or {}
         mps = MpsSettings(
             active_thread_percentage=(
@@ -115,7 +116,7 @@ def contribute_sharing(sharing: GpuSharing | MigSharing | None, source: str) -> 
     elif isinstance(sharing, GpuSharing) and sharing.time_slicing_config is not None:
         name = sharing.time_slicing_config.interval
         interval = INTERVALS[name] if name is not None else None
-    return SharingSlot(strategy=sharing.strategy, interval=interval, mps=mps, source=source)
+    return SharingSlot(strategy=shares, interval=interval, mps=mps, source=source)
 
 
 # -- the same checks at admission (the chart's policy, generated from the registry) ----------
