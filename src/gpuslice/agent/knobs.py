@@ -128,10 +128,16 @@ def knobs(cls: type) -> Iterator[KnobField]:
         yield KnobField(f.name, found, default)
 
 
+def knob_field(cls: type, name: str) -> KnobField:
+    """One field with its knob (`knob_field(AgentSettings, "node")`): what a command other
+    than `gpuslice plugin` takes the daemon's option from."""
+    for f in knobs(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__}.{name} carries no knob")
+
+
 def knob_of(cls: type, name: str) -> Knob:
     """The knob of one field (`knob_of(AgentSettings, "metrics_port")`), for messages that
     name the setting as the user may have given it."""
-    for f in knobs(cls):
-        if f.name == name:
-            return f.knob
-    raise KeyError(f"{cls.__name__}.{name} carries no knob")
+    return knob_field(cls, name).knob

@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from gpuslice import __version__
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
-from gpuslice.agent.knobs import KnobField, knob, knobs
+from gpuslice.agent.knobs import knob, knobs
 from gpuslice.agent.node_lock import holding_the_node
 from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import (
@@ -30,6 +30,7 @@ from gpuslice.agent.settings import (
     GuardSettings,
 )
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
+from gpuslice.cli.common import knob_option
 from gpuslice.cli.errors import BadInput, reports_errors
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.core.errors import GpusliceError
@@ -93,29 +94,9 @@ GROUPS: tuple[type, ...] = (
 """Every settings group whose knobs make up `gpuslice plugin`'s options."""
 
 
-def _option(f: KnobField) -> click.Option:
-    k = f.knob
-    decls = list(k.flags)
-    extra: dict[str, Any] = {}
-    if k.is_flag:
-        extra["is_flag"] = True
-    if k.type is not None:
-        extra["type"] = k.type
-    return click.Option(
-        decls,
-        envvar=k.env,
-        show_envvar=k.env is not None,
-        default=f.cli_default,
-        show_default=k.show_default,
-        help=k.help,
-        hidden=k.hidden,
-        **extra,
-    )
-
-
 def _fields() -> dict[type, list[tuple[KnobField, click.Option | None]]]:
     return {
-        group: [(f, _option(f) if f.knob.flags else None) for f in knobs(group)] for group in GROUPS
+        group: [(f, knob_option(f) if f.knob.flags else None) for f in knobs(group)] for group in GROUPS
     }
 
 
