@@ -68,9 +68,7 @@ def test_each_daemon_flag_of_an_offline_command_is_the_daemons(
 def _describe(tmp_path: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
     node = tmp_path / "node.yaml"
     node.write_text('driverVersion: "615.20"\ngpus:\n  - model: l40s\n', encoding="utf-8")
-    result = CliRunner(env=env).invoke(
-        main, ["describe", "--node", str(node), "-o", "json", *args]
-    )
+    result = CliRunner(env=env).invoke(main, ["describe", "--node", str(node), "-o", "json", *args])
     return result.exit_code, result.output
 
 

@@ -21,7 +21,6 @@ from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
 from gpuslice.ports import GpuBackend
 
-
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 

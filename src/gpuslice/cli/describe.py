@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.agent.caps import node_capability
-from gpuslice.backends import memory_limiter_of, open_backend
 from gpuslice.agent.knobs import knob_field
 from gpuslice.agent.settings import AgentSettings, CapsSettings, DraSettings, GuardSettings
+from gpuslice.backends import memory_limiter_of, open_backend
 from gpuslice.cli.common import NodeView, console, daemon_option, plan_for
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
