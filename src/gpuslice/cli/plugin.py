@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from gpuslice import __version__
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
-from gpuslice.agent.knobs import knob, knobs
+from gpuslice.agent.knobs import KnobField, knob, knobs
 from gpuslice.agent.node_lock import holding_the_node
 from gpuslice.agent.runner import Agent
 from gpuslice.agent.settings import (
@@ -96,7 +96,8 @@ GROUPS: tuple[type, ...] = (
 
 def _fields() -> dict[type, list[tuple[KnobField, click.Option | None]]]:
     return {
-        group: [(f, knob_option(f) if f.knob.flags else None) for f in knobs(group)] for group in GROUPS
+        group: [(f, knob_option(f) if f.knob.flags else None) for f in knobs(group)]
+        for group in GROUPS
     }
 
 
@@ -347,4 +348,36 @@ def chart_knobs() -> dict[str, Json]:
             if option is not None:
                 entry |= _check_of(option)
             out[f.knob.env] = entry
+    return dict(sorted(out.items()))
+
+
+_TYPE_OF_PATTERN = {_BOOL: "boolean", _INT: "integer", _FLOAT: "number"}
+_SCHEMA_BOUND = {
+    ("min", False): "minimum",
+    ("min", True): "exclusiveMinimum",
+    ("max", False): "maximum",
+    ("max", True): "exclusiveMaximum",
+}
+
+
+def chart_schema() -> dict[str, Json]:
+    """Each chart value that sets a knob's variable, with the JSON schema of what the agent
+    takes in that variable (the value's type, a choice's values, a range's bounds), from the
+    same checks as `chart_knobs`: what the chart's `values.schema.json` entry must say, so
+    `helm install` refuses what the agent would refuse at start."""
+    out: dict[str, Json] = {}
+    for group in GROUPS:
+        for f, option in FIELDS[group]:
+            if f.knob.chart is None:
+                continue
+            check = {} if option is None else _check_of(option)
+            entry: Json = {}
+            if "enum" in check:
+                entry["enum"] = check["enum"]
+            else:
+                entry["type"] = _TYPE_OF_PATTERN.get(check.get("pattern", ""), "string")
+            for end in ("min", "max"):
+                if end in check:
+                    entry[_SCHEMA_BOUND[end, bool(check.get(f"{end}Open"))]] = check[end]
+            out[f.knob.chart] = entry
     return dict(sorted(out.items()))
