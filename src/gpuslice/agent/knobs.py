@@ -3,8 +3,10 @@
 Each field of the settings dataclasses (`agent.settings`) that `gpuslice plugin` can be
 told is declared with `knob(...)`: its default (the field's, the only one), its flag names,
 its environment variable and its help. `cli.plugin` generates its command from these
-fields, and the docs-drift test compares the chart's defaults with them, so a new setting
-is one field and nothing else can fall out of step.
+fields, as do the other commands that take a daemon setting (`cli.common.daemon_option`);
+`scripts/gen-chart-knobs` writes the chart's value, schema entry and `extraEnv` checks and
+the docs' row of a new one, and the drift tests hold what is written to them, so a new
+setting is one field and nothing else can fall out of step.
 
 Knobs without flags (`POD_NAME`, `DP_*` and the like, set by the downward API or NVIDIA's
 manifests) are read from the environment in one place, `settings_from_cli`'s caller in
