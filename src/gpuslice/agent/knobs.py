@@ -4,9 +4,9 @@ Each field of the settings dataclasses (`agent.settings`) that `gpuslice plugin`
 told is declared with `knob(...)`: its default (the field's, the only one), its flag names,
 its environment variable and its help. `cli.plugin` generates its command from these
 fields, as do the other commands that take a daemon setting (`cli.common.daemon_option`);
-`scripts/gen-chart-knobs` writes the chart's value, schema entry and `extraEnv` checks and
-the docs' row of a new one, and the drift tests hold what is written to them, so a new
-setting is one field and nothing else can fall out of step.
+`scripts/gen-chart-knobs` writes a new one's chart value, template line, schema entry and
+`extraEnv` checks and its docs' row, and the drift tests hold what is written to them, so a
+new setting is one field and nothing else can fall out of step.
 
 Knobs without flags (`POD_NAME`, `DP_*` and the like, set by the downward API or NVIDIA's
 manifests) are read from the environment in one place, `settings_from_cli`'s caller in
