@@ -3,8 +3,10 @@
 Each field of the settings dataclasses (`agent.settings`) that `gpuslice plugin` can be
 told is declared with `knob(...)`: its default (the field's, the only one), its flag names,
 its environment variable and its help. `cli.plugin` generates its command from these
-fields, and the docs-drift test compares the chart's defaults with them, so a new setting
-is one field and nothing else can fall out of step.
+fields, as do the other commands that take a daemon setting (`cli.common.daemon_option`);
+`scripts/gen-chart-knobs` writes a new one's chart value, template line, schema entry and
+`extraEnv` checks and its docs' row, and the drift tests hold what is written to them, so a
+new setting is one field and nothing else can fall out of step.
 
 Knobs without flags (`POD_NAME`, `DP_*` and the like, set by the downward API or NVIDIA's
 manifests) are read from the environment in one place, `settings_from_cli`'s caller in
@@ -128,10 +130,16 @@ def knobs(cls: type) -> Iterator[KnobField]:
         yield KnobField(f.name, found, default)
 
 
+def knob_field(cls: type, name: str) -> KnobField:
+    """One field with its knob (`knob_field(AgentSettings, "node")`): what a command other
+    than `gpuslice plugin` takes the daemon's option from."""
+    for f in knobs(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__}.{name} carries no knob")
+
+
 def knob_of(cls: type, name: str) -> Knob:
     """The knob of one field (`knob_of(AgentSettings, "metrics_port")`), for messages that
     name the setting as the user may have given it."""
-    for f in knobs(cls):
-        if f.name == name:
-            return f.knob
-    raise KeyError(f"{cls.__name__}.{name} carries no knob")
+    return knob_field(cls, name).knob

@@ -1,13 +1,18 @@
-"""Pieces several commands share: opening the node and computing the plan from files."""
+"""Pieces several commands share: the daemon's options, opening the node and computing the
+plan from files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+import click
 from rich.console import Console
 
 from gpuslice.agent.configs import load_config
+from gpuslice.agent.knobs import KnobField, knob_field
 from gpuslice.agent.plan import plan_node
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backends import open_backend
@@ -15,6 +20,42 @@ from gpuslice.core.config import Config
 from gpuslice.core.devices import Inventory
 from gpuslice.core.sharing.model import Plan
 from gpuslice.ports import GpuBackend
+
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def _option_args(f: KnobField) -> tuple[list[str], dict[str, Any]]:
+    k = f.knob
+    extra: dict[str, Any] = {}
+    if k.is_flag:
+        extra["is_flag"] = True
+    if k.type is not None:
+        extra["type"] = k.type
+    return list(k.flags), {
+        "envvar": k.env,
+        "show_envvar": k.env is not None,
+        "default": f.cli_default,
+        "show_default": k.show_default,
+        "help": k.help,
+        "hidden": k.hidden,
+        **extra,
+    }
+
+
+def knob_option(f: KnobField) -> click.Option:
+    """The click option of a settings field's knob: `gpuslice plugin`'s, and the one every
+    other command that takes the same setting gets (`daemon_option`), so a flag, its
+    variable, its default and its help cannot differ between commands."""
+    decls, attrs = _option_args(f)
+    return click.Option(decls, **attrs)
+
+
+def daemon_option(group: type, name: str) -> Callable[[FC], FC]:
+    """A command decorator adding `gpuslice plugin`'s option for one settings field
+    (`daemon_option(AgentSettings, "node")`): `describe` and `labels` take the daemon's
+    knobs as the daemon does instead of declaring their own copies."""
+    decls, attrs = _option_args(knob_field(group, name))
+    return click.option(*decls, **attrs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from gpuslice.agent.settings import AgentSettings, CapsSettings, GuardSettings
 from gpuslice.cli.common import NodeView, console, plan_for
 from gpuslice.cli.describe import _protection, _render_table, claims_table, short_ids, slices_table
 from gpuslice.cli.errors import EXIT_BAD_INPUT, reports_errors
@@ -118,7 +119,9 @@ def _demo_protection(node: str, view: NodeView) -> dict[str, tuple[str, str]]:
 
     backend = open_backend(node)
     try:
-        return _protection(backend, view.inventory, Path("/sys/fs/cgroup"))
+        # what `gpuslice describe` shows with the daemon's defaults, as the demo prints it
+        caps, guard = CapsSettings().mode, GuardSettings().mode
+        return _protection(backend, view.inventory, AgentSettings().cgroup_root, caps, guard)
     finally:
         backend.close()
 

@@ -7,7 +7,6 @@ file would be allocated and what Prepare would give its containers
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -19,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.agent.caps import node_capability
+from gpuslice.agent.knobs import knob_field
+from gpuslice.agent.settings import AgentSettings, CapsSettings, DraSettings, GuardSettings
 from gpuslice.backends import memory_limiter_of, open_backend
-from gpuslice.cli.common import NodeView, console, plan_for
+from gpuslice.cli.common import NodeView, console, daemon_option, plan_for
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.caps import CapsMode, GpuCapability, caps_view, gpu_capability
@@ -28,6 +29,7 @@ from gpuslice.core.describe import DescribeReport, gib, report_to_dict
 from gpuslice.core.describe import describe as describe_plan
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.guard.model import GuardMode
 from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.host.configfiles import MAX_BYTES
 from gpuslice.ports import GpuBackend
@@ -104,16 +106,18 @@ def _render_table(view: NodeView, report: DescribeReport, console: Console) -> N
 
 
 def _protection(
-    backend: GpuBackend, inventory: Inventory, cgroup_root: Path
+    backend: GpuBackend,
+    inventory: Inventory,
+    cgroup_root: Path,
+    caps_mode: CapsMode,
+    guard_mode: GuardMode,
 ) -> dict[str, tuple[str, str]]:
     """Each GPU's memory protection as the agent on this node would find it: the driver's
     limits call, MIG, cgroup v2, root and the pods' cgroups under `cgroup_root` (the
-    agent's `--cgroup-root`: run in the agent's pod, the chart's mount of the host's tree);
-    the caps and guard modes from the agent's environment variables where set
-    (`MEMORY_CAPS`, `MEMORY_GUARD`), else their defaults. A prediction: the agent reports a
+    agent's `--cgroup-root`: run in the agent's pod, the chart's mount of the host's tree),
+    and the caps and guard modes the agent's own options give (`--memory-caps`,
+    `--memory-guard`, read from the same variables). A prediction: the agent reports a
     GPU capped only once it has read limits back there."""
-    caps_mode: CapsMode = "off" if os.environ.get("MEMORY_CAPS") == "off" else "auto"
-    guard_mode = os.environ.get("MEMORY_GUARD") or "observe"
     limiter = memory_limiter_of(backend)
     has_call = False
     if limiter is not None and caps_mode != "off":
@@ -140,19 +144,9 @@ _PROTECTION_WORDS = {
 
 
 @click.command("describe")
-@click.option(
-    "--config-file",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="Config file, or a directory/ConfigMap/Helm values holding named configs.",
-)
-@click.option("--config-name", default="", help="Named config to use from a set of configs.")
-@click.option(
-    "--node",
-    default="nvml",
-    show_default=True,
-    help="nvml (this machine's GPUs) or a simulated node spec such as sim:2xt4.",
-)
+@daemon_option(AgentSettings, "config_path")
+@daemon_option(AgentSettings, "config_name")
+@daemon_option(AgentSettings, "node")
 @click.option(
     "--claims",
     "claims_file",
@@ -169,34 +163,22 @@ _PROTECTION_WORDS = {
     help="DeviceClasses to use with --claims instead of NVIDIA's gpu.nvidia.com and "
     "mig.nvidia.com.",
 )
-@click.option(
-    "--consumable-shares",
-    "shares",
-    envvar="CONSUMABLE_SHARES",
-    default="replicas",
-    show_default=True,
-    help="With --claims: the agent's --consumable-shares (replicas, disabled, memory, "
-    "unlimited or N).",
-)
-@click.option(
-    "--cgroup-root",
-    envvar="CGROUP_ROOT",
-    type=click.Path(path_type=Path),
-    default=Path("/sys/fs/cgroup"),
-    show_default=True,
-    help="The host's cgroup tree as the agent's --cgroup-root (CGROUP_ROOT) names it, "
-    "for whether memory caps can apply.",
-)
+@daemon_option(DraSettings, "consumable_shares")
+@daemon_option(AgentSettings, "cgroup_root")
+@daemon_option(CapsSettings, "mode")
+@daemon_option(GuardSettings, "mode")
 @output_option
 @reports_errors
 def describe_command(
-    config_file: Path | None,
+    config_path: Path | None,
     config_name: str,
     node: str,
     claims_file: Path | None,
     classes_file: Path | None,
-    shares: str,
+    consumable_shares: str,
     cgroup_root: Path,
+    memory_caps: CapsMode,
+    memory_guard: GuardMode,
     output: str,
 ) -> None:
     """Show what this node would advertise with a config, and what each replica gets.
@@ -209,13 +191,13 @@ def describe_command(
     if classes_file is not None and claims_file is None:
         raise click.UsageError("--device-classes goes with --claims")
     try:
-        mode = SharesMode.parse(shares)
+        mode: SharesMode = knob_field(DraSettings, "consumable_shares").value(consumable_shares)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--consumable-shares'") from None
     backend = open_backend(node)
     try:
-        view = plan_for(node, config_file, config_name, backend)
-        protection = _protection(backend, view.inventory, cgroup_root)
+        view = plan_for(node, config_path, config_name, backend)
+        protection = _protection(backend, view.inventory, cgroup_root, memory_caps, memory_guard)
     finally:
         backend.close()
     if claims_file is not None:

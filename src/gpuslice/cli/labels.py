@@ -7,25 +7,26 @@ from pathlib import Path
 
 import click
 
-from gpuslice.cli.common import plan_for
+from gpuslice.agent.settings import AgentSettings
+from gpuslice.cli.common import daemon_option, plan_for
 from gpuslice.cli.errors import reports_errors
 from gpuslice.cli.output import emit, output_option
 from gpuslice.core.labels import gfd_labels
 
 
 @click.command()
-@click.option("--config-file", type=click.Path(exists=True, path_type=Path), default=None)
-@click.option("--config-name", default="", help="Named config to use from a set of configs.")
-@click.option("--node", default="nvml", show_default=True, help="nvml, or a simulated node spec.")
-@click.option("--no-timestamp", is_flag=True, default=False, help="Omit nvidia.com/gfd.timestamp.")
+@daemon_option(AgentSettings, "config_path")
+@daemon_option(AgentSettings, "config_name")
+@daemon_option(AgentSettings, "node")
+@daemon_option(AgentSettings, "no_timestamp")
 @output_option
 @reports_errors
 def labels(
-    config_file: Path | None, config_name: str, node: str, no_timestamp: bool, output: str
+    config_path: Path | None, config_name: str, node: str, no_timestamp: bool, output: str
 ) -> None:
     """Print node labels: `key=value` lines as in the NFD features.d file (`-o table`, the
     default), or one JSON/YAML mapping."""
-    view = plan_for(node, config_file, config_name)
+    view = plan_for(node, config_path, config_name)
     stamp = None if no_timestamp or view.config.flags.gfd.no_timestamp else int(time.time())
     values = gfd_labels(
         view.inventory, view.plan, timestamp=stamp, machine_type=view.inventory.machine_type

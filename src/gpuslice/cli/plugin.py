@@ -30,6 +30,7 @@ from gpuslice.agent.settings import (
     GuardSettings,
 )
 from gpuslice.agent.watchdog import LoopWatchdog, install_shutdown_signals
+from gpuslice.cli.common import knob_option
 from gpuslice.cli.errors import BadInput, reports_errors
 from gpuslice.cli.logsetup import setup_logging
 from gpuslice.core.errors import GpusliceError
@@ -93,29 +94,10 @@ GROUPS: tuple[type, ...] = (
 """Every settings group whose knobs make up `gpuslice plugin`'s options."""
 
 
-def _option(f: KnobField) -> click.Option:
-    k = f.knob
-    decls = list(k.flags)
-    extra: dict[str, Any] = {}
-    if k.is_flag:
-        extra["is_flag"] = True
-    if k.type is not None:
-        extra["type"] = k.type
-    return click.Option(
-        decls,
-        envvar=k.env,
-        show_envvar=k.env is not None,
-        default=f.cli_default,
-        show_default=k.show_default,
-        help=k.help,
-        hidden=k.hidden,
-        **extra,
-    )
-
-
 def _fields() -> dict[type, list[tuple[KnobField, click.Option | None]]]:
     return {
-        group: [(f, _option(f) if f.knob.flags else None) for f in knobs(group)] for group in GROUPS
+        group: [(f, knob_option(f) if f.knob.flags else None) for f in knobs(group)]
+        for group in GROUPS
     }
 
 
@@ -366,4 +348,36 @@ def chart_knobs() -> dict[str, Json]:
             if option is not None:
                 entry |= _check_of(option)
             out[f.knob.env] = entry
+    return dict(sorted(out.items()))
+
+
+_TYPE_OF_PATTERN = {_BOOL: "boolean", _INT: "integer", _FLOAT: "number"}
+_SCHEMA_BOUND = {
+    ("min", False): "minimum",
+    ("min", True): "exclusiveMinimum",
+    ("max", False): "maximum",
+    ("max", True): "exclusiveMaximum",
+}
+
+
+def chart_schema() -> dict[str, Json]:
+    """Each chart value that sets a knob's variable, with the JSON schema of what the agent
+    takes in that variable (the value's type, a choice's values, a range's bounds), from the
+    same checks as `chart_knobs`: what the chart's `values.schema.json` entry must say, so
+    `helm install` refuses what the agent would refuse at start."""
+    out: dict[str, Json] = {}
+    for group in GROUPS:
+        for f, option in FIELDS[group]:
+            if f.knob.chart is None:
+                continue
+            check = {} if option is None else _check_of(option)
+            entry: Json = {}
+            if "enum" in check:
+                entry["enum"] = check["enum"]
+            else:
+                entry["type"] = _TYPE_OF_PATTERN.get(check.get("pattern", ""), "string")
+            for end in ("min", "max"):
+                if end in check:
+                    entry[_SCHEMA_BOUND[end, bool(check.get(f"{end}Open"))]] = check[end]
+            out[f.knob.chart] = entry
     return dict(sorted(out.items()))
