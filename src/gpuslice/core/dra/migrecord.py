@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.prepared import sealed, unsealed
+from gpuslice.core.jsontypes import Json
 
 FORMAT = "gpuslice.io/dynamic-mig"
 VERSION = 1
@@ -131,8 +132,8 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     return DecodedJournal("ok", MigJournal(boot_id, records))
 
 
-def _record_json(r: MigRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _record_json(r: MigRecord) -> Json:
+    out: Json = {
         "claimUID": r.claim_uid,
         "device": r.device,
         "gpuUUID": r.gpu_uuid,
