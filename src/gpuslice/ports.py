@@ -15,6 +15,7 @@ from typing import Literal, Protocol, runtime_checkable
 from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.dra.resource_slice import StoredSlice
 from gpuslice.core.health import HealthEvent
 from gpuslice.core.jsontypes import Json
 
@@ -207,7 +208,7 @@ class SliceEvent:
 
     @property
     def resource_version(self) -> str:
-        return str((self.obj.get("metadata") or {}).get("resourceVersion") or "")
+        return StoredSlice.read(self.obj).resource_version
 
 
 class DraExpired(Exception):
