@@ -5,7 +5,7 @@ tests/e2e/test_unified_memory_daemon.py and tests/e2e_dra/test_dra_unified_memor
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from gpuslice.backends import open_backend
 from gpuslice.core.advise.advice import advise
@@ -17,6 +17,7 @@ from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.claims import ShareUse, share_envs
 from gpuslice.core.dra.publish import device_json, dra_devices, share_offers
 from gpuslice.core.guard import ContainerKey
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import daemon_spec
 from gpuslice.core.sharing.model import SharingStrategy
@@ -93,7 +94,7 @@ def test_describe_says_why_memory_is_off() -> None:
     (note,) = [w for w in report.warnings if "unified memory" in w]
     assert "NVIDIA GB10" in note
     assert "no MPS pinned memory limit" in note
-    (gpu,) = cast(list[dict[str, Any]], report_to_dict(report)["devices"])
+    (gpu,) = cast(list[Json], report_to_dict(report)["devices"])
     (share,) = gpu["resources"]
     assert "no pinned memory limit" in share["share"]
     assert (share["memory_mib"], share["memory_enforced"]) == (0, False)

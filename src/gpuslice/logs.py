@@ -38,12 +38,12 @@ def logfmt_value(value: object) -> str:
 
 def _to_stdlib(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+) -> tuple[tuple[Any, ...], dict[str, object]]:
     fields = dict(event_dict)
     event = str(fields.pop("event", ""))
     exc_info = fields.pop("exc_info", None)
     line = " ".join([f"event={event}", *(f"{k}={logfmt_value(v)}" for k, v in fields.items())])
-    kwargs: dict[str, Any] = {"extra": {STRUCTURED_ATTR: {"event": event, **fields}}}
+    kwargs: dict[str, object] = {"extra": {STRUCTURED_ATTR: {"event": event, **fields}}}
     if exc_info:
         kwargs["exc_info"] = exc_info
     return (line,), kwargs

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from gpuslice.core.caps import MemoryLimits
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
+from gpuslice.core.dra.resource_slice import StoredSlice
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.jsontypes import Json
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +153,11 @@ class DraObjects(Protocol):
     memory for the demo. Slices are this node's slices of this driver only.
     """
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> Json:
         """The ResourceClaim; DraObjectNotFound when there is none."""
         ...
 
-    async def list_claims(self, uids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    async def list_claims(self, uids: Collection[str] | None = None) -> list[Json]:
         """The ResourceClaims whose UID is in `uids` (every one when None), to rebuild a lost
         record: only at start, only after the record was lost. Read from the cluster-wide
         list page by page, holding only the claims kept: a cluster of many claims must not
@@ -166,7 +168,7 @@ class DraObjects(Protocol):
         """The Node's UID (slices are owned by it); "" when unknown."""
         ...
 
-    async def list_slices(self) -> list[dict[str, Any]]: ...
+    async def list_slices(self) -> list[Json]: ...
 
     async def listed_slices(self) -> SliceListing:
         """The slices and the resourceVersion of the list, to watch from."""
@@ -179,9 +181,9 @@ class DraObjects(Protocol):
         server's history (410 Gone): list again."""
         ...
 
-    async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+    async def create_slice(self, obj: Json) -> Json: ...
 
-    async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def replace_slice(self, obj: Json) -> Json:
         """Replace guarded by `metadata.resourceVersion`; DraConflict when it moved."""
         ...
 
@@ -192,7 +194,7 @@ class DraObjects(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SliceListing:
-    items: list[dict[str, Any]]
+    items: list[Json]
     resource_version: str
 
 
@@ -202,11 +204,11 @@ class SliceEvent:
     only `metadata.resourceVersion`)."""
 
     kind: str
-    obj: dict[str, Any]
+    obj: Json
 
     @property
     def resource_version(self) -> str:
-        return str((self.obj.get("metadata") or {}).get("resourceVersion") or "")
+        return StoredSlice.read(self.obj).resource_version
 
 
 class DraExpired(Exception):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
+from gpuslice.core.jsontypes import Json
 
 END = float(int(time.time()) // 15 * 15 - 60)
 """A minute ago, on the scrape grid: the data ends "now", within any retention."""
@@ -20,11 +20,11 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def by_model(out: str) -> dict[str, dict[str, Any]]:
+def by_model(out: str) -> dict[str, Json]:
     return {m["model"]: m for m in json.loads(out)["models"]}
 
 
-def check_known_answers(models: dict[str, dict[str, Any]]) -> None:
+def check_known_answers(models: dict[str, Json]) -> None:
     """Shared with the real-Prometheus test: the same answers from both sources."""
     h100 = models["NVIDIA H100 80GB HBM3"]
     assert h100["time_slicing"]["replicas"] == 8

@@ -9,10 +9,10 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.units import MIB
 from tests.advise.advise_cases import by_model, run
 from tests.advise.hostile import (
@@ -34,7 +34,7 @@ def advise_json(url: str, *extra: str) -> tuple[int, dict[str, object], str]:
     return code, (json.loads(out) if code == 0 else {}), err
 
 
-def h100(report: dict[str, object]) -> dict[str, Any]:
+def h100(report: dict[str, object]) -> Json:
     return by_model(json.dumps(report))["NVIDIA H100 80GB HBM3"]
 
 

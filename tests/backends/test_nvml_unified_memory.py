@@ -21,6 +21,7 @@ import pytest
 
 from gpuslice.backends.nvml import EVENT_XID, NvmlBackend
 from gpuslice.core.health import HealthEvent
+from gpuslice.core.jsontypes import Json
 
 UUIDS = ("GPU-bbbbbbbb-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002")
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
@@ -99,7 +100,7 @@ class Gb10Nvml:
         }
         names = {0: "NVIDIA GB10", 1: "Tesla T4"}
         capabilities = {0: (12, 1), 1: (7, 5)}
-        values: dict[str, Any] = {
+        values: Json = {
             "NVMLError": NVMLError,
             "NVMLError_NotSupported": NVMLError_NotSupported,
             "NVMLError_GpuIsLost": NVMLError_GpuIsLost,

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+
+from gpuslice.core.jsontypes import Json
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = re.compile(r"`([^`]+)`")
 NO_CALLER = "no caller yet"
 
 
-def access_table() -> list[dict[str, Any]]:
+def access_table() -> list[Json]:
     """The rows of docs/install.md's "API access" table."""
     lines = (ROOT / "docs/install.md").read_text().splitlines()
     start = lines.index("### API access")

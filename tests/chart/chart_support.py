@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
+
 INSTALL = "pip install --ignore-requires-python -r scripts/requirements-chart.txt"
 
 
@@ -50,7 +52,7 @@ def _load() -> ModuleType:
 
 
 check_chart = _load()
-SETS: dict[str, dict[str, Any]] = check_chart.values_sets()
+SETS: dict[str, Json] = check_chart.values_sets()
 
 
 def render(name: str = "default", **overrides: Any) -> Any:
@@ -58,16 +60,16 @@ def render(name: str = "default", **overrides: Any) -> Any:
     return check_chart.check_values(name, values)
 
 
-def one(result: Any, kind: str) -> dict[str, Any]:
+def one(result: Any, kind: str) -> Json:
     [obj] = [m for m in result.manifests if m["kind"] == kind]
     return dict(obj)
 
 
-def env_of(daemonset: dict[str, Any]) -> dict[str, Any]:
+def env_of(daemonset: Json) -> Json:
     [container] = daemonset["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def container_of(result: Any) -> dict[str, Any]:
+def container_of(result: Any) -> Json:
     [container] = one(result, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     return dict(container)

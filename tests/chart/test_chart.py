@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import SETS, check_chart, container_of, env_of, one, render
 
 
@@ -132,7 +133,7 @@ def test_service_monitor_only_when_asked() -> None:
         ),
     ],
 )
-def test_chart_validation_rejects_bad_values(overrides: dict[str, Any], expected: str) -> None:
+def test_chart_validation_rejects_bad_values(overrides: Json, expected: str) -> None:
     result = render(**overrides)
     assert not result.ok
     assert any(expected in p for p in result.problems), result.problems
@@ -155,7 +156,7 @@ def test_schema_validation_catches_bad_manifests() -> None:
         ({"resources": {"gpus": {"enabled": True}}}, "'gpus' was unexpected"),
     ],
 )
-def test_a_typo_is_refused_by_the_schema_and_by_helm(overrides: dict[str, Any], named: str) -> None:
+def test_a_typo_is_refused_by_the_schema_and_by_helm(overrides: Json, named: str) -> None:
     result = render(**overrides)
     assert not result.ok
     assert any(named in p for p in result.problems), result.problems
@@ -172,7 +173,7 @@ def test_a_typo_is_refused_by_the_schema_and_by_helm(overrides: dict[str, Any], 
     ],
 )
 def test_an_nvidia_only_value_is_refused_with_what_to_use_instead(
-    overrides: dict[str, Any], instead: str
+    overrides: Json, instead: str
 ) -> None:
     result = render(**overrides)
     assert not result.ok

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.api_access import CODE, NO_CALLER, TABLE
 from tests.chart.chart_support import render
 
@@ -33,13 +34,13 @@ CLIENT_CALL: dict[str, tuple[str, ...]] = {
 
 # The table's "granted when" cells, each with values that grant the row and values that
 # do not (everything else as in ALL_ON, so only that condition decides).
-ALL_ON: dict[str, Any] = {
+ALL_ON: Json = {
     "labels": {"mode": "api"},
     "metrics": {"enabled": True},
     "memoryGuard": {"mode": "enforce", "action": "evict"},
     "dra": {"enabled": True},
 }
-WHEN: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
+WHEN: dict[str, tuple[list[Json], list[Json]]] = {
     "always": ([{}], []),
     "`labels.mode: api`": ([{}], [{"labels": {"mode": "file"}}, {"labels": {"mode": "off"}}]),
     "`metrics.enabled` or `memoryGuard.mode` not `off`": (
@@ -74,11 +75,11 @@ def granted(**values: Any) -> set[tuple[str, str, bool, str]]:
     return out
 
 
-def row_grants(row: dict[str, Any]) -> set[tuple[str, str, bool, str]]:
+def row_grants(row: Json) -> set[tuple[str, str, bool, str]]:
     return {(row["group"], row["resource"], row["namespaced"], v) for v in row["verbs"]}
 
 
-def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merged(base: Json, extra: Json) -> Json:
     out = {k: dict(v) for k, v in base.items()}
     for key, value in extra.items():
         out[key] = {**out.get(key, {}), **value}
@@ -92,7 +93,7 @@ def test_the_chart_grants_exactly_the_tables_verbs() -> None:
 
 
 @pytest.mark.parametrize("row", TABLE, ids=lambda r: f"{r['resource']}:{','.join(r['verbs'])}")
-def test_each_row_is_granted_only_under_its_values(row: dict[str, Any]) -> None:
+def test_each_row_is_granted_only_under_its_values(row: Json) -> None:
     assert row["when"] in WHEN, f"a new condition: add it to WHEN ({row['when']!r})"
     on, off = WHEN[row["when"]]
     for values in on:
@@ -116,7 +117,7 @@ def _named(dotted: str) -> Any:
 
 
 @pytest.mark.parametrize("row", TABLE, ids=lambda r: f"{r['resource']}:{','.join(r['verbs'])}")
-def test_every_verb_names_code_that_makes_its_call(row: dict[str, Any]) -> None:
+def test_every_verb_names_code_that_makes_its_call(row: Json) -> None:
     """Each verb has its `verb:` part in "used by"; each function named there exists and
     calls the client method of that verb. "no caller yet" must be said, not implied."""
     split = (p.partition(":") for p in row["used_by"].split(";"))

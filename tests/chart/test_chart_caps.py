@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import container_of, env_of, one
 from tests.chart.chart_support import render as render_any
 
@@ -23,11 +24,11 @@ def render(**values: Any) -> Any:
     return result
 
 
-def _pod(result: Any) -> dict[str, Any]:
+def _pod(result: Any) -> Json:
     return dict(one(result, "DaemonSet")["spec"]["template"]["spec"])
 
 
-def _mount(pod: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _mount(pod: Json, name: str) -> tuple[Json, Json] | None:
     volumes = [v for v in pod["volumes"] if v["name"] == name]
     mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == name]
     if not volumes and not mounts:
@@ -102,7 +103,7 @@ def test_dra_mounts_the_hooks_directory_and_names_where_the_agent_sees_it() -> N
     ids=["guard", "caps"],
 )
 def test_pod_resources_and_the_pod_list_wherever_the_guard_or_caps_need_them(
-    values: dict[str, Any],
+    values: Json,
 ) -> None:
     result = render(**values)
     found = _mount(_pod(result), "pod-resources")
@@ -118,7 +119,7 @@ def test_pod_resources_and_the_pod_list_wherever_the_guard_or_caps_need_them(
     [{"mode": "on"}, {"mode": "auto", "cgroupRoot": "sys/fs/cgroup"}, {"hookpath": "/x"}],
     ids=["mode", "relative-root", "typo"],
 )
-def test_the_schema_takes_caps_values_and_refuses_bad_ones(caps: dict[str, Any]) -> None:
+def test_the_schema_takes_caps_values_and_refuses_bad_ones(caps: Json) -> None:
     good = {"mode": "off", "policy": "borrow", "hookPath": "", "cgroupRoot": "/sys/fs/cgroup"}
     render(memoryCaps=good)
     result = render_any(memoryCaps=caps)

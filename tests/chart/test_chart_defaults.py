@@ -11,6 +11,7 @@ import click
 import pytest
 
 from gpuslice.cli.plugin import FIELDS, GROUPS, plugin
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import env_of, one, render
 
 DELIBERATE = {
@@ -51,7 +52,7 @@ def _knobs() -> dict[str, tuple[Any, click.Option | None]]:
     ],
     ids=["default", "dra", "caps", "dra-caps"],
 )
-def test_the_charts_values_are_the_knobs_defaults(values: dict[str, Any]) -> None:
+def test_the_charts_values_are_the_knobs_defaults(values: Json) -> None:
     knobs = _knobs()
     env = env_of(one(render(**values), "DaemonSet"))
     ctx = click.Context(plugin)

@@ -21,6 +21,7 @@ import click
 import pytest
 import yaml
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import SETS, check_chart, container_of, env_of, one, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,25 +33,25 @@ def kinds(result: Any) -> list[str]:
     return [str(m["kind"]) for m in result.manifests]
 
 
-def classes(result: Any) -> dict[str, dict[str, Any]]:
+def classes(result: Any) -> dict[str, Json]:
     return {m["metadata"]["name"]: m for m in result.manifests if m["kind"] == "DeviceClass"}
 
 
-def selector(device_class: dict[str, Any]) -> str:
+def selector(device_class: Json) -> str:
     [sel] = device_class["spec"]["selectors"]
     return str(sel["cel"]["expression"])
 
 
-def resource_rules(result: Any) -> list[dict[str, Any]]:
+def resource_rules(result: Any) -> list[Json]:
     rules = one(result, "ClusterRole")["rules"]
     return [r for r in rules if r["apiGroups"] == ["resource.k8s.io"]]
 
 
-def pod_of(result: Any) -> dict[str, Any]:
+def pod_of(result: Any) -> Json:
     return dict(one(result, "DaemonSet")["spec"]["template"]["spec"])
 
 
-def host_volumes(result: Any) -> dict[str, dict[str, Any]]:
+def host_volumes(result: Any) -> dict[str, Json]:
     return {v["name"]: v["hostPath"] for v in pod_of(result)["volumes"] if "hostPath" in v}
 
 
@@ -155,10 +156,10 @@ def _inventory(node: str) -> Any:
         backend.close()
 
 
-def cel_device(driver: str, device: dict[str, Any]) -> dict[str, Any]:
+def cel_device(driver: str, device: Json) -> Json:
     """A published device as a DeviceClass selector sees it: attribute names without a
     domain belong to the driver's domain (REFERENCE-DRA §3.3/§3.4)."""
-    attributes: dict[str, dict[str, Any]] = {}
+    attributes: dict[str, Json] = {}
     for name, value in device["attributes"].items():
         domain, _, ident = name.rpartition("/")
         [typed] = value.values()
@@ -166,7 +167,7 @@ def cel_device(driver: str, device: dict[str, Any]) -> dict[str, Any]:
     return {"driver": driver, "attributes": attributes}
 
 
-def selects(expression: str, device: dict[str, Any]) -> bool:
+def selects(expression: str, device: Json) -> bool:
     env = celpy.Environment()
     result = env.program(env.compile(expression)).evaluate({"device": celpy.json_to_cel(device)})
     assert isinstance(result, celpy.celtypes.BoolType), result
@@ -240,7 +241,7 @@ def test_nvidias_consumable_shares_values_reach_the_agent(value: str) -> None:
         },
     ],
 )
-def test_dra_directories_are_mounted_at_their_host_paths(dra: dict[str, Any]) -> None:
+def test_dra_directories_are_mounted_at_their_host_paths(dra: Json) -> None:
     """The kubelet dials the socket paths the agent reports, so each path must be the
     same inside the container as on the host; no device-plugin socket directory."""
     values = check_chart.deep_merge(SETS["default"]["dra"], dra)
@@ -345,7 +346,7 @@ def test_rbac_for_resource_slices_and_claims_only_in_dra_mode() -> None:
     assert "patch" not in node_verbs
 
 
-def slice_policy(**values: Any) -> dict[str, Any]:
+def slice_policy(**values: Any) -> Json:
     [policy] = [
         m
         for m in render(dra=DRA, **values).manifests
@@ -393,7 +394,7 @@ SA = _agent_user()
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def _eval(expression: str, activation: dict[str, Any]) -> Any:
+def _eval(expression: str, activation: Json) -> Any:
     env = celpy.Environment()
     return env.program(env.compile(expression)).evaluate(activation)
 
@@ -402,10 +403,10 @@ def slice_admitted(
     operation: str, node: str, driver: str, token_node: str | None, user: str = SA
 ) -> bool:
     obj = {"metadata": {"name": "s"}, "spec": {"driver": driver, "nodeName": node}}
-    info: dict[str, Any] = {"username": user}
+    info: Json = {"username": user}
     if token_node is not None:
         info["extra"] = {NODE_EXTRA: [token_node]}
-    activation: dict[str, Any] = {
+    activation: Json = {
         "request": celpy.json_to_cel({"operation": operation, "userInfo": info}),
         "object": celpy.json_to_cel(None if operation == "DELETE" else obj),
         "oldObject": celpy.json_to_cel(None if operation == "CREATE" else obj),
@@ -472,9 +473,7 @@ def test_resource_slice_policy(
         ),
     ],
 )
-def test_a_typo_under_dra_is_refused_by_the_schema_and_by_helm(
-    overrides: dict[str, Any], named: str
-) -> None:
+def test_a_typo_under_dra_is_refused_by_the_schema_and_by_helm(overrides: Json, named: str) -> None:
     result = render(**overrides)
     assert not result.ok
     assert any(named in p for p in result.problems), result.problems
@@ -550,7 +549,7 @@ def test_notes_name_the_probe_port_and_a_host_network() -> None:
     assert "host network namespace: hostNetwork (ports 9402 and 9401" in on_host
 
 
-def _leaves(values: dict[str, Any], prefix: str) -> list[str]:
+def _leaves(values: Json, prefix: str) -> list[str]:
     out: list[str] = []
     for key, value in values.items():
         if isinstance(value, dict):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import click
 import pytest
 
 from gpuslice.cli.plugin import CHART_KNOBS, FIELDS, GROUPS, chart_knobs, plugin
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import check_chart, render
 
 
@@ -32,7 +32,7 @@ CORPUS = [
 ]  # fmt: skip
 
 
-def chart_takes(check: dict[str, Any], value: str) -> bool:
+def chart_takes(check: Json, value: str) -> bool:
     """The template's verdict (`gpuslice.validateExtraEnv`), in Python."""
     if "enum" in check and value not in check["enum"]:
         return False

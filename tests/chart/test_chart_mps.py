@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import one, render
 from tests.chart.test_chart_dra import render_notes
 
@@ -23,7 +24,7 @@ TS_CONFIG = (
 )
 
 
-def surge(value: Any) -> dict[str, Any]:
+def surge(value: Any) -> Json:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": value, "maxUnavailable": 0}}
 
 
@@ -79,7 +80,7 @@ def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
     carry MPS in `config.map` and never set `mps.enabled`: the agent still gets the
     privilege and the host PID namespace the daemon needs, and NOTES names the configs
     instead of saying "not privileged"."""
-    values: dict[str, Any] = {
+    values: Json = {
         "config": {"map": {"default": TS_CONFIG, "mps-4": MPS_CONFIG}, "default": "default"}
     }
     result = render(**values)
@@ -96,7 +97,7 @@ def test_nvidias_mps_values_get_what_mps_needs_and_the_notes_say_why() -> None:
     without_host_pid = render(**values, mps={"enableHostPID": False})
     assert one(without_host_pid, "DaemonSet")["spec"]["template"]["spec"]["hostPID"] is False
 
-    time_sliced: dict[str, Any] = {"config": {"map": {"default": TS_CONFIG}, "default": "default"}}
+    time_sliced: Json = {"config": {"map": {"default": TS_CONFIG}, "default": "default"}}
     pod = one(render(**time_sliced), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["hostPID"] is False
     assert pod["containers"][0]["securityContext"]["privileged"] is False

@@ -8,6 +8,7 @@ from typing import Any
 import celpy
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import one, render
 
 
@@ -20,7 +21,7 @@ SA = _agent_user()
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def container_context(**values: Any) -> dict[str, Any]:
+def container_context(**values: Any) -> Json:
     ds = one(render(**values), "DaemonSet")
     [container] = ds["spec"]["template"]["spec"]["containers"]
     return dict(container["securityContext"])
@@ -54,12 +55,12 @@ def test_only_a_guard_that_kills_gets_cap_kill() -> None:
         assert container_context(memoryGuard=guard)["capabilities"] == {"drop": ["ALL"]}
 
 
-def policy(**values: Any) -> dict[str, Any]:
+def policy(**values: Any) -> Json:
     return one(render(labels={"mode": "api"}, **values), "ValidatingAdmissionPolicy")
 
 
 @functools.cache
-def node_policy() -> dict[str, Any]:
+def node_policy() -> Json:
     """The node-patch policy as labels.mode=api renders it (rendered once: Helm is slow)."""
     return policy()
 
@@ -75,36 +76,36 @@ def test_policy_only_in_api_mode_and_bound() -> None:
     assert "ValidatingAdmissionPolicy" not in {m["kind"] for m in off.manifests}
 
 
-def node(name: str, labels: dict[str, str], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+def node(name: str, labels: dict[str, str], spec: Json | None = None) -> Json:
     return {
         "metadata": {"name": name, "labels": labels},
         "spec": spec or {"podCIDR": "10.0.0.0/24"},
     }
 
 
-def request(node_name: str | None, user: str = SA) -> dict[str, Any]:
-    info: dict[str, Any] = {"username": user}
+def request(node_name: str | None, user: str = SA) -> Json:
+    info: Json = {"username": user}
     if node_name is not None:
         info["extra"] = {NODE_EXTRA: [node_name]}
     return {"userInfo": info}
 
 
-def _run(expression: str, activation: dict[str, Any]) -> Any:
+def _run(expression: str, activation: Json) -> Any:
     env = celpy.Environment()
     return env.program(env.compile(expression)).evaluate(activation)
 
 
-def evaluate(expression: str, activation: dict[str, Any]) -> bool:
+def evaluate(expression: str, activation: Json) -> bool:
     result = _run(expression, activation)
     assert isinstance(result, celpy.celtypes.BoolType), result
     return bool(result)
 
 
-def verdicts(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> list[bool] | None:
+def verdicts(old: Json, new: Json, req: Json) -> list[bool] | None:
     """Each validation's verdict, the policy's variables evaluated first as the API server
     does; None when the request is not the agent's (the policy does not apply)."""
     spec = node_policy()["spec"]
-    activation: dict[str, Any] = {
+    activation: Json = {
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
         "request": celpy.json_to_cel(req),
@@ -122,7 +123,7 @@ def verdicts(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> l
     return [evaluate(v["expression"], activation) for v in spec["validations"]]
 
 
-def admitted(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> bool:
+def admitted(old: Json, new: Json, req: Json) -> bool:
     found = verdicts(old, new, req)
     return found is None or all(found)
 
@@ -155,11 +156,11 @@ BASE = {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.count": "8"}
         (node("gpu-1", {**BASE, "team": "x"}), request("gpu-2", user="kubernetes-admin"), True),
     ],
 )
-def test_node_patch_policy(new: dict[str, Any], req: dict[str, Any], expected: bool) -> None:
+def test_node_patch_policy(new: Json, req: Json, expected: bool) -> None:
     assert admitted(node("gpu-1", BASE), new, req) is expected
 
 
-def full_node(**metadata: Any) -> dict[str, Any]:
+def full_node(**metadata: Any) -> Json:
     """A Node as the API server stores it: server-set metadata, spec and status."""
     return {
         "metadata": {
@@ -177,7 +178,7 @@ def full_node(**metadata: Any) -> dict[str, Any]:
     }
 
 
-def with_labels(n: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+def with_labels(n: Json, labels: dict[str, str]) -> Json:
     return {**n, "metadata": {**n["metadata"], "labels": labels}}
 
 
@@ -207,9 +208,7 @@ OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "0000-g
         ({"generateName": "x-"}, False),
     ],
 )
-def test_the_node_keeps_all_its_metadata_but_nvidia_labels(
-    change: dict[str, Any], expected: bool
-) -> None:
+def test_the_node_keeps_all_its_metadata_but_nvidia_labels(change: Json, expected: bool) -> None:
     old = full_node()
     new = full_node(**change)
     assert admitted(old, new, request("gpu-1")) is expected
@@ -230,8 +229,8 @@ def test_the_node_keeps_its_status_and_taints() -> None:
 
 
 def entry(manager: str, labels: list[str], *, op: str = "Update", time: str = "T1",
-          more: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    fields: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}}}
+          more: Json | None = None) -> Json:  # fmt: skip
+    fields: Json = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}}}
     if more:
         fields.update(more)
     return {"apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields,
@@ -243,7 +242,7 @@ KUBELET = entry("kubelet", ["kubernetes.io/hostname"], more={"f:spec": {"f:podCI
 AGENT = entry("gpuslice", ["nvidia.com/gpu.count"], op="Apply", time="T2")
 
 
-def owned(*entries: dict[str, Any]) -> dict[str, Any]:
+def owned(*entries: Json) -> Json:
     n = full_node()
     n["metadata"]["labels"] = {**BASE, "team": "a"}
     if entries:
@@ -253,7 +252,7 @@ def owned(*entries: dict[str, Any]) -> dict[str, Any]:
     return n
 
 
-def managed_fields_verdict(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> bool:
+def managed_fields_verdict(old: list[Json], new: list[Json]) -> bool:
     """The managedFields rule's verdict alone (the labels stay as they are)."""
     spec = node_policy()["spec"]
     [index] = [i for i, v in enumerate(spec["validations"]) if "managedFields" in v["message"]]
@@ -262,7 +261,7 @@ def managed_fields_verdict(old: list[dict[str, Any]], new: list[dict[str, Any]])
     return found[index]
 
 
-def _without(e: dict[str, Any], label: str) -> dict[str, Any]:
+def _without(e: Json, label: str) -> Json:
     fields = {**e["fieldsV1"]["f:metadata"]["f:labels"]}
     del fields[f"f:{label}"]
     return {**e, "fieldsV1": {**e["fieldsV1"], "f:metadata": {"f:labels": fields}}}
@@ -321,7 +320,7 @@ def _without(e: dict[str, Any], label: str) -> dict[str, Any]:
     ],
 )
 def test_managed_fields_change_only_for_nvidia_labels(
-    old: list[dict[str, Any]], new: list[dict[str, Any]], expected: bool
+    old: list[Json], new: list[Json], expected: bool
 ) -> None:
     assert managed_fields_verdict(old, new) is expected
 

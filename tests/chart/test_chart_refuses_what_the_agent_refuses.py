@@ -20,6 +20,7 @@ import pytest
 
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.guard.model import RESERVE_PATTERN, Reserve
+from gpuslice.core.jsontypes import Json
 from tests.chart.chart_support import SETS, check_chart, render
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -38,11 +39,11 @@ def test_a_boolean_node_selector_is_refused_by_the_schema() -> None:
     assert schema_problems(nodeSelector={"gpuslice.io/migrate": "true"}) == []
 
 
-def _helm_sets(command: str) -> dict[str, Any]:
+def _helm_sets(command: str) -> Json:
     """The values a `helm install` line's --set / --set-string flags give, typed as Helm
     types them (--set: true/false are booleans; --set-string: strings), after the shell has
     read the line (an unquoted `\\.` loses its backslash there)."""
-    values: dict[str, Any] = {}
+    values: Json = {}
     args = shlex.split(command.strip().strip("`"))
     for flag, pair in itertools.pairwise(args):
         if flag not in ("--set", "--set-string") or "=" not in pair:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
@@ -12,6 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
+from gpuslice.core.jsontypes import Json
 
 SCHEMA_PATH = Path(__file__).parent.parent.parent / "docs" / "schemas" / "describe.schema.json"
 
@@ -32,17 +32,17 @@ def _run(*args: str) -> str:
     return result.stdout
 
 
-def _describe(tmp_path: Path, node: str, config: str) -> dict[str, Any]:
+def _describe(tmp_path: Path, node: str, config: str) -> Json:
     path = tmp_path / "config.yaml"
     path.write_text(config, encoding="utf-8")
-    data: dict[str, Any] = json.loads(
+    data: Json = json.loads(
         _run("describe", "--node", node, "--config-file", str(path), "-o", "json")
     )
     return data
 
 
-def _schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+def _schema() -> Json:
+    schema: Json = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema
 
@@ -79,8 +79,8 @@ def test_schema_rejects_a_share_without_its_fields(tmp_path: Path) -> None:
         jsonschema.validate(data, _schema())
 
 
-def _share(data: dict[str, Any]) -> dict[str, Any]:
-    share: dict[str, Any] = data["devices"][0]["resources"][0]
+def _share(data: Json) -> Json:
+    share: Json = data["devices"][0]["resources"][0]
     return share
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
+from gpuslice.core.jsontypes import Json
 
 TS4 = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
@@ -33,7 +33,7 @@ def _tree(root: Path, *, pods: bool) -> Path:
     return root
 
 
-def _gpu(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _gpu(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Json:
     config = tmp_path / "config.yaml"
     config.write_text(TS4, encoding="utf-8")
     result = CliRunner(env={"MEMORY_GUARD": "enforce", **(env or {})}).invoke(

@@ -19,10 +19,12 @@ from typing import IO, Any
 import pytest
 import yaml
 
+from gpuslice.core.jsontypes import Json
+
 NODE = "gpu-node-7"
 
 
-def status(n: int) -> dict[str, Any]:
+def status(n: int) -> Json:
     return {
         "version": 1,
         "node_name": NODE,

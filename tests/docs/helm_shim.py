@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from gpuslice.core.jsontypes import Json
+
 _INT = re.compile(r"^[-+]?[0-9]+$")
 
 
@@ -53,7 +55,7 @@ def _typed(value: str, strings: bool) -> Any:
     return value
 
 
-def set_value(values: dict[str, Any], assignment: str, *, strings: bool) -> None:
+def set_value(values: Json, assignment: str, *, strings: bool) -> None:
     for item in _split(assignment, ","):
         key, eq, raw = item.partition("=")
         if not eq:
@@ -65,7 +67,7 @@ def set_value(values: dict[str, Any], assignment: str, *, strings: bool) -> None
         target[path[-1]] = _typed(raw.replace("\\,", ","), strings)
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge(base: Json, over: Json) -> Json:
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -75,14 +77,14 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse(argv: list[str]) -> tuple[str, list[str], str, bool, dict[str, Any]]:
+def parse(argv: list[str]) -> tuple[str, list[str], str, bool, Json]:
     """(verb, positional, namespace, create_namespace, values)."""
     verb, rest = argv[0], argv[1:]
     positional: list[str] = []
     namespace = "default"
     create = False
-    files: dict[str, Any] = {}
-    sets: dict[str, Any] = {}
+    files: Json = {}
+    sets: Json = {}
     i = 0
     while i < len(rest):
         arg = rest[i]
@@ -116,7 +118,7 @@ def _kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
-def _rendered(values: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+def _rendered(values: Json, namespace: str) -> list[Json]:
     from tests.chart.chart_support import SETS, check_chart
 
     full = check_chart.deep_merge(SETS["default"], values)
@@ -139,7 +141,7 @@ def _create_namespace(namespace: str) -> None:
             raise RuntimeError(made.stderr.strip())
 
 
-def _without_helm(verb: str, namespace: str, create: bool, values: dict[str, Any]) -> None:
+def _without_helm(verb: str, namespace: str, create: bool, values: Json) -> None:
     """Helm's renderer and `kubectl apply` (or delete), for when Helm's install cannot
     get the OpenAPI document (see the module docstring)."""
     print(
@@ -192,7 +194,7 @@ def main(argv: list[str]) -> int:
 
 
 def _helm(
-    verb: str, positional: list[str], config: Any, create: bool, values: dict[str, Any],
+    verb: str, positional: list[str], config: Any, create: bool, values: Json,
     actions: tuple[Any, Any, Any],
 ) -> None:  # fmt: skip
     install, upgrade, uninstall = actions

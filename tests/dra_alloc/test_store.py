@@ -125,7 +125,7 @@ async def test_claims_have_uids_that_change_when_recreated(store: DraStore) -> N
         await store.get_claim("ml", "c")
     second = store.add_claim(gpu_claim("c"))
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
-    status: dict[str, Any] = {"allocation": {"devices": {"results": []}}}
+    status: Json = {"allocation": {"devices": {"results": []}}}
     updated = store.set_claim_status("ml", "c", status)
     assert updated["metadata"]["uid"] == second["metadata"]["uid"]
     assert (await store.get_claim("ml", "c"))["status"] == status

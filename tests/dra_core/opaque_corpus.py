@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from gpuslice.core.dra.sharing import ClaimConfigError, resolve
+from gpuslice.core.jsontypes import Json
 
 CORPUS = Path(__file__).parents[1] / "configs" / "claims" / "opaque-configs.yaml"
 DRIVER = "gpu.nvidia.com"
 
 
-def corpus() -> list[dict[str, Any]]:
+def corpus() -> list[Json]:
     return list(yaml.safe_load(CORPUS.read_text())["configs"])
 
 

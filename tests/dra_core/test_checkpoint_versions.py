@@ -5,7 +5,6 @@ is right (so it reaches the record readers)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +22,7 @@ from gpuslice.core.dra.prepared import (
     migrate,
     sealed,
 )
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import SharingStrategy
 
 UID = "4f1c8a2e-0000-4000-8000-000000000002"
@@ -58,10 +58,10 @@ def test_a_version_that_is_not_one_makes_the_file_corrupt(version: object) -> No
 
 
 def test_migrations_run_in_order_from_the_files_version() -> None:
-    def rename(data: dict[str, Any]) -> dict[str, Any]:
+    def rename(data: Json) -> Json:
         return {**data, "steps": [*data.get("steps", []), "1->2"]}
 
-    def add(data: dict[str, Any]) -> dict[str, Any]:
+    def add(data: Json) -> Json:
         return {**data, "steps": [*data.get("steps", []), "2->3"]}
 
     steps = {1: rename, 2: add}
@@ -107,7 +107,7 @@ RECORDISH = st.recursive(
     version=st.integers(-2, 4) | JSON,
 )
 def test_no_document_with_a_good_checksum_makes_decode_raise(
-    claims: dict[str, Any], boot: object, version: object
+    claims: Json, boot: object, version: object
 ) -> None:
     doc = json.loads(sealed({"bootID": boot, "claims": claims}))
     doc["version"] = version

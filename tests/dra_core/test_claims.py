@@ -19,6 +19,7 @@ from gpuslice.core.dra.claims import (
 )
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import DraDevice, ShareOffer, dra_devices
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import SharingStrategy
 
 DRIVER = "gpu.nvidia.com"
@@ -35,19 +36,19 @@ def devices(node: str = "sim:2xh100-80gb") -> dict[str, DraDevice]:
         backend.close()
 
 
-def claim(results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None,
-          uid: str = "uid-1") -> dict[str, Any]:  # fmt: skip
+def claim(results: list[Json], config: list[Json] | None = None,
+          uid: str = "uid-1") -> Json:  # fmt: skip
     return {
         "metadata": {"uid": uid},
         "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
     }
 
 
-def result(device: str, request: str = "gpu", **extra: Any) -> dict[str, Any]:
+def result(device: str, request: str = "gpu", **extra: Any) -> Json:
     return {"request": request, "driver": DRIVER, "pool": POOL, "device": device, **extra}
 
 
-def work(obj: dict[str, Any], offers: dict[str, ShareOffer] | None = None) -> Any:
+def work(obj: Json, offers: dict[str, ShareOffer] | None = None) -> Any:
     return claim_work(obj, REF, driver=DRIVER, pool=POOL, devices=DEVICES, offers=offers or {})
 
 
@@ -135,7 +136,7 @@ def test_a_claims_time_slicing_on_a_share_keeps_the_nodes_sharing_with_a_notice(
     on the node's terms (no GPU-wide interval for one of several sharers) and told when
     they differ from what it asked."""
     offer = {"gpu-0": ShareOffer(4, node_strategy, 81559)}
-    ts: dict[str, Any] = {"strategy": "TimeSlicing"}
+    ts: Json = {"strategy": "TimeSlicing"}
     if interval is not None:
         ts["timeSlicingConfig"] = {"interval": interval}
     params = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": ts}
@@ -163,7 +164,7 @@ def test_time_sliced_share_hints_are_exact_at_the_default_size() -> None:
 
 
 def test_mps_group_daemon_has_nvidias_id_shape_and_checked_limit_keys() -> None:
-    mps: dict[str, Any] = {
+    mps: Json = {
         "apiVersion": NVIDIA,
         "kind": "GpuConfig",
         "sharing": {

@@ -23,6 +23,7 @@ from gpuslice.core.dra.prepared import (
     sealed,
 )
 from gpuslice.core.dra.publish import DraDevice, dra_devices
+from gpuslice.core.jsontypes import Json
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
@@ -44,8 +45,8 @@ MIG = devices(MIG_NODE)
 GPUS = devices("sim:2xh100-80gb")
 
 
-def mps_claim(names: list[str], kind: str, mps_config: dict[str, Any] | None = None) -> Any:
-    sharing: dict[str, Any] = {"strategy": "MPS"}
+def mps_claim(names: list[str], kind: str, mps_config: Json | None = None) -> Any:
+    sharing: Json = {"strategy": "MPS"}
     if mps_config is not None:
         sharing["mpsConfig"] = mps_config
     params = {"apiVersion": NVIDIA, "kind": kind, "sharing": sharing}

@@ -8,18 +8,18 @@ the policy could not agree with it, nor NVIDIA's strict decoder."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from gpuslice.core.dra.sharing import ClaimConfigError, resolve
+from gpuslice.core.jsontypes import Json
 from tests.dra_core.opaque_corpus import DRIVER, corpus, prepare_verdict
 
 
 @pytest.mark.parametrize(
     "entry", corpus(), ids=[f"{i}-{e['verdict']}" for i, e in enumerate(corpus())]
 )
-def test_prepare_gives_the_corpus_verdict(entry: dict[str, Any]) -> None:
+def test_prepare_gives_the_corpus_verdict(entry: Json) -> None:
     assert prepare_verdict(entry["parameters"]) == entry["verdict"], entry["parameters"]
 
 

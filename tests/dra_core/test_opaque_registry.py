@@ -26,6 +26,7 @@ from gpuslice.core.dra.opaque.base import (
 )
 from gpuslice.core.dra.opaque.registry import KINDS
 from gpuslice.core.dra.sharing import ClaimConfigError, resolve
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import SharingStrategy
 
 DRIVER = "gpu.nvidia.com"
@@ -84,7 +85,7 @@ WITH_EXAMPLE = (*KINDS, LONG_SLICES)  # the registration line
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def cfg(params: dict[str, Any], requests: list[str] | None = None) -> dict[str, Any]:
+def cfg(params: Json, requests: list[str] | None = None) -> Json:
     return {
         "source": "FromClaim",
         "requests": requests or [],
@@ -92,7 +93,7 @@ def cfg(params: dict[str, Any], requests: list[str] | None = None) -> dict[str, 
     }
 
 
-def alloc(configs: list[dict[str, Any]], devices: tuple[str, ...] = ("gpu-0",)) -> dict[str, Any]:
+def alloc(configs: list[Json], devices: tuple[str, ...] = ("gpu-0",)) -> Json:
     results = [
         {"request": f"r{i}", "driver": DRIVER, "pool": "n1", "device": d}
         for i, d in enumerate(devices)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpuslice.core.dra.resource_claim import Allocation, DeviceResult, ResourceClaim
 from gpuslice.core.dra.sharing import ClaimConfigError, resolve
+from gpuslice.core.jsontypes import Json
 
 DRIVER = "gpu.nvidia.com"
 
@@ -78,7 +79,7 @@ def test_the_fields_prepare_uses() -> None:
     ],
 )  # fmt: skip
 def test_a_config_of_the_wrong_shape_is_refused_with_its_field_named(
-    devices: dict[str, Any], message: str
+    devices: Json, message: str
 ) -> None:
     with pytest.raises(ClaimConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         resolve({"devices": devices}, DRIVER, {"gpu-0": "gpu"})

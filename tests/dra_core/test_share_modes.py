@@ -6,7 +6,6 @@ the simulated node's inventory and plan, no I/O."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ from gpuslice.core.dra.publish import (
     dra_devices,
     share_offers,
 )
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.core.units import MIB
@@ -51,7 +51,7 @@ def node(name: str, config: str = "version: v1\n") -> tuple[Inventory, Plan]:
     return inventory, build_plan(inventory, parse_config(config))
 
 
-def published(name: str, mode: SharesMode, config: str = "version: v1\n") -> list[dict[str, Any]]:
+def published(name: str, mode: SharesMode, config: str = "version: v1\n") -> list[Json]:
     inventory, plan = node(name, config)
     devices = dra_devices(inventory)
     offers = share_offers(plan, mode, devices)

@@ -8,13 +8,14 @@ from typing import Any, Literal
 import pytest
 
 from gpuslice.core.dra.sharing import ClaimConfigError, MpsSettings, resolve
+from gpuslice.core.jsontypes import Json
 
 DRIVER = "gpu.nvidia.com"
 API = "resource.nvidia.com/v1beta1"
 
 
-def cfg(params: dict[str, Any], requests: list[str] | None = None, source: str = "FromClaim",
-        driver: str = DRIVER) -> dict[str, Any]:  # fmt: skip
+def cfg(params: Json, requests: list[str] | None = None, source: str = "FromClaim",
+        driver: str = DRIVER) -> Json:  # fmt: skip
     return {
         "source": source,
         "requests": requests or [],
@@ -26,7 +27,7 @@ def result(request: str, device: str, driver: str = DRIVER) -> dict[str, str]:
     return {"request": request, "driver": driver, "pool": "n1", "device": device}
 
 
-def alloc(results: list[dict[str, str]], configs: list[dict[str, Any]]) -> dict[str, Any]:
+def alloc(results: list[dict[str, str]], configs: list[Json]) -> Json:
     return {"devices": {"results": results, "config": configs}}
 
 

@@ -15,6 +15,7 @@ from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.prepared import _checksum
+from gpuslice.core.jsontypes import Json
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
@@ -75,9 +76,9 @@ class Rig:
             self.store, driver=DRIVER, node=NODE, snapshot=lambda: self.state.current
         ).publish_once()
 
-    def claim(self, name: str, *parameters: dict[str, Any]) -> ClaimRef:
+    def claim(self, name: str, *parameters: Json) -> ClaimRef:
         """Create and allocate a one-GPU claim with these opaque config parameters."""
-        devices: dict[str, Any] = {
+        devices: Json = {
             "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
             "config": [{"opaque": {"driver": DRIVER, "parameters": p}} for p in parameters],
         }
@@ -86,7 +87,7 @@ class Rig:
         self.store.allocate_claim("team-a", name, pod_uid=f"uid-{name}")
         return ClaimRef("team-a", created["metadata"]["uid"], name)
 
-    def edit_checkpoint(self, edit: Callable[[dict[str, Any]], None]) -> None:
+    def edit_checkpoint(self, edit: Callable[[Json], None]) -> None:
         """Change the stored record's data as another writer would, checksum kept valid."""
         path = self.workdir / "checkpoint.json"
         doc = json.loads(path.read_text("utf-8"))

@@ -28,6 +28,7 @@ from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import dra_devices
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
@@ -54,7 +55,7 @@ class CountingStore(DraStore):
         super().__init__(NODE, DRIVER)
         self.reads: list[tuple[str, str]] = []
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> Json:
         self.reads.append((namespace, name))
         return await super().get_claim(namespace, name)
 
@@ -102,9 +103,9 @@ class Node:
         await eventually(pid_file.exists, f"the MPS daemon of {ref.name} started", timeout=WAIT_S)
         return int(pid_file.read_text())
 
-    def checkpoint_claims(self) -> dict[str, Any]:
+    def checkpoint_claims(self) -> Json:
         doc = json.loads((self.rig.workdir / "checkpoint.json").read_text("utf-8"))
-        claims: dict[str, Any] = doc["data"]["claims"]
+        claims: Json = doc["data"]["claims"]
         return claims
 
 

@@ -21,6 +21,7 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claimplan import claim_resource
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -121,7 +122,7 @@ async def test_with_the_api_unreachable_a_lost_record_removes_nothing(
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     (rig.workdir / "checkpoint.json").write_bytes(b"\x00\xff" * 100)
 
-    async def unreachable(uids: object = None) -> list[dict[str, Any]]:
+    async def unreachable(uids: object = None) -> list[Json]:
         raise ConnectionError("connection refused")
 
     rig.store.list_claims = unreachable  # type: ignore[method-assign]
@@ -142,7 +143,7 @@ async def test_a_checkpoint_from_a_newer_version_with_more_fields_reads(
     ref = rig.claim("c1")
     first = (await driver.prepare([ref]))[ref.uid]
 
-    def newer(data: dict[str, Any]) -> None:
+    def newer(data: Json) -> None:
         data["claims"][ref.uid]["futureField"] = {"x": 1}
         data["somethingNew"] = [1, 2]
 
@@ -308,7 +309,7 @@ async def test_a_claim_recorded_before_the_compute_mode_was_a_step_still_resets_
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     [(gpu, _)] = rig.compute_mode.calls
 
-    def as_before(data: dict[str, Any]) -> None:
+    def as_before(data: Json) -> None:
         claim = data["claims"][ref.uid]
         claim["applied"] = [a for a in claim["applied"] if "computeMode" not in a]
 
@@ -465,7 +466,7 @@ def test_dra_mode_without_a_node_name_is_a_usage_error() -> None:
 class StallingStore(DraStore):
     """An API server that never answers for one claim."""
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> Json:
         if name == "stuck":
             import asyncio
 
@@ -698,7 +699,7 @@ async def test_a_prepare_cut_short_by_a_crash_has_its_interval_reset_at_start(
     """`PrepareStarted` is recorded with the planned steps before any runs: what a crash
     leaves in the record says what may have taken effect, and the next start undoes it."""
     rig = await make_rig()
-    seen: list[dict[str, Any]] = []
+    seen: list[Json] = []
 
     class Crashing(RecordingTimeslice):
         async def set_timeslice(self, gpu_uuid: str, interval: int) -> None:
@@ -744,7 +745,7 @@ async def test_unprepare_of_an_unrecorded_claim_removes_what_is_left_under_its_u
     assert (await driver.prepare([ref]))[ref.uid].error == ""
     (rig.workdir / "checkpoint.json").write_bytes(b"{")
 
-    async def unreachable(uids: object = None) -> list[dict[str, Any]]:
+    async def unreachable(uids: object = None) -> list[Json]:
         raise ConnectionError("connection refused")
 
     rig.store.list_claims = unreachable  # type: ignore[method-assign]
@@ -755,7 +756,7 @@ async def test_unprepare_of_an_unrecorded_claim_removes_what_is_left_under_its_u
     assert rig.cdi_files() == set()
 
 
-async def _unreachable(uids: object = None) -> list[dict[str, Any]]:
+async def _unreachable(uids: object = None) -> list[Json]:
     raise ConnectionError("connection refused")
 
 
@@ -775,7 +776,7 @@ async def test_a_missing_record_with_cdi_specs_on_the_node_is_rebuilt_not_wiped(
     asked: list[object] = []
     listed = rig.store.list_claims
 
-    async def recording(uids: Any = None) -> list[dict[str, Any]]:
+    async def recording(uids: Any = None) -> list[Json]:
         asked.append(None if uids is None else set(uids))
         return await listed(uids)
 

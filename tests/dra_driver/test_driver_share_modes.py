@@ -11,7 +11,6 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -24,6 +23,7 @@ from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claims import share_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.mps import pinned_limit_shown
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
@@ -88,7 +88,7 @@ class Node:
 
     def claim(self, name: str, **requests: str) -> ClaimRef:
         """Create and allocate a one-GPU claim asking for these capacities."""
-        exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+        exactly: Json = {"deviceClassName": "gpu.nvidia.com"}
         if requests:
             exactly["capacity"] = {"requests": requests}
         obj = {

@@ -17,6 +17,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.k8s import make_client
 from gpuslice.k8s.dra import DraApi
 from gpuslice.ports import DraConflict, DraObjectNotFound
@@ -46,18 +47,18 @@ def dra(client: AsyncClient) -> DraApi:
     return DraApi(client, "n1", DRIVER)
 
 
-def device_class(body: dict[str, Any]) -> DeviceClass:
+def device_class(body: Json) -> DeviceClass:
     """A DeviceClass from its JSON (lightkube types `from_dict` loosely)."""
     return cast(DeviceClass, DeviceClass.from_dict(body))
 
 
-def status_of(body: dict[str, Any]) -> Any:
+def status_of(body: Json) -> Any:
     """The claim's status subresource from its JSON (lightkube's `ResourceClaim.Status` is a
     class attribute, which mypy cannot name as a type)."""
     return ResourceClaim.Status.from_dict(body)
 
 
-def slice_obj(node: str, driver: str = DRIVER) -> dict[str, Any]:
+def slice_obj(node: str, driver: str = DRIVER) -> Json:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -138,7 +139,7 @@ async def test_a_claim_recreated_under_the_same_name_has_a_new_uid(
     api: FakeApiServer, dra: DraApi
 ) -> None:
     """The driver tells a replaced claim from the one it prepared by UID."""
-    body: dict[str, Any] = {"metadata": {"name": "c1", "namespace": "ml"}, "spec": {"devices": {}}}
+    body: Json = {"metadata": {"name": "c1", "namespace": "ml"}, "spec": {"devices": {}}}
     first = api.add_claim(body)
     assert "uid" not in body["metadata"]  # the caller's object is not written into
     api.delete_claim("ml", "c1")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
 from click.testing import CliRunner
 
 from gpuslice.cli.main import main
+from gpuslice.core.jsontypes import Json
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs/schemas/describe-claims.schema.json").read_text("utf-8"))
@@ -27,7 +27,7 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def as_json(*args: str) -> tuple[int, dict[str, Any]]:
+def as_json(*args: str) -> tuple[int, Json]:
     code, out, err = run(*args, "-o", "json")
     assert err == ""
     doc = json.loads(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.core.dra.health import device_health
+from gpuslice.core.jsontypes import Json
 from gpuslice.demo.dra_scenario import NAMESPACE, NODE_NAME, _add_and_allocate, _prepare
 from gpuslice.demo.dra_scenario import _running_dra_node as running
 from gpuslice.demo.dynmig_scene import DYNAMIC_CONFIG, profile_claim
@@ -19,7 +20,7 @@ XID_CONTAINED_ECC = 94
 """A contained ECC error: NVML scopes it to the GPU instance it hit."""
 
 
-def device(slices: list[dict[str, Any]], name: str) -> dict[str, Any]:
+def device(slices: list[Json], name: str) -> Json:
     return next(d for s in slices for d in s["spec"].get("devices") or () if d["name"] == name)
 
 

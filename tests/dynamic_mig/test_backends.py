@@ -15,6 +15,7 @@ from gpuslice.backends import nvml_mig, open_backend
 from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.backends.simulated.control import ControlDir
 from gpuslice.core.gpumodels import H100_80GB_MIG, H200_MIG
+from gpuslice.core.jsontypes import Json
 from gpuslice.ports import BackendError, MigGone, MigNotOurs
 
 
@@ -133,7 +134,7 @@ class FakeNvml:
     }  # fmt: skip
 
     def __init__(self, fail_ci: bool = False) -> None:
-        self.gis: dict[int, dict[str, Any]] = {}
+        self.gis: dict[int, Json] = {}
         self.fail_ci = fail_ci
         self.calls: list[str] = []
 

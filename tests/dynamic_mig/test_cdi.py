@@ -5,7 +5,6 @@ publisher's functions give once gpuslice created the instance."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.partitions import dynamic_gpu, dynamic_gpus, node_devices
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.publish import DraDevice, dra_devices
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import numbered_minors
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.testing.cdirun import inject
@@ -87,7 +87,7 @@ async def test_nvidias_mps_config_applies_to_a_created_mig_device(tmp_path: Path
         "kind": "MigDeviceConfig",
         "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
     }
-    allocation: dict[str, Any] = obj["status"]["allocation"]  # type: ignore[index]
+    allocation: Json = obj["status"]["allocation"]  # type: ignore[index]
     allocation["devices"]["config"] = [
         {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
     ]

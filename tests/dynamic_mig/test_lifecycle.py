@@ -18,8 +18,9 @@ from gpuslice.backends import open_backend
 from gpuslice.backends.simulated import SimulatedBackend
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.claims import ClaimError
-from gpuslice.core.dra.migrecord import decode
+from gpuslice.core.dra.migrecord import FORMAT, VERSION, decode
 from gpuslice.core.dra.partitions import Partition, partitions
+from gpuslice.core.dra.prepared import sealed
 from gpuslice.host.checkpoint_file import CheckpointFile
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -254,3 +255,16 @@ async def test_a_refused_creation_leaves_no_record(
         await dyn.materialize(UID, part(backend))
     assert on_disk(tmp_path) == []
     assert not plain.inventory().gpus[0].mig_enabled
+
+
+@pytest.mark.parametrize("data", [{}, {"records": None}, {"records": []}], ids=str)
+def test_a_record_without_records_holds_none(data: dict[str, object]) -> None:
+    decoded = decode(sealed(data, FORMAT, VERSION), BOOT)
+    assert (decoded.status, decoded.journal.records) == ("ok", ())
+
+
+@pytest.mark.parametrize("records", [{"a": 1}, "abc", 5], ids=str)
+def test_records_that_are_no_list_are_a_corrupt_file(records: object) -> None:
+    decoded = decode(sealed({"records": records}, FORMAT, VERSION), BOOT)
+    assert decoded.status == "corrupt"
+    assert decoded.reason == "TypeError: records is not a list"

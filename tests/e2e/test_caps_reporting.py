@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.envtest import free_port
@@ -115,15 +115,15 @@ async def _daemon(
             c.wait()
 
 
-def _status(port: int) -> dict[str, Any]:
+def _status(port: int) -> Json:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
-        doc: dict[str, Any] = json.loads(response.read())
+        doc: Json = json.loads(response.read())
     return doc
 
 
-async def _pods_listed(port: int) -> dict[str, Any]:
+async def _pods_listed(port: int) -> Json:
     """`/status` once both pods are attributed (their processes seen in a snapshot)."""
-    got: list[dict[str, Any]] = [{}]
+    got: list[Json] = [{}]
 
     async def both() -> bool:
         got[0] = await asyncio.to_thread(_status, port)

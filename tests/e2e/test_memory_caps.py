@@ -17,10 +17,10 @@ import os
 import signal
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.testing.apiserver import running_apiserver
 from gpuslice.testing.envtest import free_port
@@ -55,7 +55,7 @@ def _scope(root: Path, uid: str, cid: str) -> str:
 
 async def _run(
     sock_dir: Path, driver: str, leak: str = "held", events: list[str] | None = None
-) -> tuple[str, int | None, dict[str, Any]]:
+) -> tuple[str, int | None, Json]:
     """(the last scrape, the leaker's return code or None while it runs, `/status`).
     `leak`: `held` (28000 MiB in its cgroup, whatever its limits) or `grows` (a growing
     process in its cgroup, which fails its own allocation at its hard limit)."""
@@ -127,9 +127,9 @@ async def _run(
             c.wait()
 
 
-def _status(port: int) -> dict[str, Any]:
+def _status(port: int) -> Json:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
-        doc: dict[str, Any] = json.loads(response.read())
+        doc: Json = json.loads(response.read())
     return doc
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
 from gpuslice.cli.top import DaemonUnreachable, fetch_status
+from gpuslice.core.jsontypes import Json
 from gpuslice.metrics.top import render_status
 from gpuslice.testing.daemon import DaemonProcess
 from gpuslice.testing.envtest import free_port
@@ -57,8 +57,8 @@ def agent(workdir: Path, port: int, control: str) -> DaemonProcess:
     )
 
 
-async def status_when(port: int, daemon: DaemonProcess, state: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
+async def status_when(port: int, daemon: DaemonProcess, state: str) -> Json:
+    found: list[Json] = []
 
     async def reached() -> bool:
         try:
@@ -72,7 +72,7 @@ async def status_when(port: int, daemon: DaemonProcess, state: str) -> dict[str,
     return found[0]
 
 
-def shown(doc: dict[str, Any]) -> str:
+def shown(doc: Json) -> str:
     console = Console(width=200, record=True, color_system=None)
     console.print(render_status(doc))
     return console.export_text()

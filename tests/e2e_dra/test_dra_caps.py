@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.podresources import PodResourcesEmulator
 from gpuslice.podresources.claims import ClaimBooks, ClaimDevice
 from gpuslice.testing.apiserver import FakeApiServer
@@ -26,7 +26,7 @@ SHARE_MIB = 46068 // 4
 
 async def _spec(
     sock_dir: Path, api: FakeApiServer, driver: str, hook_there: bool
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[Json], dict[str, str]]:
     """The claim's device's hooks and environment, as its CDI spec gives them."""
     cgroups = sock_dir / "cgroup"
     cgroups.mkdir()
@@ -145,7 +145,7 @@ async def test_a_gpu_whose_limit_calls_fail_gets_no_hook_until_they_work(
         PodResourcesEmulator(pr_socket, claims=books),
     ):
 
-        async def prepared(name: str) -> tuple[list[dict[str, Any]], list[str]]:
+        async def prepared(name: str) -> tuple[list[Json], list[str]]:
             claim = claim_obj(name, [request("gpu")])
             claim["metadata"]["namespace"] = "ml"
             ref = node.allocate(claim, pod_uid=uid if name == "first" else f"pod-{name}")

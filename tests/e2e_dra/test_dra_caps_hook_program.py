@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e.guard_support import CONFIG
 from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent caps only a
 HOST_PATH = "/usr/bin/nvidia-cdi-hook"
 
 
-def _hooks(node: Any, uid: str) -> list[dict[str, Any]]:
+def _hooks(node: Any, uid: str) -> list[Json]:
     [device] = node.cdi_spec(uid)["devices"]
     return list(device["containerEdits"].get("hooks", []))
 
@@ -48,7 +49,7 @@ async def test_the_hook_follows_the_program_appearing_and_going(
         sock_dir, api, node=str(node_file), config=CONFIG, args=args
     ) as node:
 
-        async def prepared(name: str) -> list[dict[str, Any]]:
+        async def prepared(name: str) -> list[Json]:
             ref = node.allocate(claim_obj(name, [request("gpu")]))
             result = (await node.prepare(ref))[ref.uid]
             assert not result.error

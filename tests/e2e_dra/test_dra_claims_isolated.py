@@ -14,13 +14,13 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
 from gpuslice.core.dra.claims import claim_daemon_key
 from gpuslice.core.dra.kubelet_api import ClaimRef
+from gpuslice.core.jsontypes import Json
 from gpuslice.dra.convert import claims_to_v1
 from gpuslice.dra.rpc import DraClientV1, unix_target
 from gpuslice.emulator.fake_mps_control import HOLD_ENV
@@ -51,9 +51,9 @@ def _pid_file(daemon_dir: Path) -> Path:
     return daemon_dir / "pipe" / "nvidia-cuda-mps-control.pid"
 
 
-def _recorded(node: DraNode) -> dict[str, Any]:
+def _recorded(node: DraNode) -> Json:
     doc = json.loads((node.plugin_dir / "gpuslice-checkpoint.json").read_text("utf-8"))
-    claims: dict[str, Any] = doc["data"]["claims"]
+    claims: Json = doc["data"]["claims"]
     return claims
 
 

@@ -8,10 +8,10 @@ import ctypes
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e_dra.dra_node import (
     DRIVER,
@@ -28,13 +28,13 @@ MS_BIND, MS_SHARED, MNT_DETACH = 0x1000, 0x100000, 0x2
 MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 
 
-def _device_edits(spec: dict[str, Any], device: str) -> dict[str, Any]:
+def _device_edits(spec: Json, device: str) -> Json:
     entry = next(d for d in spec["devices"] if d["name"].endswith(f"-{device}"))
-    edits: dict[str, Any] = entry["containerEdits"]
+    edits: Json = entry["containerEdits"]
     return edits
 
 
-def _env(spec: dict[str, Any], device: str) -> dict[str, str]:
+def _env(spec: Json, device: str) -> dict[str, str]:
     return dict(e.split("=", 1) for e in _device_edits(spec, device)["env"])
 
 

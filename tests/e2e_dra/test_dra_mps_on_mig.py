@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e_dra.dra_node import DRIVER, DraNode, claim_obj, opaque, request, running_dra_node
 
@@ -17,10 +17,10 @@ MIG_NODE = "sim:1xa100-40gb/mig=3g.20gb*1+2g.10gb*1+1g.5gb*2"
 DEVICE = "gpu-0-mig-2g10gb-14-2"
 
 
-def _edits(node: DraNode, claim_uid: str, device: str) -> dict[str, Any]:
+def _edits(node: DraNode, claim_uid: str, device: str) -> Json:
     spec = node.cdi_spec(claim_uid)
     entry = next(d for d in spec["devices"] if d["name"].endswith(f"-{device}"))
-    edits: dict[str, Any] = entry["containerEdits"]
+    edits: Json = entry["containerEdits"]
     return edits
 
 

@@ -6,8 +6,8 @@ share claim with its SM-time fraction and no memory limit."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing.apiserver import FakeApiServer
 from tests.e2e_dra.dra_node import claim_obj, request, running_dra_node
 
@@ -17,7 +17,7 @@ TS4 = (
 )
 
 
-def _env(spec: dict[str, Any]) -> dict[str, str]:
+def _env(spec: Json) -> dict[str, str]:
     (entry,) = spec["devices"]
     return dict(e.split("=", 1) for e in entry["containerEdits"]["env"])
 

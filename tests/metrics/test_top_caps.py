@@ -8,12 +8,13 @@ from typing import Any
 
 from rich.console import Console
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.metrics.top import render_status
 
 MIB = 1024 * 1024
 
 
-def _pod(name: str, **caps: Any) -> dict[str, Any]:
+def _pod(name: str, **caps: Any) -> Json:
     return {
         "namespace": "ml", "pod": name, "container": "main", "gpu_index": 0,
         "gpu_uuid": "GPU-a", "resources": ["nvidia.com/gpu"], "claims": [],
@@ -26,13 +27,13 @@ def _pod(name: str, **caps: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _text(doc: dict[str, Any]) -> str:
+def _text(doc: Json) -> str:
     console = Console(width=250, record=True, color_system=None)
     console.print(render_status(doc, now=0.0))
     return console.export_text()
 
 
-def _gpu(protection: str, reason: str | None) -> dict[str, Any]:
+def _gpu(protection: str, reason: str | None) -> Json:
     return {
         "index": 0, "uuid": "GPU-a", "model": "NVIDIA L40S", "memory_total_mib": 46068,
         "memory_used_mib": 15000, "gpu_util_percent": 10, "temperature_c": 40,

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from lightkube import ApiError, AsyncClient
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.k8s import (
     AgentPod,
     NodeEvents,
@@ -45,7 +46,7 @@ def _ok(plane: envtest.ControlPlane, *args: str, stdin: str | None = None) -> st
     return done.stdout
 
 
-def _create(plane: envtest.ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
+def _create(plane: envtest.ControlPlane, obj: Json) -> Json:
     out = _ok(plane, "create", "--validate=false", "-o", "json", "-f", "-", stdin=json.dumps(obj))
     return dict(json.loads(out))
 
@@ -64,7 +65,7 @@ def installed(
         memoryGuard={"mode": "enforce", "action": "evict"},
     )
     assert result.ok, result.problems
-    manifests: list[dict[str, Any]] = list(result.manifests)
+    manifests: list[Json] = list(result.manifests)
     [account] = [m for m in manifests if m["kind"] == "ServiceAccount"]
     namespace, name = account["metadata"]["namespace"], account["metadata"]["name"]
     control_plane.kubectl("create", "namespace", namespace)
@@ -132,7 +133,7 @@ def as_agent(
     return "" if done.returncode == 0 else done.stderr
 
 
-def a_slice(name: str, node: str, driver: str) -> dict[str, Any]:
+def a_slice(name: str, node: str, driver: str) -> Json:
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": name},
@@ -151,12 +152,12 @@ async def agent(installed: dict[str, str]) -> AsyncIterator[AsyncClient]:
         await client.close()
 
 
-def node_meta(plane: envtest.ControlPlane, node: str) -> dict[str, Any]:
+def node_meta(plane: envtest.ControlPlane, node: str) -> Json:
     got = json.loads(_ok(plane, "get", "node", node, "-o", "json", "--show-managed-fields"))
     return dict(got["metadata"])
 
 
-def owners_but_agent(meta: dict[str, Any]) -> list[dict[str, Any]]:
+def owners_but_agent(meta: Json) -> list[Json]:
     return [e for e in meta.get("managedFields", []) if e["manager"] != "gpuslice"]
 
 

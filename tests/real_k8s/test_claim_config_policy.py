@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest
 
 DRIVER = "gpu.nvidia.com"
@@ -25,7 +26,7 @@ NAMESPACE = "claim-configs"
 GPU_CONFIG = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}'
 
 
-def _policy_manifests(**dra: Any) -> list[dict[str, Any]]:
+def _policy_manifests(**dra: Any) -> list[Json]:
     from tests.chart.chart_support import (
         render,  # the chart tests' Helm rendering (skips without Helm)
     )
@@ -39,7 +40,7 @@ def _policy_manifests(**dra: Any) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _generated_policy(kinds: Sequence[Any]) -> list[dict[str, Any]]:
+def _generated_policy(kinds: Sequence[Any]) -> list[Json]:
     """The policy and binding of a copy of the chart whose template is generated for `kinds`
     (`scripts/gen-claim-policy` writes the registry's into the chart itself)."""
     from gpuslice.core.dra.opaque.admission import TEMPLATE, policy_template
@@ -59,7 +60,7 @@ def _generated_policy(kinds: Sequence[Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _install(plane: envtest.ControlPlane, manifests: list[dict[str, Any]], probe: str,
+def _install(plane: envtest.ControlPlane, manifests: list[Json], probe: str,
              refused: bool) -> None:  # fmt: skip
     """Apply (replacing a policy of the same name) and wait until the API server, which
     loads a policy asynchronously, gives the probe document the verdict wanted."""
@@ -73,7 +74,7 @@ def _install(plane: envtest.ControlPlane, manifests: list[dict[str, Any]], probe
         time.sleep(0.2)
 
 
-def _spec(raws: list[str], driver: str = DRIVER) -> dict[str, Any]:
+def _spec(raws: list[str], driver: str = DRIVER) -> Json:
     return {"devices": {
         "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
         "config": [{"opaque": {"driver": driver, "parameters": f"@@{i}@@"}}

@@ -25,11 +25,11 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest, realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode
 
@@ -117,7 +117,7 @@ def start_dra(real_node: RealNode, work: Path, driver: str) -> DraAgent:
     return running
 
 
-def shared_claim(name: str) -> dict[str, Any]:
+def shared_claim(name: str) -> Json:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",

@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.core.jsontypes import Json
 from tests.real_node.test_chart_on_a_real_kubelet import (
     CONFIG_NAME,
     Deployment,
@@ -43,7 +43,7 @@ CAP_SYS_ADMIN = 21
 NODE_FILE = 'driverVersion: "615.20"\ngpus:\n  - model: a100-40gb\n    count: 2\n'
 
 
-def _caps_values(deployed: Deployment) -> dict[str, Any]:
+def _caps_values(deployed: Deployment) -> Json:
     """The release's values with caps on, the simulated node read from a file the agent
     sees: the MPS root is a host directory mounted at its own path."""
     (deployed.work / "mps").mkdir(exist_ok=True)
@@ -64,8 +64,8 @@ def _get(deployed: Deployment, path: str) -> str:
         return str(response.read().decode())
 
 
-def _status(deployed: Deployment) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(_get(deployed, "/status"))
+def _status(deployed: Deployment) -> Json:
+    doc: Json = json.loads(_get(deployed, "/status"))
     return doc
 
 

@@ -15,12 +15,12 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.backends.simulated.control import ControlDir
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import envtest, realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
@@ -84,7 +84,7 @@ def plugin(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
         running.stop(NAMESPACE)
 
 
-def run_pod(plugin: Plugin, name: str, script: str, gpus: int = 1) -> dict[str, Any]:
+def run_pod(plugin: Plugin, name: str, script: str, gpus: int = 1) -> Json:
     manifest = realnode.pod(
         name, NAMESPACE, script, node=plugin.node.name, limits={"nvidia.com/gpu": str(gpus)}
     )

@@ -12,10 +12,10 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.testing import realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode, sim_uuids
 
@@ -41,7 +41,7 @@ NULL_DEVICE = os.makedev(1, 3)
 class Driver(AgentProcess):
     uuids: list[str]
 
-    def slices(self) -> list[dict[str, Any]]:
+    def slices(self) -> list[Json]:
         got = self.node.plane.kubectl(
             "get", "resourceslices", "-o", "json",
             f"--field-selector=spec.nodeName={self.node.name},spec.driver={DRIVER}",
@@ -101,7 +101,7 @@ def _registered(driver: Driver, times: int) -> Callable[[], bool]:
     return lambda: driver.log_path.read_text().count("event=dra-registered") >= times
 
 
-def claim(name: str) -> dict[str, Any]:
+def claim(name: str) -> Json:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -118,14 +118,14 @@ SCRIPT = (
 )
 
 
-def run_claim_pod(driver: Driver, name: str) -> dict[str, Any]:
+def run_claim_pod(driver: Driver, name: str) -> Json:
     driver.node.create(claim(name))
     manifest = realnode.pod(name, NAMESPACE, SCRIPT, claims={"gpu": name})
     manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": driver.node.name}
     return driver.run_pod(manifest, started=lambda log: "char:" in log)
 
 
-def allocated_claim(driver: Driver, name: str) -> dict[str, Any]:
+def allocated_claim(driver: Driver, name: str) -> Json:
     got = driver.node.plane.kubectl("get", "resourceclaim", name, "-n", NAMESPACE, "-o", "json")
     assert got.returncode == 0, got.stderr
     return dict(json.loads(got.stdout))

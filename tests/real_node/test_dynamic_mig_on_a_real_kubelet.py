@@ -14,11 +14,11 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.migcaps import numbered_minors
 from gpuslice.testing import realnode
 from gpuslice.testing.realnode import AgentProcess, RealNode
@@ -98,7 +98,7 @@ def driver(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
         agent.stop(NAMESPACE)
 
 
-def slices(agent: AgentProcess) -> list[dict[str, Any]]:
+def slices(agent: AgentProcess) -> list[Json]:
     got = agent.node.plane.kubectl(
         "get", "resourceslices", "-o", "json",
         f"--field-selector=spec.nodeName={agent.node.name},spec.driver={DRIVER}",
@@ -107,7 +107,7 @@ def slices(agent: AgentProcess) -> list[dict[str, Any]]:
     return list(json.loads(got.stdout)["items"])
 
 
-def record(agent: AgentProcess) -> list[dict[str, Any]]:
+def record(agent: AgentProcess) -> list[Json]:
     path = agent.node.plugin_dir(DRIVER) / JOURNAL_NAME
     return list(json.loads(path.read_text())["data"]["records"])
 

@@ -46,6 +46,7 @@ from gpuslice.core.dra.publish import (
     taints,
     unmonitored_taints,
 )
+from gpuslice.core.dra.resource_slice import StoredSlice, stored_devices
 from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 from gpuslice.ports import DraConflict, DraExpired, DraObjectNotFound, DraObjects, SliceEvent
@@ -257,29 +258,24 @@ class SlicePublisher:
         partitions could then be allocated together, so dynamic MIG is withdrawn (its GPUs
         publish the instances they hold, as static ones) and the pool republished."""
         for obj in written:
-            for device in (obj.get("spec") or {}).get("devices") or []:
-                if (
-                    self.partitionable
-                    and _is_partition(device)
-                    and "consumesCounters" not in device
-                ):
+            for device in stored_devices(obj):
+                if self.partitionable and device.partition and not device.consumes_counters:
                     self.partitionable = False
                     self._moved.set()
                     log.error(
                         "dra-counters-dropped",
-                        device=device.get("name"),
+                        device=device.name,
                         message="the API server dropped consumesCounters "
                         "(DRAPartitionableDevices is off): dynamic MIG is withdrawn, its GPUs "
                         "publish the MIG devices they hold",
                     )
                     break
         for obj in written:
-            for device in (obj.get("spec") or {}).get("devices") or []:
-                capacity = device.get("capacity") or {}
-                if "shares" in capacity and not device.get("allowMultipleAllocations"):
+            for device in stored_devices(obj):
+                if device.offers_shares and not device.multiple_allocations:
                     log.warning(
                         "dra-shares-dropped",
-                        device=device.get("name"),
+                        device=device.name,
                         message="the API server dropped allowMultipleAllocations "
                         "(DRAConsumableCapacity is off): shared GPUs are offered whole",
                     )
@@ -359,7 +355,7 @@ class SlicePublisher:
         mirror = self._mirror
         if mirror is None or event.kind not in ("ADDED", "MODIFIED", "DELETED"):
             return False
-        name = str((event.obj.get("metadata") or {}).get("name") or "")
+        name = StoredSlice.read(event.obj).name
         if event.kind == "DELETED":
             return mirror.pop(name, None) is not None
         old = mirror.get(name)
@@ -384,12 +380,6 @@ async def _next_change(
     await first_of(*waits, within_s=retry_s)
 
 
-def _is_partition(device: Json) -> bool:
-    """A dynamic MIG partition as published: a MIG device without a `uuid` attribute."""
-    attributes = device.get("attributes") or {}
-    return (attributes.get("type") or {}).get("string") == "mig" and "uuid" not in attributes
-
-
 def _refuses_effect_none(exc: Exception) -> bool:
     """The API server's answer to a taint effect it does not know (`Unsupported value:
     "None"`, HTTP 422), as a server before 1.35 gives it."""
@@ -412,20 +402,11 @@ def _since(since: Mapping[str, str], device: DraDevice) -> str:
 
 
 def _identity(objs: list[Json]) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        sorted(
-            (
-                str(o.get("metadata", {}).get("name")),
-                str(o.get("metadata", {}).get("resourceVersion")),
-            )
-            for o in objs
-        )
-    )
+    return tuple(sorted((s.name, s.resource_version) for s in map(StoredSlice.read, objs)))
 
 
 def _generation(objs: list[Json]) -> int | None:
-    for o in objs:
-        pool = (o.get("spec") or {}).get("pool") or {}
-        if "generation" in pool:
-            return int(pool["generation"])
+    for s in map(StoredSlice.read, objs):
+        if s.generation is not None:
+            return s.generation
     return None

@@ -43,12 +43,12 @@ def _unquote(value: str) -> str:
     return value
 
 
-def split_legacy(message: str) -> dict[str, Any] | None:
+def split_legacy(message: str) -> dict[str, str] | None:
     """`event=x a=1 b='two words': tail` -> {"event": "x", "a": "1", "b": "two words",
     "message": "tail"}; None when the message does not start with `event=`."""
     if not message.startswith("event="):
         return None
-    fields: dict[str, Any] = {}
+    fields: dict[str, str] = {}
     pos = 0
     while True:
         while pos < len(message) and message[pos] == " ":

@@ -45,7 +45,7 @@ class DaemonUnreachable(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def fetch_status(url: str) -> dict[str, Any]:
+def fetch_status(url: str) -> Json:
     where = url.rstrip("/") + "/status"
     try:
         with urllib.request.urlopen(where, timeout=TIMEOUT_S) as resp:

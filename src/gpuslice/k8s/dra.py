@@ -22,6 +22,7 @@ from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from gpuslice.core.dra import resource_claim
 from gpuslice.core.dra.claim_list import read_page
 from gpuslice.core.jsontypes import Json
 from gpuslice.k8s.streams import list_from_cache, list_page, watch_from
@@ -117,7 +118,7 @@ class DraApi:
                 self.largest_page_read = max(self.largest_page_read, len(body))
                 page = read_page(body.decode("utf-8", errors="replace"))
                 for claim in page.items:
-                    uid = (claim.get("metadata") or {}).get("uid")
+                    uid = resource_claim.ResourceClaim.read(claim).uid
                     if wanted is None or uid in wanted:
                         kept.append(claim)
                 for bad in page.unreadable:

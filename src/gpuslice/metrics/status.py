@@ -7,8 +7,6 @@ the same snapshot `/metrics` serves, so the two never disagree.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuslice import __version__
 from gpuslice.core.caps import LIMIT_MAX, CapsView
 from gpuslice.core.dra.claimplan import CLAIM_PREFIX
@@ -21,10 +19,10 @@ STATUS_VERSION = 1
 ASSIGNMENTS_PROBLEM = "pod assignments unavailable"
 
 
-def _resources(plan: Plan | None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _resources(plan: Plan | None) -> list[Json]:
+    out: list[Json] = []
     for res in () if plan is None else plan.resources:
-        replicas: dict[str, dict[str, Any]] = {}
+        replicas: dict[str, Json] = {}
         for dev in res.devices:
             entry = replicas.setdefault(
                 dev.physical.uuid,
@@ -67,15 +65,15 @@ def build_status(
     ready: tuple[bool, str],
     caps: CapsView | None = None,
     mps_daemons: list[Json] | None = None,
-) -> dict[str, Any]:
+) -> Json:
     """The JSON document of `/status` (version 1; fields are only ever added).
 
     `mps_daemons` (`resource`, `state`: ready|starting|down, `problem`): a daemon that is
     down is also a warning, so an agent that cannot run MPS (no privilege, no driver) does
     not look like one serving it."""
-    pods: list[dict[str, Any]] = []
-    gpus: list[dict[str, Any]] = []
-    unattributed: list[dict[str, Any]] = []
+    pods: list[Json] = []
+    gpus: list[Json] = []
+    unattributed: list[Json] = []
     problems: list[str] = []
     if snapshot is not None:
         problems = list(snapshot.problems)

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from gpuslice.core.advise import POD_MEMORY, AdviseError, RawSeries
 from gpuslice.core.advise.history import MAX_GRID_POINTS
+from gpuslice.core.units import MIB
 
 MAX_POINTS = 11_000
 """Prometheus's limit on points per series in one `query_range` answer."""
@@ -368,7 +369,7 @@ class _TooLarge(Exception):
 
 def _too_large(where: str) -> AdviseError:
     return AdviseError(
-        f"{where} sent an answer over {MAX_BODY_BYTES // (1024 * 1024)} MiB "
+        f"{where} sent an answer over {MAX_BODY_BYTES // MIB} MiB "
         f"({MAX_BODY_BYTES} bytes, the most advise reads): narrow --since or raise --step"
     )
 

@@ -15,6 +15,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from gpuslice.core.advise import SERIES_READ, AdviseError, RawSeries
+from gpuslice.core.units import MIB
 from gpuslice.prometheus.client import MAX_ANSWER_SAMPLES, MAX_BODY_BYTES, MAX_SAMPLES, MAX_SERIES
 
 MAX_FILE_BYTES = MAX_BODY_BYTES
@@ -26,7 +27,7 @@ belong in Prometheus, which `advise` reads in chunks."""
 def file_too_large(source: str, size: int, limit: int = MAX_FILE_BYTES) -> AdviseError:
     """The one error for a samples file over the bound, worded as Prometheus's."""
     return AdviseError(
-        f"{source}: {size:,} bytes, over {limit // (1024 * 1024)} MiB ({limit} bytes, the "
+        f"{source}: {size:,} bytes, over {limit // MIB} MiB ({limit} bytes, the "
         "most advise reads from a file, as from one Prometheus answer): give the history "
         "through --prometheus, which advise reads in chunks, or cut the file"
     )

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.core.dra.prepared import sealed
+from gpuslice.core.jsontypes import Json
 
 UID = "6f1c2b3a-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 
 
-def _claim(**over: Any) -> dict[str, Any]:
-    claim: dict[str, Any] = {
+def _claim(**over: Any) -> Json:
+    claim: Json = {
         "namespace": "team-a",
         "name": "pod-1-gpu",
         "state": "PrepareCompleted",
@@ -31,11 +32,11 @@ def _claim(**over: Any) -> dict[str, Any]:
     return claim
 
 
-def _data(uid: str = UID, **over: Any) -> dict[str, Any]:
+def _data(uid: str = UID, **over: Any) -> Json:
     return {"bootID": "", "claims": {uid: _claim(**over)}}
 
 
-def _sealed_text(data: dict[str, Any], literal: tuple[str, str] | None = None) -> bytes:
+def _sealed_text(data: Json, literal: tuple[str, str] | None = None) -> bytes:
     """`data` sealed; `literal` swaps a token in the text after sealing (a number JSON can
     write but Python's encoder would not write that way, such as `1e400`)."""
     raw = sealed(data)

@@ -20,7 +20,8 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from gpuslice.core.jsontypes import Json
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = ROOT / "scripts" / "build-image"
@@ -100,9 +101,9 @@ class Buildah:
         )
 
     def inspect(self, image: str) -> ImageConfig:
-        data: dict[str, Any] = json.loads(self("inspect", "--type", "image", image))
-        config: dict[str, Any] = data["OCIv1"].get("config") or {}
-        manifest: dict[str, Any] = json.loads(data["Manifest"])
+        data: Json = json.loads(self("inspect", "--type", "image", image))
+        config: Json = data["OCIv1"].get("config") or {}
+        manifest: Json = json.loads(data["Manifest"])
         return ImageConfig(
             user=config.get("User", ""),
             entrypoint=tuple(config.get("Entrypoint") or ()),
@@ -161,7 +162,7 @@ def write_bundle(
     bundle.mkdir(parents=True, exist_ok=True)
     subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True, capture_output=True)
     spec_path = bundle / "config.json"
-    spec: dict[str, Any] = json.loads(spec_path.read_text())
+    spec: Json = json.loads(spec_path.read_text())
     uid, gid = config.numeric_user()
     environment = list(config.env)
     if not any(e.startswith("HOME=") for e in environment):

@@ -324,13 +324,13 @@ class _Device:
         """The CEL variable `device` (built once per `allocate` call)."""
         if self._view is None:
             driver = self.key[0]
-            attrs: dict[str, dict[str, Any]] = {}
+            attrs: dict[str, Json] = {}
             for name, value in (self.spec.get("attributes") or {}).items():
                 domain, ident = _qualified(name, driver)
                 converted = _cel_value(value) if isinstance(value, dict) else None
                 if converted is not None:
                     attrs.setdefault(domain, {})[ident] = converted
-            caps: dict[str, dict[str, Any]] = {}
+            caps: dict[str, Json] = {}
             for (domain, ident), (_name, quantity) in self.capacity.items():
                 caps.setdefault(domain, {})[ident] = quantity
             self._view = celtypes.MapType(

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from gpuslice.backends.simulated.control import done, reject, take_commands
 from gpuslice.backends.simulated.memory import Allocation, GpuMemoryModel, OomDeath
@@ -458,7 +457,7 @@ class SimulatedBackend:
                 raise BackendError(f"{label}: expected 0..100, got {pct}")
         with self._lock:
             load = self._load[gpu.uuid]
-            changes: dict[str, Any] = {
+            changes: Json = {
                 k: v
                 for k, v in (
                     ("gpu_util_percent", gpu_util_percent),
@@ -572,7 +571,7 @@ class SimulatedBackend:
                 else:
                     done(path)
 
-    def _apply(self, command: dict[str, Any]) -> None:
+    def _apply(self, command: Json) -> None:
         kind = command["kind"]
         if kind == "remove_process":
             self.remove_process(_int(command, "pid"))
@@ -668,14 +667,14 @@ def _driver_branch(version: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def _bool(command: dict[str, Any], key: str) -> bool:
+def _bool(command: Json, key: str) -> bool:
     value = command.get(key)
     if not isinstance(value, bool):
         raise BackendError(f"{key}: expected true or false, got {value!r}")
     return value
 
 
-def _opt_str(command: dict[str, Any], key: str) -> str | None:
+def _opt_str(command: Json, key: str) -> str | None:
     value = command.get(key)
     if value is not None and not isinstance(value, str):
         raise BackendError(f"{key}: expected a string, got {value!r}")
@@ -689,25 +688,25 @@ def _str(command: Json, key: str) -> str:
     return value
 
 
-def _int(command: dict[str, Any], key: str) -> int:
+def _int(command: Json, key: str) -> int:
     value = command.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise BackendError(f"{key}: expected a whole number, got {value!r}")
     return value
 
 
-def _number(command: dict[str, Any], key: str) -> float:
+def _number(command: Json, key: str) -> float:
     value = command.get(key, 0) or 0
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise BackendError(f"{key}: expected a number >= 0, got {value!r}")
     return float(value)
 
 
-def _opt_int(command: dict[str, Any], key: str) -> int | None:
+def _opt_int(command: Json, key: str) -> int | None:
     return None if command.get(key) is None else _int(command, key)
 
 
-def _ref(command: dict[str, Any], key: str) -> str | int:
+def _ref(command: Json, key: str) -> str | int:
     value = command.get(key)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise BackendError(f"{key}: expected an index or a UUID, got {value!r}")

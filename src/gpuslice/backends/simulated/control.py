@@ -62,6 +62,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuslice.core.jsontypes import Json
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -213,7 +214,7 @@ class ControlDir:
         return sorted(self.events.glob("*.rejected"))
 
 
-def take_commands(events_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+def take_commands(events_dir: Path) -> list[tuple[Path, Json]]:
     """Read every waiting command, oldest first, rejecting unreadable ones.
 
     The caller deletes each file once applied (`done`) or rejects it; calls are serialised
@@ -223,7 +224,7 @@ def take_commands(events_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
         names = sorted(p for p in events_dir.iterdir() if p.suffix == ".json")
     except FileNotFoundError:
         return []
-    out: list[tuple[Path, dict[str, Any]]] = []
+    out: list[tuple[Path, Json]] = []
     for path in names:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

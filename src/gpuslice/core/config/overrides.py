@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Annotated, Any, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
 from gpuslice.core.config.problems import model_at, problems_from, unknown_key_message
 from gpuslice.core.config.schema import Config
 from gpuslice.core.errors import ConfigError, FieldProblem
+from gpuslice.core.jsontypes import Json
 
 
 class Override(NamedTuple):
@@ -114,7 +115,7 @@ def _split(path: str, item: object) -> tuple[object, str]:
     return item, NVIDIA_ORIGINS.get(path, "command line or environment")
 
 
-def _set(doc: dict[str, Any], path: str, value: object) -> None:
+def _set(doc: Json, path: str, value: object) -> None:
     *sections, key = path.split(".")
     node = doc
     for section in sections:
@@ -131,7 +132,7 @@ def apply_overrides(config: Config, overrides: Mapping[str, object]) -> Config:
     A value of None is no override. Strings are read as the environment spells them
     (`true`, `1`, comma-separated lists). Raises ConfigError naming the flag or variable.
     """
-    doc: dict[str, Any] = config.model_dump(by_alias=True)
+    doc: Json = config.model_dump(by_alias=True)
     origins: dict[str, str] = {}
     problems: list[FieldProblem] = []
     for path, item in overrides.items():

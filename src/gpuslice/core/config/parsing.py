@@ -29,6 +29,7 @@ from gpuslice.core.config.fields import show
 from gpuslice.core.config.problems import problems_from
 from gpuslice.core.config.schema import Config
 from gpuslice.core.errors import ConfigError, FieldProblem
+from gpuslice.core.jsontypes import Json
 
 
 class _DuplicateKey(Exception):
@@ -262,8 +263,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _json_pairs(pairs: list[tuple[str, Any]]) -> Json:
+    out: Json = {}
     for key, value in pairs:
         if key in out:
             raise _DuplicateKey(key, 0, 0)

@@ -9,7 +9,7 @@ Checks that need the node's GPUs (does device 3 exist?) are the plan's, not the 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -37,6 +37,7 @@ from gpuslice.core.config.fields import (
     show,
     sleep_interval,
 )
+from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.model import (
     AllocationPolicy,
     DeviceIdStrategy,
@@ -100,10 +101,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @model_serializer(mode="wrap")
-    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> Json:
         """Leave out fields that are None, as Go's `omitempty` pointers do in NVIDIA's dump, and
         give lists rather than tuples, so the dump goes straight into `yaml.safe_dump`."""
-        data: dict[str, Any] = handler(self)
+        data: Json = handler(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
 
 

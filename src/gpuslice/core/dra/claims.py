@@ -39,7 +39,7 @@ from gpuslice.core.dra.sharing import (
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName, SharingStrategy
-from gpuslice.core.units import quantity_mib
+from gpuslice.core.units import MIB, quantity_mib
 
 __all__ = [
     "CORES_CAPACITY",
@@ -231,7 +231,7 @@ def _share_use(
     mode = offer.mode if offer is not None else "replicas"
     replicas = offer.replicas if offer is not None and offer.counted else 1
     strategy = offer.strategy if offer is not None else SharingStrategy.TIME_SLICING
-    total_mib = device.capacity.get("memory", 0) // (1024 * 1024)
+    total_mib = device.capacity.get("memory", 0) // MIB
     may_take_none = mode in ("unlimited", "count")
     default_mib = {"memory": total_mib, "unlimited": 0, "count": 0}.get(mode, total_mib // replicas)
     try:

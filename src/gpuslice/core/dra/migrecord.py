@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from gpuslice.core.devices import MigDevice
 from gpuslice.core.dra.prepared import sealed, unsealed
+from gpuslice.core.jsontypes import Json
 
 FORMAT = "gpuslice.io/dynamic-mig"
 VERSION = 1
@@ -120,7 +121,7 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
         data, version = opened.data, opened.version
         if version != VERSION:
             return DecodedJournal("corrupt", empty, f"version {version!r} unknown")
-        records = tuple(_record(r) for r in data.get("records") or ())
+        records = _records(data)
         stored = str(data.get("bootID", ""))
     except RecursionError:
         return DecodedJournal("corrupt", empty, "nested too deeply")
@@ -131,8 +132,8 @@ def decode(raw: bytes | None, boot_id: str) -> DecodedJournal:
     return DecodedJournal("ok", MigJournal(boot_id, records))
 
 
-def _record_json(r: MigRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _record_json(r: MigRecord) -> Json:
+    out: Json = {
         "claimUID": r.claim_uid,
         "device": r.device,
         "gpuUUID": r.gpu_uuid,
@@ -142,6 +143,17 @@ def _record_json(r: MigRecord) -> dict[str, Any]:
     if r.created is not None:
         out["created"] = {"uuid": r.created.uuid, "giID": r.created.gi_id, "ciID": r.created.ci_id}
     return out
+
+
+def _records(data: Json) -> tuple[MigRecord, ...]:
+    """`records`: a list of record objects; missing, null or empty, none. Anything else is
+    a corrupt file (TypeError)."""
+    listed = data.get("records")
+    if not listed:
+        return ()
+    if not isinstance(listed, list):
+        raise TypeError("records is not a list")
+    return tuple(_record(r) for r in listed)
 
 
 def _record(obj: Any) -> MigRecord:

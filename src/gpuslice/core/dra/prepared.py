@@ -58,7 +58,7 @@ field) keeps it; one it cannot (a field renamed, a meaning changed) bumps it and
 step from the previous version to `MIGRATIONS`, so files written before still read (as
 NVIDIA's `checkpoint.go` migrates its V1 to V2)."""
 
-Migration = Callable[[dict[str, Any]], dict[str, Any]]
+Migration = Callable[[Json], Json]
 MIGRATIONS: Mapping[int, Migration] = {}
 """Version n's `data` -> version n+1's, for every n below VERSION (none yet: version 1 is the
 only one written so far)."""
@@ -138,7 +138,7 @@ class Decoded:
 
 
 def encode(cp: Checkpoint) -> bytes:
-    data: dict[str, Any] = {
+    data: Json = {
         "bootID": cp.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(cp.claims.items())},
     }
@@ -211,11 +211,11 @@ def unsealed(raw: bytes, formats: Collection[str], what: str) -> Unsealed | str:
 
 
 def migrate(
-    data: dict[str, Any],
+    data: Json,
     version: object,
     migrations: Mapping[int, Migration] = MIGRATIONS,
     current: int = VERSION,
-) -> dict[str, Any]:
+) -> Json:
     """`data` written at `version`, as this version reads it: each step from there up to
     `current` (VERSION) applied in turn. A newer version's data is read as it is, its added fields
     ignored (forward-readable). ValueError (the file is corrupt) for a version that is not
@@ -267,8 +267,8 @@ def _checksum(data: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def _claim_json(c: PreparedClaim) -> dict[str, Any]:
-    out: dict[str, Any] = {"namespace": c.namespace, "name": c.name, "state": c.state}
+def _claim_json(c: PreparedClaim) -> Json:
+    out: Json = {"namespace": c.namespace, "name": c.name, "state": c.state}
     if c.devices:
         out["devices"] = [_device_json(d) for d in c.devices]
     if c.applied:
@@ -280,8 +280,8 @@ def _claim_json(c: PreparedClaim) -> dict[str, Any]:
     return out
 
 
-def _use_json(u: DeviceUse) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _use_json(u: DeviceUse) -> Json:
+    out: Json = {
         "device": u.device,
         "physical": u.physical_uuid,
         "strategy": u.strategy,
@@ -322,8 +322,8 @@ def _strategy(value: object) -> SharingStrategy:
     )
 
 
-def _device_json(d: PreparedDevice) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _device_json(d: PreparedDevice) -> Json:
+    out: Json = {
         "requests": list(d.request_names),
         "pool": d.pool,
         "device": d.device,
@@ -334,8 +334,8 @@ def _device_json(d: PreparedDevice) -> dict[str, Any]:
     return out
 
 
-def _applied_json(a: AppliedSharing) -> dict[str, Any]:
-    out: dict[str, Any] = {"strategy": a.strategy, "gpus": list(a.gpu_uuids)}
+def _applied_json(a: AppliedSharing) -> Json:
+    out: Json = {"strategy": a.strategy, "gpus": list(a.gpu_uuids)}
     if a.mps_key:
         out["mpsKey"] = a.mps_key
     if a.interval is not None:

@@ -483,7 +483,7 @@ def plan_slices(
     scheduler uses only the highest generation of a pool, so no slice is ever mixed in from
     an older generation)."""
     current = sorted((StoredSlice.read(o) for o in existing), key=lambda s: s.name)
-    generation = max((s.generation for s in current), default=0)
+    generation = max((s.generation or 0 for s in current), default=0)
     wanted_same = slice_specs(
         devices, driver=driver, node=node, generation=generation, counter_sets=counter_sets
     )
