@@ -50,7 +50,7 @@ from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_cla
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work, daemon_spec
 from gpuslice.core.dra.kubelet_api import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.names import BadName, check_claim_ref, check_path_component
-from gpuslice.core.dra.partitions import dynamic_gpus, node_devices, not_offered
+from gpuslice.core.dra.partitions import dynamic_gpus, not_offered
 from gpuslice.core.dra.preparation import (
     SHARES_RECORD,
     Preparation,
@@ -70,15 +70,10 @@ from gpuslice.core.dra.prepared import (
     decode,
     encode,
 )
-from gpuslice.core.dra.publish import (
-    REPLICAS,
-    DraDevice,
-    SharesMode,
-    dra_devices,
-    share_offers,
-)
+from gpuslice.core.dra.publish import REPLICAS, DraDevice, SharesMode
 from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
+from gpuslice.core.policy import DraOffer
 from gpuslice.core.protection import unreserved_memory
 from gpuslice.core.sharing.model import PhysicalDevice, Plan
 from gpuslice.host.cdi_store import CdiSpecStore
@@ -713,18 +708,18 @@ class DraDriver:
         except Exception as exc:
             return f"reading {where}: {exc}"
 
-    def devices(self, inventory: Inventory) -> list[DraDevice]:
+    def devices(self, snap: Snapshot) -> list[DraDevice]:
         """The node's devices as published (the health stream reports each)."""
-        return list(self._devices(inventory).values())
+        return list(self._offer(snap).devices)
 
-    def _devices(self, inventory: Inventory) -> dict[str, DraDevice]:
-        """The node's devices by name, as the publisher publishes them: a dynamic MIG GPU's
-        partitions included (`core.dra.partitions`)."""
-        static = dra_devices(inventory)
+    def _offer(self, snap: Snapshot) -> DraOffer:
+        """The snapshot's DRA offer (`core.policy`), the one the publisher publishes: a
+        dynamic MIG GPU's partitions included where this driver can make them."""
         if self._dynamic_mig is None:
-            return {d.name: d for d in static}
-        dyn = dynamic_gpus(inventory, self._dynamic(), self._dynamic_mig.ours())
-        return {d.name: d for d in node_devices(static, dyn)}
+            return snap.policy.offer(self.settings.consumable_shares)
+        return snap.policy.offer(
+            self.settings.consumable_shares, dynamic=self._dynamic(), ours=self._dynamic_mig.ours()
+        )
 
     async def _materialize(self, claim: ResourceClaim, ref: ClaimRef) -> dict[str, MigDevice]:
         """Create the MIG devices of the claim's dynamic MIG partitions that do not exist
@@ -735,8 +730,7 @@ class DraDriver:
             return {}
         inventory = snap.inventory
         ours = self._dynamic_mig.ours()
-        dyn = dynamic_gpus(inventory, self._dynamic(), ours)
-        parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
+        parts = self._offer(snap).partitions()
         allocated = _allocated(claim, self.settings.driver, self.settings.node)
         for name in allocated:  # before anything is created: the whole claim is refused
             why = None if name in parts else not_offered(name, inventory, self._dynamic(), ours)
@@ -782,12 +776,12 @@ class DraDriver:
         snap = self._snapshot()
         if snap is None:
             raise ClaimError("the driver has not read this node's GPUs yet")
-        devices = self._devices(snap.inventory)
+        offer = self._offer(snap)
+        devices = offer.by_name()
         for name, mig in (made or {}).items():
             if name in devices:
                 devices[name] = replace(devices[name], uuid=mig.uuid, mig=mig)
-        by_uuid = share_offers(snap.plan, self.settings.consumable_shares, devices.values())
-        offers = {name: by_uuid[d.uuid] for name, d in devices.items() if d.uuid in by_uuid}
+        offers = offer.offers_by_name()
         return claim_work(
             claim,
             ref,
