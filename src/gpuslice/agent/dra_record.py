@@ -13,7 +13,6 @@ from gpuslice.agent.dra_unprepare import Unpreparing
 from gpuslice.core.dra.claims import ClaimError
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.names import BadName, check_claim_ref
-from gpuslice.core.dra.partitions import dynamic_gpus
 from gpuslice.core.dra.preparation import preparation, with_compute_modes
 from gpuslice.core.dra.prepared import Checkpoint, Decoded, PreparedClaim, decode
 from gpuslice.core.dra.resource_claim import ResourceClaim
@@ -93,7 +92,7 @@ class RecordKeeping(Unpreparing):
                 set(claims) if complete else None,
                 [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
                 # the dynamic GPUs: a static MIG device is never rebuilt as one made here
-                list(dynamic_gpus(snap.inventory, self._dynamic())) if snap is not None else [],
+                list(self._offer(snap).dynamic) if snap is not None else [],
             )
         self.loaded = True
         log.info(
