@@ -136,11 +136,10 @@ class NodePolicy:
     """One plan snapshot's policy per device: its sharing (`sharing`) and its DRA offer
     (`offer`), each computed once for every reader of the snapshot."""
 
-    __slots__ = ("_last", "inventory", "plan", "sharing")
+    __slots__ = ("_inventory", "_last", "sharing")
 
     def __init__(self, plan: Plan, inventory: Inventory) -> None:
-        self.plan = plan
-        self.inventory = inventory
+        self._inventory = inventory
         self.sharing: Mapping[str, DeviceSharing] = device_sharing(plan)
         """Physical UUID -> how the node's config shares it."""
         self._last: tuple[tuple[SharesMode, frozenset[str], frozenset[str]], DraOffer] | None
@@ -158,5 +157,5 @@ class NodePolicy:
         """The DRA offer (`dra_offer`) for these node settings, built on the first ask."""
         key = (shares, frozenset(dynamic), frozenset(ours))
         if self._last is None or self._last[0] != key:
-            self._last = (key, dra_offer(self.sharing, self.inventory, *key))
+            self._last = (key, dra_offer(self.sharing, self._inventory, *key))
         return self._last[1]
