@@ -15,11 +15,12 @@ from gpuslice.core.config.parsing import parse_config
 from gpuslice.core.describe import describe, report_to_dict
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.claims import ShareUse, share_envs
-from gpuslice.core.dra.publish import device_json, dra_devices, share_offers
+from gpuslice.core.dra.publish import device_json, dra_devices
 from gpuslice.core.guard import ContainerKey
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gfd_labels
 from gpuslice.core.mps import daemon_spec
+from gpuslice.core.policy import share_offers
 from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Inventory
 from gpuslice.core.health import Unmonitored
+from gpuslice.core.policy import NodePolicy
 from gpuslice.core.sharing.model import Plan
 
 
@@ -22,6 +23,9 @@ class Snapshot:
     version: int
     plan: Plan
     inventory: Inventory
+    policy: NodePolicy
+    """The policy per device of `plan` on `inventory` (`core.policy`): built with the
+    snapshot, so every reader gets one DRA offer; kept while plan and inventory stay."""
     unhealthy: frozenset[str] = frozenset()
     """Physical UUIDs (GPU or MIG) currently unhealthy."""
     cordoned: frozenset[str] = frozenset()
@@ -54,7 +58,11 @@ class PlanState:
 
     def __init__(self, plan: Plan, inventory: Inventory, *, host_dev_root: str = "/") -> None:
         self._current = Snapshot(
-            version=1, plan=plan, inventory=inventory, host_dev_root=host_dev_root
+            version=1,
+            plan=plan,
+            inventory=inventory,
+            policy=NodePolicy(plan, inventory),
+            host_dev_root=host_dev_root,
         )
         self._changed = asyncio.Event()
 
@@ -80,11 +88,15 @@ class PlanState:
     ) -> Snapshot:
         """Replace the given parts; the others are kept. Always bumps the version."""
         old = self._current
+        plan = old.plan if plan is None else plan
+        inventory = old.inventory if inventory is None else inventory
+        same = plan is old.plan and inventory is old.inventory
         self._current = replace(
             old,
             version=old.version + 1,
-            plan=old.plan if plan is None else plan,
-            inventory=old.inventory if inventory is None else inventory,
+            plan=plan,
+            inventory=inventory,
+            policy=old.policy if same else NodePolicy(plan, inventory),
             unhealthy=old.unhealthy if unhealthy is None else unhealthy,
             cordoned=old.cordoned if cordoned is None else cordoned,
             noticed=old.noticed if noticed is None else noticed,

@@ -22,9 +22,9 @@ from gpuslice.core.dra.publish import (
     SharesMode,
     device_json,
     dra_devices,
-    share_offers,
 )
 from gpuslice.core.jsontypes import Json
+from gpuslice.core.policy import share_offers
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.core.units import MIB

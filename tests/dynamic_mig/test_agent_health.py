@@ -72,7 +72,7 @@ async def test_an_xid_on_a_created_instance_taints_its_partition_only(tmp_path: 
                 state.current.unhealthy,
                 {gpu.uuid: XID_CONTAINED_ECC},
                 pool=NODE_NAME,
-                devices=n.front.driver.devices(inventory),
+                devices=n.front.driver.devices(state.current),
             )
         }
         assert len(reports) == 25  # the partitions; the whole GPU is not published

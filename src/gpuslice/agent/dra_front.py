@@ -42,7 +42,7 @@ class PlanHealth:
         state: PlanState,
         *,
         pool: str,
-        devices: Callable[[Inventory], Sequence[DraDevice]] | None = None,
+        devices: Callable[[Snapshot], Sequence[DraDevice]] | None = None,
     ) -> None:
         """`devices`: the node's devices as published (the driver's, with dynamic MIG
         partitions); `dra_devices` when None."""
@@ -52,7 +52,7 @@ class PlanHealth:
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        devices = None if self._devices is None else self._devices(snap.inventory)
+        devices = None if self._devices is None else self._devices(snap)
         reports = device_health(
             snap.inventory,
             snap.unhealthy,

@@ -26,12 +26,7 @@ from datetime import UTC, datetime
 from gpuslice.aio.races import first_of
 from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.backoff import Backoff
-from gpuslice.core.dra.partitions import (
-    counter_sets,
-    dynamic_gpus,
-    node_devices,
-    with_consumption,
-)
+from gpuslice.core.dra.partitions import with_consumption
 from gpuslice.core.dra.publish import (
     REPLICAS,
     DraDevice,
@@ -40,9 +35,7 @@ from gpuslice.core.dra.publish import (
     SliceChanges,
     cordon_taints,
     device_json,
-    dra_devices,
     plan_slices,
-    share_offers,
     taints,
     unmonitored_taints,
 )
@@ -124,13 +117,10 @@ class SlicePublisher:
         return self.wanted(snap)[0]
 
     def wanted(self, snap: Snapshot) -> tuple[list[Json], list[Json]]:
-        """The devices and the counter sets this node publishes."""
-        static = dra_devices(snap.inventory)
+        """The devices and the counter sets this node publishes: the snapshot's offer
+        (`core.policy`), with each device's taints."""
         marked = self._dynamic() if self.partitionable else ()
-        dyn = dynamic_gpus(snap.inventory, marked, self._ours())
-        devices = node_devices(static, dyn) if dyn else static
-        # dynamic GPUs' devices are not offered as shares: a partition has no UUID yet
-        offers = share_offers(snap.plan, self.shares, [d for d in devices if d.gpu.uuid not in dyn])
+        offer = snap.policy.offer(self.shares, dynamic=marked, ours=self._ours())
         xids = snap.last_xid
         # the agent records an XID against the physical GPU; a MIG device's taint names it
         # too (not `gpu-lost`, which only a GPU without an XID gets)
@@ -151,19 +141,19 @@ class SlicePublisher:
         _track(self._unmonitored_since, unwatched)
         health = Health(unhealthy, noticed, snap.cordoned, unwatched)
         out = []
-        for device in devices:
+        for device in offer.devices:
             since = _since(self._tainted_since, device) or _since(self._noticed_since, device)
             device_taints = taints(device, health, self.driver, since)
             device_taints += unmonitored_taints(
                 device, health, self.driver, _since(self._unmonitored_since, device)
             )
             device_taints += cordon_taints(device, health, _since(self._cordoned_since, device))
-            owner = dyn.get(device.gpu.uuid)
+            owner = offer.dynamic.get(device.gpu.uuid)
             if owner is not None:
                 out.append(with_consumption(device_json(device, device_taints), owner))
             else:
-                out.append(device_json(device, device_taints, offers.get(device.uuid)))
-        return out, counter_sets(dyn)
+                out.append(device_json(device, device_taints, offer.shares.get(device.uuid)))
+        return out, offer.counter_sets()
 
     async def publish_once(self) -> SliceChanges:
         """Make the API hold what should be published; the changes made (empty: none)."""

@@ -38,14 +38,7 @@ from gpuslice.core.dra.claims import (
     claim_work,
 )
 from gpuslice.core.dra.kubelet_api import ClaimRef
-from gpuslice.core.dra.partitions import (
-    WOULD_BE_UUID,
-    counter_sets,
-    dynamic_gpus,
-    node_devices,
-    with_consumption,
-    would_be,
-)
+from gpuslice.core.dra.partitions import WOULD_BE_UUID, with_consumption, would_be
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
 from gpuslice.core.dra.publish import (
@@ -54,13 +47,12 @@ from gpuslice.core.dra.publish import (
     DraDevice,
     SharesMode,
     device_json,
-    dra_devices,
-    share_offers,
     slice_specs,
 )
 from gpuslice.core.dra.sharing import INTERVALS
 from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.jsontypes import Json
+from gpuslice.core.policy import DraOffer, NodePolicy
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.units import MIB, quantity_mib
 from gpuslice.whatif.allocator import AllocationError, allocate
@@ -302,17 +294,22 @@ def node_slices(
     """The ResourceSlice objects the agent would publish for this inventory and plan (all
     devices healthy) with `--consumable-shares shares`, with the publisher's own functions;
     the GPUs `dynamic` marks as dynamic MIG ones (`core.dra.partitions`)."""
-    dyn = dynamic_gpus(inventory, dynamic)
-    ours = node_devices(dra_devices(inventory), dyn)
-    offers = share_offers(plan, shares, [d for d in ours if d.gpu.uuid not in dyn])
+    offer = NodePolicy(plan, inventory).offer(shares, dynamic=dynamic)
+    return offer_slices(offer, driver=driver, node=node)
+
+
+def offer_slices(offer: DraOffer, *, driver: str, node: str) -> list[Json]:
+    """The ResourceSlice objects publishing `offer` (all devices healthy)."""
+    dyn = offer.dynamic
     devices = [
         with_consumption(device_json(d, []), dyn[d.gpu.uuid])
         if d.gpu.uuid in dyn
-        else device_json(d, [], offers.get(d.uuid))
-        for d in ours
+        else device_json(d, [], offer.shares.get(d.uuid))
+        for d in offer.devices
     ]
-    sets = counter_sets(dyn)
-    specs = slice_specs(devices, driver=driver, node=node, generation=1, counter_sets=sets)
+    specs = slice_specs(
+        devices, driver=driver, node=node, generation=1, counter_sets=offer.counter_sets()
+    )
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -568,12 +565,11 @@ def what_if(
     Raises ClaimsFileError only for a claim the allocator cannot even read; a claim that
     does not fit or that the driver would refuse is an outcome with its error.
     """
-    slices = node_slices(inventory, plan, driver=driver, node=pool, shares=shares, dynamic=dynamic)
-    dyn = dynamic_gpus(inventory, dynamic)
-    devices = {d.name: d for d in node_devices(dra_devices(inventory), dyn)}
-    parts = {name: p for d in dyn.values() for name, p in d.partitions.items()}
-    by_uuid = share_offers(plan, shares, [d for d in devices.values() if d.gpu.uuid not in dyn])
-    offers = {n: by_uuid[d.uuid] for n, d in devices.items() if d.uuid in by_uuid}
+    offer = NodePolicy(plan, inventory).offer(shares, dynamic=dynamic)
+    slices = offer_slices(offer, driver=driver, node=pool)
+    devices = offer.by_name()
+    parts = offer.partitions()
+    offers = offer.offers_by_name()
     made: dict[str, list[MigDevice]] = {}
     """GPU UUID -> the MIG devices the claims so far would have created on it."""
     in_use: list[Json] = []

@@ -31,7 +31,7 @@ from gpuslice.core.devices import Gpu, Inventory, MigDevice
 from gpuslice.core.dra.resource_slice import StoredSlice
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.labels import gpu_family
-from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB, canonical_quantity
 
 MAX_DEVICES_PER_SLICE = 128
@@ -141,39 +141,6 @@ class ShareOffer:
     def counted(self) -> bool:
         """Whether the device publishes a `shares` capacity."""
         return self.mode in ("replicas", "count")
-
-
-def share_offers(
-    plan: Plan, mode: SharesMode = REPLICAS, devices: Iterable[DraDevice] = ()
-) -> dict[str, ShareOffer]:
-    """Physical UUID (GPU or MIG device) -> its offer. In `replicas` mode, every device the
-    plan shares by time-slicing or MPS: the config users already have decides which GPUs DRA
-    shares. In NVIDIA's modes, every one of `devices` (as NVIDIA's driver offers every GPU
-    and MIG device), shared by MPS where the node's config says so, else time-sliced."""
-    if mode.kind == "disabled":
-        return {}
-    out: dict[str, ShareOffer] = {}
-    strategies: dict[str, SharingStrategy] = {}
-    for resource in plan.resources:
-        if resource.strategy == SharingStrategy.NONE:
-            continue
-        for dev in resource.devices:
-            if dev.replicas > 1:
-                strategies[dev.physical.uuid] = resource.strategy
-                out[dev.physical.uuid] = ShareOffer(
-                    dev.replicas, resource.strategy, dev.physical.memory_mib
-                )
-    if mode.kind == "replicas":
-        return out
-    return {
-        d.uuid: ShareOffer(
-            mode.count or 1,
-            strategies.get(d.uuid, SharingStrategy.TIME_SLICING),
-            d.capacity.get("memory", 0) // MIB,
-            mode.kind,
-        )
-        for d in devices
-    }
 
 
 def semver(text: str) -> str:
