@@ -40,7 +40,7 @@ from pathlib import Path
 from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
-from gpuslice.core.caps import CapPolicy, GpuCapability
+from gpuslice.core.caps import ContainerCaps
 from gpuslice.core.cdi.hook import CdiCaps
 from gpuslice.core.cdi.spec import CdiDevice, with_limits
 from gpuslice.core.devices import Inventory, MigDevice
@@ -159,38 +159,21 @@ class _InFlight:
     sharing: list[AppliedSharing]
 
 
-@dataclass(frozen=True, slots=True)
-class DraCaps:
-    """What a front end hands containers of memory caps: each GPU's capability, the policy,
-    and how to call the toolkit's hook (None: the agent applies the limits after the
-    container starts). A callable is asked at each use (Prepare, Allocate), so what changes
-    while the agent runs is seen: a hook program installed or removed
-    (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML since start
-    (`agent.caps.CapsApplier.hook_capabilities`)."""
-
-    capabilities: Mapping[str, GpuCapability] | Callable[[], Mapping[str, GpuCapability]]
-    policy: CapPolicy
-    hook: CdiCaps | Callable[[], CdiCaps | None] | None
-
-    def gpus(self) -> Mapping[str, GpuCapability]:
-        """Each GPU's capability now."""
-        return self.capabilities() if callable(self.capabilities) else self.capabilities
-
-    def cdi(
-        self,
-        devices: Sequence[CdiDevice],
-        uses: Sequence[DeviceUse],
-        inventory: Inventory,
-        unreserved: Mapping[str, int] | None = None,
-    ) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
-        """`unreserved`: GPU UUID -> memory no prepared share reserved (the hard limit of a
-        share that reserved none, `core.protection.unreserved_memory`)."""
-        physicals: dict[str, PhysicalDevice] = {
-            g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
-        }
-        limits = claim_limits(uses, physicals, self.gpus(), self.policy, unreserved)
-        hook = self.hook() if callable(self.hook) else self.hook
-        return with_limits(devices, limits), hook
+def claim_cdi(
+    caps: ContainerCaps,
+    devices: Sequence[CdiDevice],
+    uses: Sequence[DeviceUse],
+    inventory: Inventory,
+    unreserved: Mapping[str, int] | None = None,
+) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
+    """A claim's CDI devices with the memory caps its holders get, and the hook to call.
+    `unreserved`: GPU UUID -> memory no prepared share reserved (the hard limit of a share
+    that reserved none, `core.protection.unreserved_memory`)."""
+    physicals: dict[str, PhysicalDevice] = {
+        g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
+    }
+    limits = claim_limits(uses, physicals, caps.gpus(), caps.policy, unreserved)
+    return with_limits(devices, limits), caps.hook_now()
 
 
 class DraDriver:
@@ -248,7 +231,7 @@ class DraDriver:
         """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
         self._gpu_locks = KeyedLocks()
         """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
-        self.caps: DraCaps | None = None
+        self.caps: ContainerCaps | None = None
         """Memory caps for the claims' CDI specs (`agent.caps`), set by the builder where
         the node can take them; None: no caps in the specs."""
         self._record_lock = asyncio.Lock()
@@ -657,7 +640,7 @@ class DraDriver:
             if self.caps is not None and snap is not None:
                 others = claims_plan(self._claims.values(), snap.inventory, self.settings.node)
                 free = unreserved_memory(others)
-                cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory, free)
+                cdi, hook = claim_cdi(self.caps, prepared.cdi, prepared.uses, snap.inventory, free)
             spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
