@@ -16,7 +16,7 @@ What runs, in three processes:
 - the server (this script with `--serve DIR`): the real `DraServicer` handlers (v1 and
   v1beta1), the baseline method, and one `DraDriver` on the simulated node
   `sim:8xh100-80gb` (snapshot = inventory + `build_plan` with the default config, as
-  `agent/build.py` wires it), checkpoint and CDI specs in a temporary directory (`--dir`:
+  `agent/dra_front.py` wires it), checkpoint and CDI specs in a temporary directory (`--dir`:
   on the same disk as /tmp by default; the output names its filesystem, since each write is
   fsynced). Claims in namespace `mem` are read from an in-memory `DraStore` instead of the
   API, to separate the API read from the driver's own work. Logs at INFO through the

@@ -38,17 +38,13 @@ from gpuslice.agent.dra_record import RecordKeeping
 from gpuslice.agent.dra_state import _InFlight
 from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
-from gpuslice.core.caps import CapPolicy, GpuCapability
-from gpuslice.core.cdi.hook import CdiCaps
-from gpuslice.core.cdi.spec import CdiDevice, with_limits
-from gpuslice.core.devices import Inventory
-from gpuslice.core.dra.caps import claim_limits
+from gpuslice.core.caps import ContainerCaps
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
-from gpuslice.core.dra.prepared import DeviceUse, PreparedClaim
+from gpuslice.core.dra.prepared import PreparedClaim
 from gpuslice.core.dra.publish import REPLICAS, DraDevice, SharesMode
 from gpuslice.core.mps import MpsDaemonSpec
-from gpuslice.core.sharing.model import PhysicalDevice, Plan
+from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.logs import get_logger
@@ -114,40 +110,6 @@ class DriverSettings:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class DraCaps:
-    """What a front end hands containers of memory caps: each GPU's capability, the policy,
-    and how to call the toolkit's hook (None: the agent applies the limits after the
-    container starts). A callable is asked at each use (Prepare, Allocate), so what changes
-    while the agent runs is seen: a hook program installed or removed
-    (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML since start
-    (`agent.caps.CapsApplier.hook_capabilities`)."""
-
-    capabilities: Mapping[str, GpuCapability] | Callable[[], Mapping[str, GpuCapability]]
-    policy: CapPolicy
-    hook: CdiCaps | Callable[[], CdiCaps | None] | None
-
-    def gpus(self) -> Mapping[str, GpuCapability]:
-        """Each GPU's capability now."""
-        return self.capabilities() if callable(self.capabilities) else self.capabilities
-
-    def cdi(
-        self,
-        devices: Sequence[CdiDevice],
-        uses: Sequence[DeviceUse],
-        inventory: Inventory,
-        unreserved: Mapping[str, int] | None = None,
-    ) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
-        """`unreserved`: GPU UUID -> memory no prepared share reserved (the hard limit of a
-        share that reserved none, `core.protection.unreserved_memory`)."""
-        physicals: dict[str, PhysicalDevice] = {
-            g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
-        }
-        limits = claim_limits(uses, physicals, self.gpus(), self.policy, unreserved)
-        hook = self.hook() if callable(self.hook) else self.hook
-        return with_limits(devices, limits), hook
-
-
 class DraDriver(RecordKeeping):
     def __init__(
         self,
@@ -203,7 +165,7 @@ class DraDriver(RecordKeeping):
         """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
         self._gpu_locks = KeyedLocks()
         """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
-        self.caps: DraCaps | None = None
+        self.caps: ContainerCaps | None = None
         """Memory caps for the claims' CDI specs (`agent.caps`), set by the builder where
         the node can take them; None: no caps in the specs."""
         self._record_lock = asyncio.Lock()

@@ -12,7 +12,11 @@ from dataclasses import replace
 from gpuslice.agent.dra_sharing import ClaimSharing
 from gpuslice.agent.dra_state import _described, _failed, _InFlight
 from gpuslice.aio.to_the_end import to_the_end
-from gpuslice.core.devices import MigDevice
+from gpuslice.core.caps import ContainerCaps
+from gpuslice.core.cdi.hook import CdiCaps
+from gpuslice.core.cdi.spec import CdiDevice, with_limits
+from gpuslice.core.devices import Inventory, MigDevice
+from gpuslice.core.dra.caps import claim_limits
 from gpuslice.core.dra.cdispec import cdi_id, claim_spec
 from gpuslice.core.dra.claimplan import claims_plan
 from gpuslice.core.dra.claims import ClaimError, ClaimWork, claim_work
@@ -23,9 +27,28 @@ from gpuslice.core.dra.preparation import Preparation, preparation
 from gpuslice.core.dra.prepared import AppliedSharing, DeviceUse, PreparedClaim
 from gpuslice.core.dra.resource_claim import ResourceClaim
 from gpuslice.core.protection import unreserved_memory
+from gpuslice.core.sharing.model import PhysicalDevice
 from gpuslice.logs import get_logger
 from gpuslice.mps import MpsError
 from gpuslice.ports import DraObjectNotFound
+
+
+def claim_cdi(
+    caps: ContainerCaps,
+    devices: Sequence[CdiDevice],
+    uses: Sequence[DeviceUse],
+    inventory: Inventory,
+    unreserved: Mapping[str, int] | None = None,
+) -> tuple[tuple[CdiDevice, ...], CdiCaps | None]:
+    """A claim's CDI devices with the memory caps its holders get, and the hook to call.
+    `unreserved`: GPU UUID -> memory no prepared share reserved (the hard limit of a share
+    that reserved none, `core.protection.unreserved_memory`)."""
+    physicals: dict[str, PhysicalDevice] = {
+        g.uuid: PhysicalDevice.of_gpu(g) for g in inventory.gpus
+    }
+    limits = claim_limits(uses, physicals, caps.gpus(), caps.policy, unreserved)
+    return with_limits(devices, limits), caps.hook_now()
+
 
 log = get_logger("gpuslice.dra.driver")
 
@@ -100,7 +123,7 @@ class Preparing(ClaimSharing):
             if self.caps is not None and snap is not None:
                 others = claims_plan(self._claims.values(), snap.inventory, self.settings.node)
                 free = unreserved_memory(others)
-                cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory, free)
+                cdi, hook = claim_cdi(self.caps, prepared.cdi, prepared.uses, snap.inventory, free)
             spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
+from gpuslice.core.caps import ContainerCaps
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.dra.prepared import AppliedSharing, Checkpoint, DeviceUse, PreparedClaim, encode
 from gpuslice.core.mps import MpsDaemonSpec
@@ -31,7 +32,7 @@ from gpuslice.ports import ComputeModeSetter, DraObjects, TimesliceSetter
 from gpuslice.state import Snapshot
 
 if TYPE_CHECKING:
-    from gpuslice.agent.dra_driver import ClaimWarn, DraCaps, DriverSettings, Warn
+    from gpuslice.agent.dra_driver import ClaimWarn, DriverSettings, Warn
 
 log = get_logger("gpuslice.dra.driver")
 
@@ -68,7 +69,7 @@ class DriverState:
     _leaving: set[str]
     _claim_locks: KeyedLocks
     _gpu_locks: KeyedLocks
-    caps: DraCaps | None
+    caps: ContainerCaps | None
     _record_lock: asyncio.Lock
     _dynamic_mig: DynamicMig | None
     _dynamic: Callable[[], Collection[str]]

@@ -21,11 +21,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from gpuslice.agent.front_ends import front_end_of
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.aio.waiting import sleep_unless_stopped
 from gpuslice.core.errors import GpusliceError
-from gpuslice.host.checkpoint_file import CHECKPOINT_NAME
-from gpuslice.host.hostdirs import readable_if_present, writable_dir
 from gpuslice.host.nodelock import LOCK_NAME, NodeLock
 from gpuslice.logs import get_logger
 from gpuslice.metrics import MetricsServer
@@ -46,29 +45,14 @@ class NodeBusy(GpusliceError):
 def node_lock_path(settings: AgentSettings) -> Path:
     """The lock of the mode's own kubelet directory: the one host path every agent of
     that mode must mount (same path on the host) to act at all."""
-    if settings.dra is not None:
-        return settings.dra.plugin_path / LOCK_NAME
-    return settings.plugin_dir / LOCK_NAME
+    return front_end_of(settings).lock_dir(settings) / LOCK_NAME
 
 
 def check_host_dirs(settings: AgentSettings) -> None:
-    """DRA mode's directories, checked before they are used, so that missing rights are
-    one line naming the directory (`HostDirError`), not a traceback from whichever task
-    met them first. Device-plugin mode needs only its plugin directory, which opening the
-    lock file checks."""
-    dra = settings.dra
-    if dra is None:
-        return
-    plugin = dra.plugin_path
-    writable_dir(plugin, "DRA plugin directory (--dra-plugin-dir / DRA_PLUGIN_DIR)")
-    writable_dir(
-        dra.registry_dir,
-        "kubelet plugin registry directory (--dra-registry-dir / DRA_REGISTRY_DIR)",
-        create=False,  # the kubelet's own: one we made would be watched by nobody
-    )
-    writable_dir(dra.cdi_root, "CDI spec directory (--cdi-root / CDI_ROOT)")
-    writable_dir(plugin / "mps", "MPS directory of DRA claims")
-    readable_if_present(plugin / CHECKPOINT_NAME, "DRA checkpoint")
+    """The front end's own directories, checked before they are used (DRA's: its plugin,
+    registry, CDI and MPS directories), so that missing rights are one line naming the
+    directory (`HostDirError`), not a traceback from whichever task met them first."""
+    front_end_of(settings).check_host_dirs(settings)
 
 
 def _holder_line(settings: AgentSettings) -> str:

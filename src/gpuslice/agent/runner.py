@@ -204,11 +204,7 @@ class Agent:
         if self.cordon_value:
             await self._set_cordon(self.cordon_value)
         self._log_plan(plan, self.loaded.name)
-        for w in plan.warnings:
-            # a front end that publishes MIG devices whatever the device plugin's
-            # migStrategy says (DRA) has no use for the plan's advice about that strategy
-            if not self.front_end.advises_mig_strategy and w in plan.mig_strategy_warnings:
-                continue
+        for w in self.front_end.plan_warnings(plan):
             log.warning("plan-warning", message=w)
         for hook in self.hooks.on_plan:
             await hook(plan, self.state.current.inventory)

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 from gpuslice import __version__
 from gpuslice.agent.build import build_agent
 from gpuslice.agent.configs import load_config
+from gpuslice.agent.front_ends import front_end_of
 from gpuslice.agent.knobs import KnobField, knob, knobs
 from gpuslice.agent.node_lock import holding_the_node
 from gpuslice.agent.runner import Agent
@@ -197,7 +198,7 @@ def _plugin(ctx: click.Context) -> None:
     get_logger("gpuslice").info(
         "starting",
         version=__version__,
-        mode="dra" if settings.dra is not None else "device-plugin",
+        mode=front_end_of(settings).name,
         node=settings.node,
         node_name=settings.node_name or None,
     )

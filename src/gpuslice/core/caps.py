@@ -26,14 +26,17 @@ the MPS server enforces, and get no cap from gpuslice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpuslice.core.attribution import Entitlement
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.sharing.model import SharingStrategy
 from gpuslice.core.units import MIB
+
+if TYPE_CHECKING:
+    from gpuslice.core.cdi.hook import CdiCaps  # which builds on MemoryLimits, below
 
 LIMIT_MAX = 0xFFFF_FFFF_FFFF_FFFF
 """`NVML_DEVICE_MEMORY_LIMIT_MAX`: a hard limit of this is no hard limit."""
@@ -140,6 +143,28 @@ class GpuCapability:
     @property
     def reason(self) -> str:
         return "" if self.refusal is None else REFUSAL_TEXT[self.refusal]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCaps:
+    """What a front end hands containers of memory caps, whichever front end it is: each
+    GPU's capability, the policy, and how to call the toolkit's hook (None: the agent
+    applies the limits after the container starts). A callable is asked at each use
+    (Prepare, Allocate), so what changes while the agent runs is seen: a hook program
+    installed or removed (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML
+    since start (`agent.caps.CapsApplier.hook_capabilities`)."""
+
+    capabilities: Mapping[str, GpuCapability] | Callable[[], Mapping[str, GpuCapability]]
+    policy: CapPolicy
+    hook: CdiCaps | Callable[[], CdiCaps | None] | None
+
+    def gpus(self) -> Mapping[str, GpuCapability]:
+        """Each GPU's capability now."""
+        return self.capabilities() if callable(self.capabilities) else self.capabilities
+
+    def hook_now(self) -> CdiCaps | None:
+        """The hook as a spec may name it now."""
+        return self.hook() if callable(self.hook) else self.hook
 
 
 def gpu_capability(

@@ -1,6 +1,6 @@
 """`gpuslice demo --dra`: the agent as a DRA driver on an emulated node, claims end to end.
 
-The real agent runs in DRA mode (`agent.build.dra_front_end`: slice publisher, Prepare and
+The real agent runs in DRA mode (`agent.dra_front.dra_front_end`: slice publisher, Prepare and
 Unprepare, plugin registration, a claim MPS daemon on the fake MPS control program) with
 the in-memory API objects of `emulator.dra_store` and the DRA kubelet emulator over unix
 sockets in a temp dir; `DraStore.allocate_claim` plays the scheduler. Every value in the
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice.agent.build import dra_front_end
-from gpuslice.agent.dra_front import DraFrontEnd
+from gpuslice.agent.dra_front import DraFrontEnd, dra_front_end
 from gpuslice.agent.runner import Agent, first_plan, plan_state
 from gpuslice.agent.settings import AgentSettings, DraSettings
 from gpuslice.backends import open_backend
