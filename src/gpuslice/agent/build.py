@@ -29,6 +29,7 @@ from gpuslice.agent.caps import (
     node_capability,
     pod_containers,
 )
+from gpuslice.agent.cdi_base import BaseSpec, DriverRoots
 from gpuslice.agent.dra_driver import ClaimWarn, DraCaps, DraDriver, DriverSettings
 from gpuslice.agent.dra_front import DraFrontEnd
 from gpuslice.agent.dra_slices import SlicePublisher
@@ -161,6 +162,7 @@ def dra_front_end(
     server_settings: DraServerSettings | None = None,
     mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
+    driver_roots: DriverRoots | None,
 ) -> DraFrontEnd:
     """Serve the node's GPUs as a DRA driver (docs/dra.md) instead of device plugins.
 
@@ -168,7 +170,9 @@ def dra_front_end(
     plugin's manager is not wired in this mode, so the two never start daemons on one GPU.
     The node's name is checked by `AgentSettings.problems` before anything starts.
     `backend`, when it makes MIG devices (`ports.MigPartitioner`: both do), serves dynamic
-    MIG (`flags.dynamicMig`, `agent.dynamic_mig`).
+    MIG (`flags.dynamicMig`, `agent.dynamic_mig`). `driver_roots`: where the driver's
+    files are for the node's base CDI spec (`agent.cdi_base`); None where the node has none
+    to give (a simulated node), so claims name their GPUs in the environment.
     """
     plugin_dir = dra.plugin_path
     smi = NvidiaSmi(settings.nvidia_smi)
@@ -213,6 +217,7 @@ def dra_front_end(
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
         compute_mode=smi if settings.set_compute_mode else None,
+        base=None if driver_roots is None else BaseSpec(dra.cdi_root, driver_roots),
     )
     publisher = SlicePublisher(
         objects,
@@ -746,6 +751,7 @@ async def _wire(
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
+        flags = first.loaded.config.flags
         dra = dra_front_end(
             state,
             settings,
@@ -754,6 +760,12 @@ async def _wire(
             warn=warn,
             claim_warn=_claim_warner(ClaimEvents(client, settings.node_name)),
             backend=backend,
+            driver_roots=DriverRoots(
+                flags.plugin.container_driver_root,
+                flags.nvidia_driver_root,
+                settings.memory_caps.hook_path,
+                settings.memory_caps.hook_seen_at,
+            ),
         )
         front, mps = dra, dra.mps
     else:

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpuslice.agent.cdi_base import BaseSpec
 from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.aio.to_the_end import to_the_end
@@ -211,6 +212,7 @@ class DraDriver:
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
         compute_mode: ComputeModeSetter | None = None,
+        base: BaseSpec | None = None,
     ) -> None:
         """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
         at each Prepare, so a config reload that moves the driver root counts.
@@ -222,7 +224,9 @@ class DraDriver:
         node leaves compute modes alone, `--no-compute-mode`); the MPS manager then sets
         none, so the claim's record is the one carrier of that change. `claim_warn` tells a
         claim's author what Prepare did not apply (about the claim, where its author looks);
-        without it those warnings go to `warn` with the node's own."""
+        without it those warnings go to `warn` with the node's own. `base` writes the
+        node's base CDI spec, whose ID each device then returns beside its claim's
+        (`agent.cdi_base`); None: a node without the driver's files."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -255,6 +259,7 @@ class DraDriver:
         """Checkpoint writes, one at a time."""
         self._dynamic_mig = dynamic_mig
         self._dynamic = dynamic
+        self._base = base
         self.loaded = False
 
     # -- what others read ------------------------------------------------------------------
@@ -295,6 +300,8 @@ class DraDriver:
         that cannot be read, whatever is at its path, is kept aside and rebuilt from what
         the node and the API still say; the driver serves in every case."""
         raw: bytes | None = None
+        if self._base is not None:  # before any Prepare, and what a rebuilt record returns
+            await self._base.cdi_id(self._snapshot())
         if self._dynamic_mig is not None:
             # first: a rebuild of the DRA record must know which MIG devices are ours
             await self._dynamic_mig.read()
@@ -506,7 +513,7 @@ class DraDriver:
             ref.namespace,
             ref.name,
             "PrepareCompleted",
-            devices=self._prepared_devices(work),
+            devices=self._prepared_devices(work, None if self._base is None else self._base.last),
             applied=tuple(step.record for step in prepared.steps),
             uses=prepared.uses,
             guard_mode=guard,
@@ -650,15 +657,18 @@ class DraDriver:
             self._claims[ref.uid] = started
             await self._write()
             await self._apply(prepared, applied)
-            devices = self._prepared_devices(work)
             snap = self._snapshot()
+            base = None if self._base is None else await self._base.cdi_id(snap)
+            devices = self._prepared_devices(work, base)
             dev_root = "/" if snap is None else snap.host_dev_root
             cdi, hook = prepared.cdi, None
             if self.caps is not None and snap is not None:
                 others = claims_plan(self._claims.values(), snap.inventory, self.settings.node)
                 free = unreserved_memory(others)
                 cdi, hook = self.caps.cdi(prepared.cdi, prepared.uses, snap.inventory, free)
-            spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
+            spec = claim_spec(
+                ref.uid, cdi, host_dev_root=dev_root, caps=hook, driver_from_base=base is not None
+            )
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
             self._claims[ref.uid] = replace(
@@ -828,13 +838,16 @@ class DraDriver:
                         f"{other.namespace}/{other.name} (UID {other.uid})"
                     )
 
-    def _prepared_devices(self, work: ClaimWork) -> tuple[PreparedDevice, ...]:
+    def _prepared_devices(self, work: ClaimWork, base: str | None) -> tuple[PreparedDevice, ...]:
+        """Each device's CDI IDs: the base spec's first where there is one, as NVIDIA's
+        driver returns its standard spec's (`core.cdi.driver`)."""
+        first = () if base is None else (base,)
         return tuple(
             PreparedDevice(
                 request_names=(dw.request_name,),
                 pool=self.settings.node,
                 device=dw.device.name,
-                cdi_ids=(cdi_id(work.ref.uid, dw.device.name),),
+                cdi_ids=(*first, cdi_id(work.ref.uid, dw.device.name)),
                 share_id=dw.share_id,
             )
             for dw in work.devices

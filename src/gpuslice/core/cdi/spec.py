@@ -114,12 +114,16 @@ def device_spec(
     *,
     host_dev_root: str = "/",
     caps: CdiCaps | None = None,
+    driver_from_base: bool = False,
 ) -> Json:
     """A spec file's content (the adapter writes it as YAML): each device under its name.
 
     `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
     (`host.devroot` decides it as NVIDIA does); `caps` how to call the toolkit's memory
-    limits hook, None for no hook (caps off, or a node that cannot take them)."""
+    limits hook, None for no hook (caps off, or a node that cannot take them).
+    `driver_from_base`: the container gets the driver from the node's base spec
+    (`core.cdi.driver`), so no device names its GPU in `NVIDIA_VISIBLE_DEVICES` or the
+    toolkit's device list, which would have the toolkit's runtime inject GPUs again."""
     if not named:
         raise ValueError("a CDI spec needs at least one device")
     devices = [d for _, d in named]
@@ -133,7 +137,10 @@ def device_spec(
             by_request[d.request].append(d.uuid)
     entries: list[Json] = []
     for name, d in named:
-        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
+        env: dict[str, str] = {}
+        if not driver_from_base:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(by_request[d.request])
+        env.update(d.env or {})
         nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
         for minor in d.mig_caps:
             if d.caps_major is None:
@@ -152,10 +159,11 @@ def device_spec(
                  "options": options},
                 {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
             ]  # fmt: skip
-        mounts.append(
-            {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
-             "options": ["ro", "nosuid", "nodev", "bind"]}
-        )  # fmt: skip
+        if not driver_from_base:
+            mounts.append(
+                {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
+                 "options": ["ro", "nosuid", "nodev", "bind"]}
+            )  # fmt: skip
         edits: Json = {
             "env": [f"{k}={v}" for k, v in env.items()],
             "deviceNodes": nodes,
