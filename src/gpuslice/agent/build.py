@@ -751,7 +751,7 @@ async def _wire(
 
         assert client is not None  # AgentSettings.problems: DRA needs the node's name
         objects = DraApi(client, settings.node_name, settings.dra.driver_name)
-        flags = first.loaded.config.flags
+        flags = first.loaded.config.config.flags
         dra = dra_front_end(
             state,
             settings,
