@@ -82,7 +82,8 @@ async def test_without_the_drivers_files_claims_name_their_gpus_and_one_warning_
         seen = _container(node, refs, results)
         assert _gpus(seen) == {"/dev/nvidia0", "/dev/nvidia1"}
         visible = seen.env["NVIDIA_VISIBLE_DEVICES"]
-        assert visible.startswith("GPU-") and "," not in visible  # the last claim's only
+        assert visible.startswith("GPU-")
+        assert "," not in visible  # the last claim's only
         log = node.log()
         assert log.count("event=dra-cdi-base-missing") == 1, log
         assert "libcuda.so.550.54.15" in log
