@@ -94,6 +94,17 @@ def test_dra_mounts_the_hooks_directory_and_names_where_the_agent_sees_it() -> N
     assert "MEMORY_CAPS_HOOK_SEEN_AT" not in env_of(one(none, "DaemonSet"))
 
 
+def test_dra_mounts_the_hook_for_the_base_spec_with_caps_off() -> None:
+    """The base CDI spec's library hooks run the program whatever the caps mode."""
+    result = render(dra={"enabled": True})
+    env = env_of(one(result, "DaemonSet"))
+    assert env["MEMORY_CAPS"] == "off"
+    assert env["MEMORY_CAPS_HOOK_SEEN_AT"] == "/host-hook/nvidia-cdi-hook"
+    assert _mount(_pod(result), "caps-hook") is not None
+    assert _mount(_pod(result), "host-cgroup") is None
+    assert container_of(result)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 @pytest.mark.parametrize(
     "values",
     [

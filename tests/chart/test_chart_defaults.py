@@ -24,7 +24,7 @@ DELIBERATE = {
     "DRA_PLUGIN_DIR": "the chart names the directory it mounts; the daemon derives the same",
     "MEMORY_CAPS": "caps grant CAP_SYS_ADMIN and the host's cgroup tree, and the chart grants "
     "nothing no value asks for: off unless memoryCaps.mode is auto",
-    "MEMORY_CAPS_HOOK_SEEN_AT": "where the chart mounts the hook's host directory (DRA, caps on)",
+    "MEMORY_CAPS_HOOK_SEEN_AT": "where the chart mounts the hook's host directory (DRA)",
 }
 NOT_THE_AGENTS = {
     "NVIDIA_VISIBLE_DEVICES": "the container runtime's",

@@ -100,7 +100,9 @@ async def _wire(
             NodeEvents(client, settings.node_name, "default", agent=agent_pod(settings))
         )
     warn = None if events is None else events.warn
-    front = front_end_of(settings).build(FrontEndParts(state, settings, backend, client, warn))
+    front = front_end_of(settings).build(
+        FrontEndParts(state, settings, backend, client, warn, first.loaded.config.config.flags)
+    )
     agent = Agent(
         settings, backend, state, first, front, label_values=labels, cordon_values=cordons
     )

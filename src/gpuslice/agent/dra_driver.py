@@ -34,6 +34,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuslice.agent.cdi_base import BaseSpec
 from gpuslice.agent.dra_record import RecordKeeping
 from gpuslice.agent.dra_state import _InFlight
 from gpuslice.agent.dynamic_mig import DynamicMig
@@ -128,6 +129,7 @@ class DraDriver(RecordKeeping):
         dynamic_mig: DynamicMig | None = None,
         dynamic: Callable[[], Collection[str]] = frozenset,
         compute_mode: ComputeModeSetter | None = None,
+        base: BaseSpec | None = None,
     ) -> None:
         """Where the device nodes are on the host is the snapshot's `host_dev_root`, read
         at each Prepare, so a config reload that moves the driver root counts.
@@ -139,7 +141,9 @@ class DraDriver(RecordKeeping):
         node leaves compute modes alone, `--no-compute-mode`); the MPS manager then sets
         none, so the claim's record is the one carrier of that change. `claim_warn` tells a
         claim's author what Prepare did not apply (about the claim, where its author looks);
-        without it those warnings go to `warn` with the node's own."""
+        without it those warnings go to `warn` with the node's own. `base` writes the
+        node's base CDI spec, whose ID each device then returns beside its claim's
+        (`agent.cdi_base`); None: a node without the driver's files."""
         self.settings = settings
         self._objects = objects
         self._checkpoint = checkpoint
@@ -172,6 +176,7 @@ class DraDriver(RecordKeeping):
         """Checkpoint writes, one at a time."""
         self._dynamic_mig = dynamic_mig
         self._dynamic = dynamic
+        self._base = base
         self.loaded = False
 
     # -- what others read ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuslice.agent.cdi_base import BaseSpec, DriverRoots
 from gpuslice.agent.dra_driver import ClaimWarn, DraDriver, DriverSettings
 from gpuslice.agent.dra_slices import SlicePublisher
 from gpuslice.agent.dynamic_mig import JOURNAL_NAME as DYNAMIC_MIG_RECORD
@@ -205,6 +206,7 @@ def dra_front_end(
     server_settings: DraServerSettings | None = None,
     mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
+    driver_roots: DriverRoots | None,
 ) -> DraFrontEnd:
     """Serve the node's GPUs as a DRA driver (docs/dra.md) instead of device plugins.
 
@@ -212,7 +214,9 @@ def dra_front_end(
     plugin's manager is not wired in this mode, so the two never start daemons on one GPU.
     The node's name is checked by `AgentSettings.problems` before anything starts.
     `backend`, when it makes MIG devices (`ports.MigPartitioner`: both do), serves dynamic
-    MIG (`flags.dynamicMig`, `agent.dynamic_mig`).
+    MIG (`flags.dynamicMig`, `agent.dynamic_mig`). `driver_roots`: where the driver's
+    files are for the node's base CDI spec (`agent.cdi_base`); None where the node has none
+    to give (a simulated node), so claims name their GPUs in the environment.
     """
     plugin_dir = dra.plugin_path
     smi = NvidiaSmi(settings.nvidia_smi)
@@ -254,6 +258,7 @@ def dra_front_end(
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
         compute_mode=smi if settings.set_compute_mode else None,
+        base=None if driver_roots is None else BaseSpec(dra.cdi_root, driver_roots),
     )
     publisher = SlicePublisher(
         objects,
@@ -314,6 +319,12 @@ def _build(parts: FrontEndParts) -> DraFrontEnd:
         warn=parts.warn,
         claim_warn=_ClaimWarner(ClaimEvents(client, settings.node_name)),
         backend=parts.backend,
+        driver_roots=DriverRoots(
+            parts.flags.plugin.container_driver_root,
+            parts.flags.nvidia_driver_root,
+            settings.memory_caps.hook_path,
+            settings.memory_caps.hook_seen_at,
+        ),
     )
 
 

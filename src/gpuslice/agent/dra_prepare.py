@@ -116,15 +116,18 @@ class Preparing(ClaimSharing):
             self._claims[ref.uid] = started
             await self._write()
             await self._apply(prepared, applied)
-            devices = self._prepared_devices(work)
             snap = self._snapshot()
+            base = None if self._base is None else await self._base.cdi_id(snap)
+            devices = self._prepared_devices(work, base)
             dev_root = "/" if snap is None else snap.host_dev_root
             cdi, hook = prepared.cdi, None
             if self.caps is not None and snap is not None:
                 others = claims_plan(self._claims.values(), snap.inventory, self.settings.node)
                 free = unreserved_memory(others)
                 cdi, hook = claim_cdi(self.caps, prepared.cdi, prepared.uses, snap.inventory, free)
-            spec = claim_spec(ref.uid, cdi, host_dev_root=dev_root, caps=hook)
+            spec = claim_spec(
+                ref.uid, cdi, host_dev_root=dev_root, caps=hook, driver_from_base=base is not None
+            )
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
             guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
             self._claims[ref.uid] = replace(
@@ -274,13 +277,16 @@ class Preparing(ClaimSharing):
                         f"{other.namespace}/{other.name} (UID {other.uid})"
                     )
 
-    def _prepared_devices(self, work: ClaimWork) -> tuple[PreparedDevice, ...]:
+    def _prepared_devices(self, work: ClaimWork, base: str | None) -> tuple[PreparedDevice, ...]:
+        """Each device's CDI IDs: the base spec's first where there is one, as NVIDIA's
+        driver returns its standard spec's (`core.cdi.driver`)."""
+        first = () if base is None else (base,)
         return tuple(
             PreparedDevice(
                 request_names=(dw.request_name,),
                 pool=self.settings.node,
                 device=dw.device.name,
-                cdi_ids=(cdi_id(work.ref.uid, dw.device.name),),
+                cdi_ids=(*first, cdi_id(work.ref.uid, dw.device.name)),
                 share_id=dw.share_id,
             )
             for dw in work.devices

@@ -30,6 +30,8 @@ class RecordKeeping(Unpreparing):
         that cannot be read, whatever is at its path, is kept aside and rebuilt from what
         the node and the API still say; the driver serves in every case."""
         raw: bytes | None = None
+        if self._base is not None:  # before any Prepare, and what a rebuilt record returns
+            await self._base.cdi_id(self._snapshot())
         if self._dynamic_mig is not None:
             # first: a rebuild of the DRA record must know which MIG devices are ours
             await self._dynamic_mig.read()
@@ -241,7 +243,7 @@ class RecordKeeping(Unpreparing):
             ref.namespace,
             ref.name,
             "PrepareCompleted",
-            devices=self._prepared_devices(work),
+            devices=self._prepared_devices(work, None if self._base is None else self._base.last),
             applied=tuple(step.record for step in prepared.steps),
             uses=prepared.uses,
             guard_mode=guard,

@@ -32,6 +32,7 @@ from gpuslice.ports import ComputeModeSetter, DraObjects, TimesliceSetter
 from gpuslice.state import Snapshot
 
 if TYPE_CHECKING:
+    from gpuslice.agent.cdi_base import BaseSpec
     from gpuslice.agent.dra_driver import ClaimWarn, DriverSettings, Warn
 
 log = get_logger("gpuslice.dra.driver")
@@ -73,6 +74,7 @@ class DriverState:
     _record_lock: asyncio.Lock
     _dynamic_mig: DynamicMig | None
     _dynamic: Callable[[], Collection[str]]
+    _base: BaseSpec | None
     loaded: bool
 
     def _holders(self) -> list[tuple[ClaimRef, tuple[DeviceUse, ...]]]:

@@ -20,6 +20,7 @@ from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.wiring.mps import wire_mps
 from gpuslice.core.allocation.caps import AllocateCaps
 from gpuslice.core.caps import ContainerCaps
+from gpuslice.core.config.schema import Flags
 from gpuslice.core.devices import Inventory
 from gpuslice.core.guard.model import ClaimOverride, GuardMode
 from gpuslice.core.sharing.model import Plan
@@ -93,6 +94,8 @@ class FrontEndParts:
     """The API server, where the settings name the node."""
     warn: Callable[[str, str], Awaitable[None]] | None
     """A Warning Event on the Node, where there is an API server."""
+    flags: Flags
+    """The first config's flags (where the driver's files are: DRA's base CDI spec)."""
 
 
 def _no_host_dirs(settings: AgentSettings) -> None:

@@ -262,9 +262,10 @@ class DraSettings:
         chart="dra.cdiRoot",
         type=PATH,
         show_default=True,
-        help="Where per-claim CDI specs are written (DRA mode).",
+        help="Where the claims' and the node's base CDI specs are written (DRA mode).",
     )
-    """`CDI_ROOT`: where per-claim CDI specs are written for the container runtime."""
+    """`CDI_ROOT`: where the claims' CDI specs and the node's base spec are written for the
+    container runtime."""
     resync_s: float = knob(
         10.0,
         "--dra-resync-interval",

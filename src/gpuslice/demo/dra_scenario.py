@@ -285,6 +285,7 @@ async def _running_dra_node(
         store,
         server_settings=DraServerSettings(check_tick_s=1.0),
         backend=backend,
+        driver_roots=None,  # a simulated node has no driver files: claims name their GPUs
     )
     agent = Agent(settings, backend, state, first, front)
     stop = asyncio.Event()

@@ -4,9 +4,9 @@ order, without a runtime.
 For each ID in the order the kubelet lists them, the runtime finds the device in the spec
 of its kind; the spec's own `containerEdits` are applied the first time one of its devices
 is, then the device's. An environment variable set again keeps the last value; a device
-node at a path already given replaces it; mounts add up. This is what decides whether a
-container with several devices sees all its GPUs, so the CDI tests check it this way rather
-than device by device.
+node or a mount at a path already given replaces it (`ContainerEdits.Apply`); hooks add
+up. This is what decides whether a container with several devices sees all its GPUs, so the
+CDI tests check it this way rather than device by device.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Container:
     device_nodes: dict[str, Json] = field(default_factory=dict)
     """By container path, in the order first given."""
     mounts: list[Json] = field(default_factory=list)
+    hooks: list[Json] = field(default_factory=list)
 
     def apply(self, edits: Json) -> None:
         for entry in edits.get("env") or ():
@@ -30,7 +31,11 @@ class Container:
             self.env[name] = value
         for node in edits.get("deviceNodes") or ():
             self.device_nodes[str(node["path"])] = dict(node)
-        self.mounts.extend(dict(m) for m in edits.get("mounts") or ())
+        for mount in edits.get("mounts") or ():
+            path = mount["containerPath"]
+            self.mounts = [m for m in self.mounts if m["containerPath"] != path]
+            self.mounts.append(dict(mount))
+        self.hooks.extend(dict(h) for h in edits.get("hooks") or ())
 
     def mounted_under(self, directory: str) -> list[str]:
         prefix = directory.rstrip("/") + "/"

@@ -6,6 +6,10 @@ device, and the NVIDIA Container Toolkit's memory-limits hook.
   the hook entry per capped device, the minimum `cdiVersion`), with no front end's naming:
   DRA's claim specs (`core.dra.cdispec`: the claim kind, names embedding the claim UID) are
   built on it.
+- `core.cdi.driver`: the node's base spec for DRA, as NVIDIA's standard spec: the driver's
+  files (which names, where the toolkit looks; `host.driverfiles` finds them), the toolkit's
+  library hooks and `NVIDIA_VISIBLE_DEVICES=void`, applied once per container however many
+  claims it holds, so claims' GPUs add up.
 - `core.cdi.hook`: the toolkit's `apply-cuda-memory-limits` hook: its entry, its two
   variables, and `hook_env_for`, the one rule for which limits reach the hook for the devices
   of one container, which DRA's claim specs and the device plugin's Allocate both call.

@@ -9,22 +9,28 @@ claim, names embedding the claim UID).
 **Several GPUs in one container.** A container may get several devices: a claim of count 2,
 a claim with two requests, two claims. The runtime applies each device's edits in order;
 device nodes and mounts add up, but an environment variable set twice keeps the last value.
-So what makes a GPU visible must add up, as in NVIDIA's DRA driver, whose claim spec gives
-each device its own device nodes (`/dev/nvidia<minor>`, and a MIG device's capability
-nodes) and sets `NVIDIA_VISIBLE_DEVICES=void` once for the spec
-(`cmd/gpu-kubelet-plugin/cdi.go`, the toolkit's `nvcdi` common edits), so the GPUs a
-container sees are exactly the nodes it got. gpuslice's edits per device:
+So what makes a GPU visible must add up. NVIDIA's DRA driver gives each device its own device
+nodes (`/dev/nvidia<minor>`, and a MIG device's capability nodes) and sets
+`NVIDIA_VISIBLE_DEVICES=void` in the toolkit's common edits, which carry the driver's files
+too (`cmd/gpu-kubelet-plugin/cdi.go`, `nvcdi`), so the GPUs a container sees are exactly the
+nodes it got. gpuslice does the same where the node's base spec is written
+(`core.cdi.driver`: the driver's files, the toolkit's hooks and `void`, once per container),
+and then passes `driver_from_base`; without it (no driver files found) the toolkit's legacy
+hook must inject the driver, from the device list below. gpuslice's edits per device:
 
 - the GPU's device node, and for a MIG device its GI and CI capability nodes (`core.migcaps`):
   these add up over devices and claims;
-- a mount of `/dev/null` at `/var/run/nvidia-container-devices/<UUID>`: the device list of the
-  NVIDIA Container Toolkit's `volume-mounts` strategy, which the toolkit reads before the
-  environment (`accept-nvidia-visible-devices-as-volume-mounts`), and which adds up too;
-- `NVIDIA_VISIBLE_DEVICES` with the UUIDs of every device of the same request, the same value
-  on each, so a request of count 2 shows both whatever the order. A request is the smallest
-  unit a container references (the whole claim, or one of its requests), so the list never
-  names a GPU the container did not get; of two requests or two claims, the last applied
-  names its own (an environment variable cannot add up);
+- without the base spec, a mount of `/dev/null` at `/var/run/nvidia-container-devices/<UUID>`:
+  the device list of the NVIDIA Container Toolkit's `volume-mounts` strategy, which the
+  toolkit reads before the environment (`accept-nvidia-visible-devices-as-volume-mounts`), and
+  which adds up too;
+- without the base spec, `NVIDIA_VISIBLE_DEVICES` with the UUIDs of every device of the same
+  request, the same value on each, so a request of count 2 shows both whatever the order. A
+  request is the smallest unit a container references (the whole claim, or one of its
+  requests), so the list never names a GPU the container did not get; of two requests or two
+  claims, the last applied names its own (an environment variable cannot add up). With the
+  base spec no device names a GPU there or in the device list: either would have the
+  toolkit's runtime inject GPUs beside CDI;
 - for an MPS share, the daemon's pipe and shm directories; a share's hints;
 - for a capped device (its `memory_limits`), with `caps` given: `NVIDIA_GPU_MEMORY_REQUEST` /
   `NVIDIA_GPU_MEMORY_LIMIT` (MiB) and a `createRuntime` hook running the NVIDIA Container
@@ -34,8 +40,9 @@ container sees are exactly the nodes it got. gpuslice's edits per device:
   passes `caps` on a node that cannot take the limits (cgroup v1: the hook would fail the
   container).
 
-Driver libraries and utility binaries come from the NVIDIA Container Toolkit, which reads the
-device list from the mounts or `NVIDIA_VISIBLE_DEVICES`, as for any GPU container.
+The spec's common edits are the control nodes (`nvidiactl`, `nvidia-uvm`,
+`nvidia-uvm-tools`), which the base spec gives too (a node at a path already given replaces
+it: harmless twice).
 """
 
 from __future__ import annotations
@@ -114,12 +121,16 @@ def device_spec(
     *,
     host_dev_root: str = "/",
     caps: CdiCaps | None = None,
+    driver_from_base: bool = False,
 ) -> Json:
     """A spec file's content (the adapter writes it as YAML): each device under its name.
 
     `host_dev_root` is the directory on the host that holds the device nodes' `dev/`
     (`host.devroot` decides it as NVIDIA does); `caps` how to call the toolkit's memory
-    limits hook, None for no hook (caps off, or a node that cannot take them)."""
+    limits hook, None for no hook (caps off, or a node that cannot take them).
+    `driver_from_base`: the container gets the driver from the node's base spec
+    (`core.cdi.driver`), so no device names its GPU in `NVIDIA_VISIBLE_DEVICES` or the
+    toolkit's device list, which would have the toolkit's runtime inject GPUs again."""
     if not named:
         raise ValueError("a CDI spec needs at least one device")
     devices = [d for _, d in named]
@@ -133,7 +144,10 @@ def device_spec(
             by_request[d.request].append(d.uuid)
     entries: list[Json] = []
     for name, d in named:
-        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(by_request[d.request]), **(d.env or {})}
+        env: dict[str, str] = {}
+        if not driver_from_base:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(by_request[d.request])
+        env.update(d.env or {})
         nodes = [device_node(f"nvidia{d.minor}", host_dev_root)]
         for minor in d.mig_caps:
             if d.caps_major is None:
@@ -152,10 +166,11 @@ def device_spec(
                  "options": options},
                 {"hostPath": d.mps.shm_dir, "containerPath": "/dev/shm", "options": options},
             ]  # fmt: skip
-        mounts.append(
-            {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
-             "options": ["ro", "nosuid", "nodev", "bind"]}
-        )  # fmt: skip
+        if not driver_from_base:
+            mounts.append(
+                {"hostPath": "/dev/null", "containerPath": f"{TOOLKIT_DEVICE_LIST}/{d.uuid}",
+                 "options": ["ro", "nosuid", "nodev", "bind"]}
+            )  # fmt: skip
         edits: Json = {
             "env": [f"{k}={v}" for k, v in env.items()],
             "deviceNodes": nodes,
