@@ -868,7 +868,7 @@ async def case_rollback() -> list[Row]:
 
 class MigNode:
     """Dynamic MIG in-process (a simulated GPU lives in its process, so agent restarts are
-    new drivers on the same files and the same backend, as `tests/dynamic_mig` has them)."""
+    new drivers on the same files and the same backend, as `tests/agent/dynamic_mig` has them)."""
 
     CONFIG = "version: v1\nflags:\n  dynamicMig: {}\n"
 

@@ -14,7 +14,7 @@ from gpuslice.cli.main import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # The CLI also reads Helm values (`config.map`) as a set of named configs, so that one
-# corpus file is a valid input here (the parser alone rejects it: tests/config).
+# corpus file is a valid input here (the parser alone rejects it: tests/core/config).
 BAD = sorted(p for p in (CONFIGS / "bad").glob("*.yaml") if p.name != "helm-values-as-config.yaml")
 
 

@@ -157,7 +157,7 @@ def not_here(command: str) -> str | None:
         if re.fullmatch(pattern, command):
             return why
     if re.fullmatch(PLOT, command) and importlib.util.find_spec("matplotlib") is None:
-        return "the plot extra (matplotlib) is not installed here; tests/advise runs --plot"
+        return "the plot extra (matplotlib) is not installed here; tests/core/advise runs --plot"
     return None
 
 

@@ -4,7 +4,7 @@ partitions and the counter set, Prepare creates the allocated MIG device (its re
 disk, its UUID in the CDI spec), an operator's instance made through the simulator's
 control directory takes its placements out of the slices, a repeated Prepare creates
 nothing, and Unprepare destroys it while the operator's stays. (Restarts are
-`tests/dynamic_mig/test_driver_restarts.py`'s: a simulated GPU lives in the daemon's process,
+`tests/agent/dynamic_mig/test_driver_restarts.py`'s: a simulated GPU lives in the daemon's process,
 so a restarted daemon would find a fresh one.)"""
 
 from __future__ import annotations

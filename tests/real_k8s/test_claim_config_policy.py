@@ -127,7 +127,7 @@ def policy(control_plane: envtest.ControlPlane) -> envtest.ControlPlane:
 def test_the_api_server_with_the_policy_agrees_with_prepare(
     policy: envtest.ControlPlane, kind: str
 ) -> None:
-    from tests.dra_core.opaque_corpus import corpus, prepare_verdict
+    from tests.core.dra.opaque_corpus import corpus, prepare_verdict
 
     entries = corpus()
     docs = {f"c-{i}": _document(kind, f"c-{i}", [e["parameters"]]) for i, e in enumerate(entries)}
@@ -204,7 +204,7 @@ def test_the_largest_claim_is_checked_within_the_servers_cel_cost_budget(
     most per-device limits Prepare takes (128), each limit a long string: the policy still
     answers within the API server's CEL cost limits, as Prepare does: one more limit, or one
     limit too small among them all, is refused naming the field."""
-    from tests.dra_core.opaque_corpus import prepare_verdict
+    from tests.core.dra.opaque_corpus import prepare_verdict
 
     def config(count: int, last: str = "0" * 60 + "1Gi") -> str:
         limits = {str(i): "0" * 60 + "1Gi" for i in range(count - 1)} | {"last": last}
@@ -231,13 +231,13 @@ def test_the_largest_claim_is_checked_within_the_servers_cel_cost_budget(
 def test_a_new_kind_is_admitted_by_the_policy_generated_with_its_registration(
     policy: envtest.ControlPlane,
 ) -> None:
-    """The throwaway kind of tests/dra_core/test_opaque_registry.py (its module and its
+    """The throwaway kind of tests/core/dra/test_opaque_registry.py (its module and its
     registration line, nothing else): the chart's policy generated with it takes it, and
     refuses what Prepare refuses (its derived field check, its own rule, an unknown field,
     a string for a number); the registry's own policy refuses it as unknown."""
     from gpuslice.core.dra.opaque.base import ClaimConfigError
     from gpuslice.core.dra.sharing import parse_opaque
-    from tests.dra_core.test_opaque_registry import EXAMPLE, WITH_EXAMPLE
+    from tests.core.dra.test_opaque_registry import EXAMPLE, WITH_EXAMPLE
 
     raws = {
         "c-0": json.dumps(EXAMPLE),
