@@ -74,7 +74,7 @@ from gpuslice.k8s.dra import DraApi
 from gpuslice.logs import get_logger
 from gpuslice.ports import SliceEvent, SliceListing
 from gpuslice.protos.dra.v1 import api_pb2 as v1
-from gpuslice.state import Snapshot
+from gpuslice.state import PlanState, Snapshot
 
 SERVICE = "gpuslice.bench.Baseline"
 BASELINE = f"/{SERVICE}/Empty"
@@ -167,7 +167,7 @@ def node_snapshot(spec: str) -> Snapshot:
         inventory = backend.inventory()
     finally:
         backend.close()
-    return Snapshot(1, build_plan(inventory, parse_config("version: v1\n")), inventory)
+    return PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory).current
 
 
 async def serve(root: Path, state_dir: Path, kubeconfig: Json) -> None:

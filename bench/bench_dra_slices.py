@@ -49,7 +49,7 @@ from gpuslice.core.dra.publish import plan_slices
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.k8s.client import make_client
 from gpuslice.k8s.dra import DraApi
-from gpuslice.state import Snapshot
+from gpuslice.state import PlanState, Snapshot
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"
@@ -75,7 +75,7 @@ def snapshots() -> tuple[Snapshot, Snapshot]:
         inventory = backend.inventory()
     finally:
         backend.close()
-    healthy = Snapshot(1, build_plan(inventory, parse_config("version: v1\n")), inventory)
+    healthy = PlanState(build_plan(inventory, parse_config("version: v1\n")), inventory).current
     sick_uuid = inventory.gpus[SICK_GPU].uuid
     sick = dataclasses.replace(
         healthy, version=2, unhealthy=frozenset({sick_uuid}), last_xid={sick_uuid: XID}

@@ -10,7 +10,7 @@ from gpuslice.backends import open_backend
 from gpuslice.core.dra.claims import claim_work
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import SetInterval, StartDaemon, preparation
-from gpuslice.core.dra.prepared import Checkpoint, PreparedClaim, encode
+from gpuslice.core.dra.prepared import AppliedSharing, Checkpoint, PreparedClaim, encode
 from gpuslice.core.dra.publish import dra_devices
 from gpuslice.core.sharing.model import SharingStrategy
 
@@ -68,7 +68,7 @@ def test_prepares_records_name_the_strategies_as_nvidia_does_in_the_checkpoint()
         devices = {d.name: d for d in dra_devices(backend.inventory())}
     finally:
         backend.close()
-    records = []
+    records: list[AppliedSharing] = []
     for sharing in (
         {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
         {"strategy": "MPS"},
@@ -86,8 +86,8 @@ def test_prepares_records_name_the_strategies_as_nvidia_does_in_the_checkpoint()
             if isinstance(step, SetInterval | StartDaemon)
         )
     assert [r.strategy for r in records] == ["TimeSlicing", "MPS"]
-    claim = PreparedClaim(REF.uid, REF.namespace, REF.name, "PrepareCompleted",
+    prepared = PreparedClaim(REF.uid, REF.namespace, REF.name, "PrepareCompleted",
                           applied=tuple(records))  # fmt: skip
-    raw = encode(Checkpoint("boot", {REF.uid: claim}))
+    raw = encode(Checkpoint("boot", {REF.uid: prepared}))
     assert b'"strategy":"TimeSlicing"' in raw.replace(b" ", b"")
     assert b'"strategy":"MPS"' in raw.replace(b" ", b"")

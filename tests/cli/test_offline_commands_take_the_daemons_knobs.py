@@ -47,11 +47,15 @@ def _as_declared(option: click.Option) -> tuple[Any, ...]:
         (
             "describe",
             {
-                "--config-file", "--config-name", "--node", "--consumable-shares",
+                "--config-file", "--config-name", "--default-config", "--node",
+                "--consumable-shares",
                 "--cgroup-root", "--memory-caps", "--memory-guard",
             },
         ),
-        ("labels", {"--config-file", "--config-name", "--node", "--no-timestamp"}),
+        (
+            "labels",
+            {"--config-file", "--config-name", "--default-config", "--node", "--no-timestamp"},
+        ),
     ],
 )  # fmt: skip
 def test_each_daemon_flag_of_an_offline_command_is_the_daemons(
@@ -98,3 +102,25 @@ def test_no_command_but_the_daemon_reads_a_knobs_variable_by_hand() -> None:
         for path in SRC.glob("*.py")
     }
     assert {name: found for name, found in by_hand.items() if found} == {}
+
+
+def test_in_the_agents_pod_the_offline_commands_show_the_daemons_default_config(
+    tmp_path: Path,
+) -> None:
+    """The chart gives the agent `CONFIG_FILE` (a directory of named configs) and
+    `DEFAULT_CONFIG`; run in its pod, `labels` and `describe` read both, as the daemon does
+    on a node without the label, instead of stopping at "several named configs"."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "plain").write_text("version: v1\n")
+    (configs / "sliced").write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
+    env = {"GPUSLICE_NODE": "sim:2xt4", "CONFIG_FILE": str(configs), "DEFAULT_CONFIG": "sliced"}
+    result = CliRunner(env=env).invoke(main, ["labels", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["nvidia.com/gpu.replicas"] == "4"
+    result = CliRunner(env=env).invoke(main, ["describe", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["resources"] == {"nvidia.com/gpu": 8}  # 2 GPUs x 4

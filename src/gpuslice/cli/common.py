@@ -68,19 +68,28 @@ class NodeView:
 
 
 def plan_for(
-    node: str, config_path: Path | None, config_name: str = "", backend: GpuBackend | None = None
+    node: str,
+    config_path: Path | None,
+    config_name: str = "",
+    backend: GpuBackend | None = None,
+    *,
+    default_config: str = "",
 ) -> NodeView:
     """What a node would advertise with a config: no sockets, no daemons. Uses `backend`
-    when the caller already holds one open, else opens and closes the node's own."""
+    when the caller already holds one open, else opens and closes the node's own.
+    `default_config`: the named config of a node without the label, as the daemon picks it
+    (`DEFAULT_CONFIG`), so that in the agent's pod the offline commands show its config."""
     if backend is None:
         own = open_backend(node)
         try:
-            return plan_for(node, config_path, config_name, own)
+            return plan_for(node, config_path, config_name, own, default_config=default_config)
         finally:
             own.close()
     inventory = backend.inventory()
     name = backend.name
-    settings = AgentSettings(node=node, config_path=config_path, config_name=config_name)
+    settings = AgentSettings(
+        node=node, config_path=config_path, config_name=config_name, default_config=default_config
+    )
     loaded = load_config(settings)
     plan = plan_node(inventory, loaded.config, settings)  # the daemon's own plan builder
     return NodeView(inventory, loaded.config, loaded.name, plan, name)

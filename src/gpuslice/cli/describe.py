@@ -146,6 +146,7 @@ _PROTECTION_WORDS = {
 @click.command("describe")
 @daemon_option(AgentSettings, "config_path")
 @daemon_option(AgentSettings, "config_name")
+@daemon_option(AgentSettings, "default_config")
 @daemon_option(AgentSettings, "node")
 @click.option(
     "--claims",
@@ -172,6 +173,7 @@ _PROTECTION_WORDS = {
 def describe_command(
     config_path: Path | None,
     config_name: str,
+    default_config: str,
     node: str,
     claims_file: Path | None,
     classes_file: Path | None,
@@ -196,7 +198,7 @@ def describe_command(
         raise click.BadParameter(str(exc), param_hint="'--consumable-shares'") from None
     backend = open_backend(node)
     try:
-        view = plan_for(node, config_path, config_name, backend)
+        view = plan_for(node, config_path, config_name, backend, default_config=default_config)
         protection = _protection(backend, view.inventory, cgroup_root, memory_caps, memory_guard)
     finally:
         backend.close()

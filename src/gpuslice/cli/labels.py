@@ -17,16 +17,22 @@ from gpuslice.core.labels import gfd_labels
 @click.command()
 @daemon_option(AgentSettings, "config_path")
 @daemon_option(AgentSettings, "config_name")
+@daemon_option(AgentSettings, "default_config")
 @daemon_option(AgentSettings, "node")
 @daemon_option(AgentSettings, "no_timestamp")
 @output_option
 @reports_errors
 def labels(
-    config_path: Path | None, config_name: str, node: str, no_timestamp: bool, output: str
+    config_path: Path | None,
+    config_name: str,
+    default_config: str,
+    node: str,
+    no_timestamp: bool,
+    output: str,
 ) -> None:
     """Print node labels: `key=value` lines as in the NFD features.d file (`-o table`, the
     default), or one JSON/YAML mapping."""
-    view = plan_for(node, config_path, config_name)
+    view = plan_for(node, config_path, config_name, default_config=default_config)
     stamp = None if no_timestamp or view.config.flags.gfd.no_timestamp else int(time.time())
     values = gfd_labels(
         view.inventory, view.plan, timestamp=stamp, machine_type=view.inventory.machine_type

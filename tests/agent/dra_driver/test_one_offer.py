@@ -64,7 +64,8 @@ async def test_publisher_prepare_health_and_describe_read_one_offer(
     _, reports = PlanHealth(node.state, pool=NODE, devices=driver.devices).current()
     # a health change is a new snapshot of the same plan: the offer is not built again
     node.state.publish(cordoned=frozenset())
-    assert (await driver.prepare([node.claim("c1")])).popitem()[1].error == ""
+    (second,) = (await driver.prepare([node.claim("c1")])).values()
+    assert second.error == ""
 
     (offer,) = built  # the publisher's, Prepare's (twice) and the health stream's
     published = [d for s in node.store.slices() for d in s["spec"].get("devices") or ()]
