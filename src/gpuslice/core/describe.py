@@ -18,6 +18,7 @@ from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     Isolation,
     MigStrategy,
+    MpsShare,
     PhysicalDevice,
     Plan,
     ResourcePlan,
@@ -114,8 +115,8 @@ def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
     if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         return _mig_words(phys) if phys.kind == "mig" else "whole GPU"
     if strategy == SharingStrategy.MPS:
-        pct = dev.mps.active_thread_percentage if dev.mps else 100 // dev.replicas
-        limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // dev.replicas
+        share = dev.mps or MpsShare.even(phys, dev.replicas)
+        pct, limit = share.active_thread_percentage, share.pinned_memory_limit_mib
         sms = phys.multiprocessors * pct // 100
         if not phys.memory_reported:
             return (
@@ -159,8 +160,8 @@ def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
     """`share_text` as fields, for scripts (`describe -o json`)."""
     phys = dev.physical
     if strategy == SharingStrategy.MPS:
-        pct = dev.mps.active_thread_percentage if dev.mps else 100
-        limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
+        share = dev.mps or MpsShare.even(phys, dev.replicas)
+        pct, limit = share.active_thread_percentage, share.pinned_memory_limit_mib
         return _Numbers(strategy.isolation, pct / 100, pct, limit or 0, bool(limit))
     if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         held = SharingStrategy.MIG if phys.kind == "mig" else SharingStrategy.NONE
