@@ -1,9 +1,10 @@
 """The policy table's entitlements (`core.policy.NodePolicy.entitlements`) are what every
 reader holds a replica or a share to: the exporter's entitled memory and SM fraction, the
 guard's share (to the byte), `describe`'s numbers and Allocate's memory (the hook's pair,
-MPS's limits: whole MiB, rounded down), on a GPU with memory and on a unified-memory one; and a DRA share that asked for no
-memory is entitled, through Prepare's record and the claims plan, to the default the slice
-published (`ShareOffer.default_memory_mib`). Pure: simulated inventories, no I/O."""
+MPS's limits: whole MiB, rounded down), on a GPU with memory and on a unified-memory one;
+and a DRA share that asked for no memory is entitled, through Prepare's record and the
+claims plan, to the default the slice published (`ShareOffer.default_memory_mib`). Pure:
+simulated inventories, no I/O."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.claimplan import claims_plan
 from gpuslice.core.dra.claims import claim_work
 from gpuslice.core.dra.kubelet_api import ClaimRef
-from gpuslice.core.dra.prepared import PreparedClaim
 from gpuslice.core.dra.preparation import preparation
+from gpuslice.core.dra.prepared import PreparedClaim
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
 from gpuslice.core.guard import tenants_from
 from gpuslice.core.mps import daemon_spec
@@ -68,8 +69,7 @@ def exported(attribution: Attribution, inventory: Inventory) -> dict[str, float]
         taken_at=1.0,
         hostname="n1",
         gpus=tuple(
-            GpuSample(g.index, g.uuid, g.product_name, g.memory_mib, status)
-            for g in inventory.gpus
+            GpuSample(g.index, g.uuid, g.product_name, g.memory_mib, status) for g in inventory.gpus
         ),
         attribution=attribution,
         advertised={},
