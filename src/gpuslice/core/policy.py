@@ -29,7 +29,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpuslice.core.attribution import Entitlement, entitlement_of
-from gpuslice.core.caps import CapPolicy, MemoryLimits, limits_for
+from gpuslice.core.caps import CapPolicy, MemoryLimits, cappable, limits_for
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.partitions import (
     DynamicGpu,
@@ -86,15 +86,9 @@ class DeviceEntitlement:
 
     @property
     def cappable(self) -> bool:
-        """Whether the driver may cap its holders, wherever the GPU allows caps: only a
-        time-sliced replica of a whole GPU whose memory NVML reports. An exclusive holder
-        has nobody to protect, a MIG device has its own memory (and NVML refuses MIG
-        handles), an MPS client keeps the pinned limit its server enforces (`core.caps`)."""
-        return (
-            self.each.kind is SharingStrategy.TIME_SLICING
-            and self.whole_gpu
-            and self.device_bytes > 0
-        )
+        """Whether the driver may cap its holders, wherever the GPU allows caps
+        (`core.caps.cappable`: MIG, MPS and exclusive holders never are)."""
+        return cappable(self.each.kind, self.whole_gpu, self.device_bytes)
 
     def limits(self, policy: CapPolicy, held: int = 1) -> MemoryLimits | None:
         """The limits of a container holding `held` of its replicas (they add up: two of
