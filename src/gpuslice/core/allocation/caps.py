@@ -15,7 +15,9 @@ limits after the container starts, as before, `agent.caps`):
 * the device reaches the container through CDI (`cdi-annotations` / `cdi-cri`): only then
   does the toolkit's spec, and its hook, apply;
 * every device of the request is a time-sliced replica of a full GPU (never MPS, whose
-  server holds the memory, nor MIG, which the hook skips and NVML refuses);
+  server holds the memory, nor MIG, which the hook skips and NVML refuses): a fact of the
+  plan, read from the snapshot's table (`core.policy.DeviceEntitlement.cappable`) with the
+  replica's entitlement;
 * every GPU it lands on is capable (`core.caps.GpuCapability`: cgroup v2, root, a driver
   with the call, not MIG, caps on, no NVML error): the agent finds that and passes it in;
 * its GPUs all want the same limits, and limits the hook would not refuse: the hook gives
