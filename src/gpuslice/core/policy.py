@@ -77,7 +77,6 @@ class DeviceEntitlement:
     each: Entitlement
     """One replica's: its kind, memory (0 where nothing is reserved: a unified-memory GPU,
     an MPS share without a pinned limit) and SM fraction of the GPU."""
-    replicas: int
     thread_percentage: int | None
     """An MPS replica's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`; None for any other."""
     device_bytes: int
@@ -115,7 +114,6 @@ def device_entitlements(
                 dev = replace(dev, mps=MpsShare.even(phys, dev.replicas))
             out[phys.uuid] = DeviceEntitlement(
                 entitlement_of(dev, gpu_sms.get(phys.gpu_uuid)),
-                dev.replicas,
                 dev.mps.active_thread_percentage if dev.mps is not None else None,
                 phys.memory_mib * MIB,
                 phys.kind == "gpu",
