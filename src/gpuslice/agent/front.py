@@ -144,9 +144,14 @@ class DevicePluginFrontEnd:
         )
 
     def _allocate_caps(self) -> AllocateCaps | None:
-        """Asked at each Allocate: the GPUs' capabilities as the caps loop sees them now."""
+        """Asked at each Allocate: the GPUs' capabilities as the caps loop sees them now, and
+        the entitlements of the snapshot in force (the servicer reads it in the same step,
+        with no await between, so they are those of the devices it allocates)."""
         caps = self._caps
-        return None if caps is None else AllocateCaps(caps.gpus(), caps.policy)
+        if caps is None:
+            return None
+        entitlements = self._state.current.policy.entitlements
+        return AllocateCaps(caps.gpus(), caps.policy, entitlements=entitlements)
 
     def _allocated(self, resource: str, ok: bool, seconds: float) -> None:
         if self.on_allocate is not None:

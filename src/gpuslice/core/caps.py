@@ -210,6 +210,16 @@ def uncapped(guard_mode: str) -> Protection:
     return "guarded" if guard_mode == "enforce" else "none"
 
 
+def cappable(kind: SharingStrategy, whole_gpu: bool, device_bytes: int) -> bool:
+    """Whether the driver may cap a holder at all, whatever its GPU allows: only a
+    time-sliced holder of a whole GPU whose memory NVML reports. An exclusive holder has
+    nobody to protect, a MIG device has its own memory (and NVML refuses MIG handles), an
+    MPS client keeps the pinned limit its server enforces (the module docstring). A fact of
+    the plan for a replica (`core.policy.DeviceEntitlement.cappable`, which Allocate reads)
+    and of the claim for a DRA holder (`core.protection`)."""
+    return kind is SharingStrategy.TIME_SLICING and whole_gpu and device_bytes > 0
+
+
 def limits_for(
     entitlement: Entitlement, gpu_total_bytes: int, policy: CapPolicy
 ) -> MemoryLimits | None:

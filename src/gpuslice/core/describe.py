@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuslice.core.devices import Gpu, Inventory
+from gpuslice.core.policy import DeviceEntitlement, NodePolicy
 from gpuslice.core.sharing.model import (
     AdvertisedDevice,
     Isolation,
@@ -23,6 +24,7 @@ from gpuslice.core.sharing.model import (
     ResourcePlan,
     SharingStrategy,
 )
+from gpuslice.core.units import MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +111,19 @@ def gib(mib: float) -> str:
     return f"{value:.0f}" if value >= 1000 else f"{value:.3g}"
 
 
-def share_text(dev: AdvertisedDevice, strategy: SharingStrategy) -> str:
+def _mps_share(entry: DeviceEntitlement) -> tuple[int, int]:
+    """An MPS replica's thread percentage and pinned memory limit in MiB (0: none), as the
+    plan snapshot's table holds them."""
+    assert entry.thread_percentage is not None  # the table gives every MPS replica one
+    return entry.thread_percentage, entry.each.memory_bytes // MIB
+
+
+def share_text(dev: AdvertisedDevice, strategy: SharingStrategy, entry: DeviceEntitlement) -> str:
     phys = dev.physical
     if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         return _mig_words(phys) if phys.kind == "mig" else "whole GPU"
     if strategy == SharingStrategy.MPS:
-        pct = dev.mps.active_thread_percentage if dev.mps else 100 // dev.replicas
-        limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // dev.replicas
+        pct, limit = _mps_share(entry)
         sms = phys.multiprocessors * pct // 100
         if not phys.memory_reported:
             return (
@@ -155,13 +163,16 @@ class _Numbers:
     memory_enforced: bool
 
 
-def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
-    """`share_text` as fields, for scripts (`describe -o json`)."""
+def share_numbers(
+    dev: AdvertisedDevice, strategy: SharingStrategy, entry: DeviceEntitlement
+) -> _Numbers:
+    """`share_text` as fields, for scripts (`describe -o json`). A time-sliced replica's
+    memory is the device's / N "if shared evenly", on a MIG device too, where attribution
+    counts each replica as holding the MIG device whole (`entitlement_of`)."""
     phys = dev.physical
     if strategy == SharingStrategy.MPS:
-        pct = dev.mps.active_thread_percentage if dev.mps else 100
-        limit = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib
-        return _Numbers(strategy.isolation, pct / 100, pct, limit or 0, bool(limit))
+        pct, limit = _mps_share(entry)
+        return _Numbers(strategy.isolation, pct / 100, pct, limit, bool(limit))
     if dev.replicas <= 1 or strategy == SharingStrategy.NONE:
         held = SharingStrategy.MIG if phys.kind == "mig" else SharingStrategy.NONE
         return _Numbers(held.isolation, 1.0, None, phys.memory_mib, True)
@@ -170,14 +181,17 @@ def share_numbers(dev: AdvertisedDevice, strategy: SharingStrategy) -> _Numbers:
     )
 
 
-def _shares(resource: ResourcePlan, gpu: Gpu) -> list[ShareReport]:
+def _shares(
+    resource: ResourcePlan, gpu: Gpu, entitlements: Mapping[str, DeviceEntitlement]
+) -> list[ShareReport]:
     groups: dict[str, list[AdvertisedDevice]] = {}
     for dev in resource.devices:
         if dev.physical.gpu_uuid == gpu.uuid:
             groups.setdefault(dev.physical.uuid, []).append(dev)
     out = []
     for devs in groups.values():
-        numbers = share_numbers(devs[0], resource.strategy)
+        entry = entitlements[devs[0].physical.uuid]
+        numbers = share_numbers(devs[0], resource.strategy, entry)
         out.append(
             ShareReport(
                 resource=resource.name,
@@ -185,7 +199,7 @@ def _shares(resource: ResourcePlan, gpu: Gpu) -> list[ShareReport]:
                 device_uuid=devs[0].physical.uuid,
                 device_index=devs[0].physical.index_id,
                 replicas=len(devs),
-                share=share_text(devs[0], resource.strategy),
+                share=share_text(devs[0], resource.strategy, entry),
                 ids=tuple(d.id for d in devs),
                 isolation=numbers.isolation,
                 sm_share=numbers.sm_share,
@@ -202,8 +216,11 @@ def describe(
     inventory: Inventory,
     protection: Mapping[str, tuple[str, str]] | None = None,
 ) -> DescribeReport:
-    """`protection`: GPU UUID -> (protection, why not capped), `core.caps.caps_view`'s."""
+    """`protection`: GPU UUID -> (protection, why not capped), `core.caps.caps_view`'s. The
+    shares' figures are the plan's policy table's (`core.policy.NodePolicy`), as the daemon
+    builds it for the same plan."""
     guarded = protection or {}
+    entitlements = NodePolicy(plan, inventory).entitlements
     gpus = tuple(
         GpuReport(
             index=gpu.index,
@@ -216,7 +233,7 @@ def describe(
                 MigReport(m.uuid, m.index_id, m.profile, m.memory_mib, m.multiprocessors)
                 for m in gpu.mig_devices
             ),
-            shares=tuple(s for r in plan.resources for s in _shares(r, gpu)),
+            shares=tuple(s for r in plan.resources for s in _shares(r, gpu, entitlements)),
             protection=guarded.get(gpu.uuid, ("", ""))[0],
             protection_reason=guarded.get(gpu.uuid, ("", ""))[1],
         )

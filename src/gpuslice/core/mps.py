@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gpuslice.core.devices import GpuUuid
-from gpuslice.core.sharing.model import Plan, ResourceName, ResourcePlan, SharingStrategy
+from gpuslice.core.sharing.model import (
+    MpsShare,
+    Plan,
+    ResourceName,
+    ResourcePlan,
+    SharingStrategy,
+)
 
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """`flags.mpsRoot` when the config leaves it empty (NVIDIA's Helm default)."""
@@ -195,10 +201,9 @@ def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
         if phys.gpu_uuid not in uuids:
             uuids.append(phys.gpu_uuid)
             indices.append(phys.gpu_index)
-        replicas = max(dev.replicas, 1)
-        pct = dev.mps.active_thread_percentage if dev.mps else 100 // replicas
-        mib = dev.mps.pinned_memory_limit_mib if dev.mps else phys.memory_mib // replicas
-        percentages.append(pct)
+        share = dev.mps or MpsShare.even(phys, dev.replicas)
+        percentages.append(share.active_thread_percentage)
+        mib = share.pinned_memory_limit_mib
         if mib:  # none on a unified-memory GPU: the daemon sets no memory limit there
             memory[phys.gpu_index] = min(mib, memory.get(phys.gpu_index, mib))
     if not uuids:

@@ -8,6 +8,14 @@ snapshot's `NodePolicy` computes the DRA offer once for everyone who asks with t
 node settings (`dra_offer`), so the publisher, Prepare and the health stream see the very
 same devices and offers.
 
+Each device's entitlement is on the table too (`entitlements`): what one replica of it gives
+its holder (`core.attribution.entitlement_of`, the rule the exporter, the guard and the caps
+loop count holders by), and what of memory caps the plan alone fixes (`DeviceEntitlement`:
+whether its holders can be capped at all, and to what under a caps policy). Allocate reads
+it there. Who holds what at a moment (`core.protection`) is not on it: that follows the
+kubelet's assignments and, in DRA mode, the prepared claims, which change without a new
+snapshot.
+
 What depends on the running node rather than on the plan (the MIG devices gpuslice created
 on dynamic MIG GPUs, whether the API server takes partitions) is part of the question, not
 of the snapshot: the last offer is kept with its question, and the publisher and the driver
@@ -18,8 +26,10 @@ changes the answer.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gpuslice.core.attribution import Entitlement, entitlement_of
+from gpuslice.core.caps import CapPolicy, MemoryLimits, cappable, limits_for
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.partitions import (
     DynamicGpu,
@@ -30,7 +40,7 @@ from gpuslice.core.dra.partitions import (
 )
 from gpuslice.core.dra.publish import REPLICAS, DraDevice, ShareOffer, SharesMode, dra_devices
 from gpuslice.core.jsontypes import Json
-from gpuslice.core.sharing.model import Plan, SharingStrategy
+from gpuslice.core.sharing.model import MpsShare, Plan, ResourcePlan, SharingStrategy
 from gpuslice.core.units import MIB
 
 
@@ -56,6 +66,58 @@ def device_sharing(plan: Plan) -> dict[str, DeviceSharing]:
                 out[dev.physical.uuid] = DeviceSharing(
                     resource.strategy, dev.replicas, dev.physical.memory_mib
                 )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntitlement:
+    """What each replica of one device (a GPU or a MIG device, shared or not) entitles its
+    holder to, read once from the plan."""
+
+    each: Entitlement
+    """One replica's: its kind, memory (0 where nothing is reserved: a unified-memory GPU,
+    an MPS share without a pinned limit) and SM fraction of the GPU."""
+    thread_percentage: int | None
+    """An MPS replica's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`; None for any other."""
+    device_bytes: int
+    """The device's memory (0 on a unified-memory GPU)."""
+    whole_gpu: bool
+
+    @property
+    def cappable(self) -> bool:
+        """Whether the driver may cap its holders, wherever the GPU allows caps
+        (`core.caps.cappable`: MIG, MPS and exclusive holders never are)."""
+        return cappable(self.each.kind, self.whole_gpu, self.device_bytes)
+
+    def limits(self, policy: CapPolicy, held: int = 1) -> MemoryLimits | None:
+        """The limits of a container holding `held` of its replicas (they add up: two of
+        four hold half the GPU), None where its holders are not capped."""
+        if not self.cappable:
+            return None
+        entitlement = Entitlement(self.each.kind, self.each.memory_bytes * held, None)
+        return limits_for(entitlement, self.device_bytes, policy)
+
+
+def device_entitlements(
+    resources: Iterable[ResourcePlan], gpu_sms: Mapping[str, int]
+) -> dict[str, DeviceEntitlement]:
+    """Physical UUID -> the entitlement of each of its replicas in `resources`, `gpu_sms`
+    giving each GPU's SM count (a MIG device's SM fraction). An MPS replica handed without
+    its share (a hand-built plan) gets the even one (`MpsShare.even`)."""
+    out: dict[str, DeviceEntitlement] = {}
+    for resource in resources:
+        for dev in resource.devices:
+            phys = dev.physical
+            if phys.uuid in out:
+                continue
+            if resource.strategy is SharingStrategy.MPS and dev.mps is None:
+                dev = replace(dev, mps=MpsShare.even(phys, dev.replicas))
+            out[phys.uuid] = DeviceEntitlement(
+                entitlement_of(dev, gpu_sms.get(phys.gpu_uuid)),
+                dev.mps.active_thread_percentage if dev.mps is not None else None,
+                phys.memory_mib * MIB,
+                phys.kind == "gpu",
+            )
     return out
 
 
@@ -133,15 +195,20 @@ def dra_offer(
 
 
 class NodePolicy:
-    """One plan snapshot's policy per device: its sharing (`sharing`) and its DRA offer
-    (`offer`), each computed once for every reader of the snapshot."""
+    """One plan snapshot's policy per device: its sharing (`sharing`), its entitlements
+    (`entitlements`) and its DRA offer (`offer`), each computed once for every reader of
+    the snapshot."""
 
-    __slots__ = ("_inventory", "_last", "sharing")
+    __slots__ = ("_inventory", "_last", "entitlements", "sharing")
 
     def __init__(self, plan: Plan, inventory: Inventory) -> None:
         self._inventory = inventory
         self.sharing: Mapping[str, DeviceSharing] = device_sharing(plan)
         """Physical UUID -> how the node's config shares it."""
+        self.entitlements: Mapping[str, DeviceEntitlement] = device_entitlements(
+            plan.resources, {g.uuid: g.multiprocessors for g in inventory.gpus}
+        )
+        """Physical UUID -> what each of its replicas entitles its holder to."""
         self._last: tuple[tuple[SharesMode, frozenset[str], frozenset[str]], DraOffer] | None
         self._last = None
         """The last offer asked for, with its question: the publisher and the driver ask the

@@ -47,7 +47,7 @@ from gpuslice.core.attribution import (
     entitlement_of,
     sum_entitlements,
 )
-from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, uncapped
+from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, cappable, uncapped
 from gpuslice.core.guard.model import ContainerKey, GuardMode, Tenant
 from gpuslice.core.guard.policy import tenants_from
 from gpuslice.core.sharing.model import AdvertisedDevice, Plan, SharingStrategy
@@ -99,21 +99,15 @@ class NodeProtection:
         return self.by_consumer.get((key, gpu_uuid))
 
     def limits(self, capabilities: Mapping[str, GpuCapability]) -> dict[Pair, MemoryLimits]:
-        """(container, GPU) -> the limits the driver should hold it to, on capable GPUs.
-
-        Only time-sliced holders are capped: an exclusive holder has nobody to protect, a
-        MIG device has its own memory, an MPS client keeps the pinned limit its MPS server
-        enforces (`core.caps`)."""
+        """(container, GPU) -> the limits the driver should hold it to, on capable GPUs,
+        for the holders that can be capped at all (`core.caps.cappable`, the rule the
+        table's `DeviceEntitlement.cappable` reads for Allocate)."""
         out: dict[Pair, MemoryLimits] = {}
         for hold in self.holds:
             capability = capabilities.get(hold.gpu_uuid)
             if capability is None or not capability.capable:
                 continue
-            if (
-                hold.kind is not SharingStrategy.TIME_SLICING
-                or not hold.whole_gpus
-                or hold.gpu_total_bytes <= 0
-            ):
+            if not cappable(hold.kind, hold.whole_gpus, hold.gpu_total_bytes):
                 continue
             for key in hold.consumers:
                 out[(key, hold.gpu_uuid)] = hold.each()

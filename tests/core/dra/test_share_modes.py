@@ -27,7 +27,7 @@ from gpuslice.core.jsontypes import Json
 from gpuslice.core.policy import share_offers
 from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.core.units import MIB
+from gpuslice.core.units import MIB, quantity_mib
 from gpuslice.whatif.claims import slice_devices
 
 DRIVER = "gpu.nvidia.com"
@@ -280,3 +280,60 @@ def test_the_demos_summary_reads_slices_published_in_count_mode() -> None:
     devices = published("sim:2xh100-80gb", SharesMode("count", 2))
     summary = slice_devices([{"spec": {"devices": devices}}])
     assert [(d.shares, d.share_memory_mib) for d in summary] == [(2, 0), (2, 0)]
+
+
+# -- one rule for a share's default memory -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sim:1xh100-80gb", "sim:1xgb10"])
+@pytest.mark.parametrize(
+    ("mode", "config"),
+    [
+        (REPLICAS, SHARED.format(strategy="timeSlicing")),
+        (REPLICAS, SHARED.format(strategy="mps")),
+        (SharesMode("count", 2), "version: v1\n"),
+        (SharesMode("memory"), "version: v1\n"),
+        (SharesMode("unlimited"), "version: v1\n"),
+    ],
+)
+def test_a_claim_that_asks_no_memory_gets_the_default_the_slice_published(
+    name: str, mode: SharesMode, config: str
+) -> None:
+    """The slice's memory default and what Prepare gives a share whose allocation recorded
+    no memory are one rule (`ShareOffer.default_memory_mib`), on a GPU with memory and on a
+    unified-memory one (no memory capacity: nothing published, nothing given)."""
+    inventory, plan = node(name, config)
+    devices = dra_devices(inventory)
+    offers = share_offers(plan, mode, devices)
+    (device,) = devices
+    offer = offers[device.uuid]
+    policy = device_json(device, [], offer)["capacity"].get("memory", {}).get("requestPolicy")
+    default = "0" if policy is None else policy["default"]
+    published_mib = 0 if default == "0" else quantity_mib(default)
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": POOL,
+        "device": device.name,
+        "shareID": "s-1",
+        "consumedCapacity": {},
+    }
+    claim = {
+        "metadata": {"uid": "uid-1"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    work = claim_work(
+        claim,
+        ClaimRef("ns", "uid-1", "c"),
+        driver=DRIVER,
+        pool=POOL,
+        devices={device.name: device},
+        offers={device.name: offer},
+    )
+    share = work.devices[0].share
+    assert share is not None
+    assert share.memory_mib == published_mib == offer.default_memory_mib
+    if inventory.gpus[0].memory_reported and mode == REPLICAS:
+        assert published_mib == inventory.gpus[0].memory_mib // 4
+    if not inventory.gpus[0].memory_reported:
+        assert published_mib == 0

@@ -15,7 +15,9 @@ limits after the container starts, as before, `agent.caps`):
 * the device reaches the container through CDI (`cdi-annotations` / `cdi-cri`): only then
   does the toolkit's spec, and its hook, apply;
 * every device of the request is a time-sliced replica of a full GPU (never MPS, whose
-  server holds the memory, nor MIG, which the hook skips and NVML refuses);
+  server holds the memory, nor MIG, which the hook skips and NVML refuses): a fact of the
+  plan, read from the snapshot's table (`core.policy.DeviceEntitlement.cappable`) with the
+  replica's entitlement;
 * every GPU it lands on is capable (`core.caps.GpuCapability`: cgroup v2, root, a driver
   with the call, not MIG, caps on, no NVML error): the agent finds that and passes it in;
 * its GPUs all want the same limits, and limits the hook would not refuse: the hook gives
@@ -31,13 +33,12 @@ above its share and repairs it (`core.caps.check_outcome`, docs/memory-guard.md)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpuslice.core.attribution import Entitlement, entitlement_of
-from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, limits_for
+from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits
 from gpuslice.core.cdi.hook import hook_env_for
-from gpuslice.core.sharing.model import AdvertisedDevice, DeviceListStrategy, SharingStrategy
-from gpuslice.core.units import MIB
+from gpuslice.core.policy import DeviceEntitlement
+from gpuslice.core.sharing.model import AdvertisedDevice, DeviceListStrategy
 
 CDI_STRATEGIES: frozenset[DeviceListStrategy] = frozenset({"cdi-annotations", "cdi-cri"})
 
@@ -45,37 +46,36 @@ CDI_STRATEGIES: frozenset[DeviceListStrategy] = frozenset({"cdi-annotations", "c
 @dataclass(frozen=True, slots=True)
 class AllocateCaps:
     """What Allocate needs of memory caps: each GPU's capability as the agent found it (a
-    GPU missing here is not capable) and the policy that sets the hard limit."""
+    GPU missing here is not capable), the policy that sets the hard limit, and the plan
+    snapshot's entitlements (`core.policy.NodePolicy.entitlements`: what each replica holds
+    and whether it can be capped at all; a device missing there is not capped)."""
 
     capabilities: Mapping[str, GpuCapability]
     policy: CapPolicy = "strict"
+    entitlements: Mapping[str, DeviceEntitlement] = field(kw_only=True)
 
 
 def allocation_limits(
     devices: Sequence[AdvertisedDevice], caps: AllocateCaps
 ) -> dict[str, MemoryLimits] | None:
     """GPU UUID -> the limits of the container holding `devices`, None when any of them is
-    not a time-sliced replica of a capable full GPU. Replicas of one GPU add up (two of four
-    hold half of it), as the agent's `core.caps.wanted_limits` counts them."""
-    memory: dict[str, int] = {}
-    totals: dict[str, int] = {}
+    not a time-sliced replica of a capable full GPU (`DeviceEntitlement.cappable`).
+    Replicas of one GPU add up (two of four hold half of it), as the caps loop counts them
+    (`core.protection`)."""
+    held: dict[str, tuple[DeviceEntitlement, int]] = {}
     for dev in devices:
         phys = dev.physical
         capability = caps.capabilities.get(phys.gpu_uuid)
-        if phys.kind != "gpu" or dev.mps is not None or capability is None:
+        entitlement = caps.entitlements.get(phys.uuid)
+        if capability is None or not capability.capable or entitlement is None:
             return None
-        if not capability.capable:
+        if not entitlement.cappable:
             return None
-        entitlement = entitlement_of(dev, None)
-        if entitlement.kind is not SharingStrategy.TIME_SLICING:
-            return None
-        memory[phys.gpu_uuid] = memory.get(phys.gpu_uuid, 0) + entitlement.memory_bytes
-        totals[phys.gpu_uuid] = phys.memory_mib * MIB
+        _, n = held.get(phys.gpu_uuid, (entitlement, 0))
+        held[phys.gpu_uuid] = (entitlement, n + 1)
     out: dict[str, MemoryLimits] = {}
-    for gpu, held in memory.items():
-        limits = limits_for(
-            Entitlement(SharingStrategy.TIME_SLICING, held, None), totals[gpu], caps.policy
-        )
+    for gpu, (entitlement, n) in held.items():
+        limits = entitlement.limits(caps.policy, n)
         if limits is None:
             return None
         out[gpu] = limits

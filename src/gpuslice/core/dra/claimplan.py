@@ -50,9 +50,13 @@ def _physicals(inventory: Inventory) -> dict[str, PhysicalDevice]:
 def _advertised(use: DeviceUse, pool: str, physical: PhysicalDevice) -> AdvertisedDevice:
     mps = None
     if use.strategy == SharingStrategy.MPS:
-        limit = use.entitlement_mib or physical.memory_mib // max(use.shared_by, 1)
-        # 0: a unified-memory GPU, whose MPS shares have no pinned memory limit
-        mps = MpsShare(use.thread_percentage or 100 // max(use.shared_by, 1), limit or None)
+        # what the claim's record does not say is an even share among its pods (None: a
+        # unified-memory GPU, whose MPS shares have no pinned memory limit)
+        even = MpsShare.even(physical, use.shared_by)
+        mps = MpsShare(
+            use.thread_percentage or even.active_thread_percentage,
+            use.entitlement_mib or even.pinned_memory_limit_mib or None,
+        )
     shared = use.shared_by > 1 or use.share_id is not None
     return AdvertisedDevice(
         id=dra_device_id(pool, use.device, use.share_id),

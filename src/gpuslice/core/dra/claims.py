@@ -233,7 +233,8 @@ def _share_use(
     strategy = offer.strategy if offer is not None else SharingStrategy.TIME_SLICING
     total_mib = device.capacity.get("memory", 0) // MIB
     may_take_none = mode in ("unlimited", "count")
-    default_mib = {"memory": total_mib, "unlimited": 0, "count": 0}.get(mode, total_mib // replicas)
+    # the default the slice published for the device (`ShareOffer.default_memory_mib`)
+    default_mib = offer.default_memory_mib if offer is not None else total_mib
     try:
         memory = consumed.get("memory")
         if memory is None:

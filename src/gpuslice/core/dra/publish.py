@@ -142,6 +142,17 @@ class ShareOffer:
         """Whether the device publishes a `shares` capacity."""
         return self.mode in ("replicas", "count")
 
+    @property
+    def default_memory_mib(self) -> int:
+        """The memory a share holds when its claim asks for none: the one rule the slice
+        publishes as the memory's default and Prepare reads where the scheduler recorded no
+        consumed memory, so the two cannot differ. `replicas` mode: memory / N; NVIDIA's
+        `memory` mode: all of it; `unlimited` and `count`: nothing. 0 on a unified-memory
+        GPU (no memory figure, no memory capacity)."""
+        if self.mode == "replicas":
+            return self.memory_mib // self.replicas
+        return self.memory_mib if self.mode == "memory" else 0
+
 
 def semver(text: str) -> str:
     """NVIDIA's version normalisation: numeric parts without leading zeros, padded to three
@@ -337,9 +348,7 @@ def device_json(
             capacity["memory"] = {
                 "value": canonical_quantity(memory),
                 "requestPolicy": {
-                    "default": canonical_quantity(
-                        offer.memory_mib // offer.replicas * MIB, binary=True
-                    ),
+                    "default": canonical_quantity(offer.default_memory_mib * MIB, binary=True),
                     "validRange": {"min": "1Mi", "step": "1Mi"},
                 },
             }

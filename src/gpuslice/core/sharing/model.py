@@ -184,6 +184,15 @@ class MpsShare:
     """`set_default_device_pinned_mem_limit <index> <MiB>M`: memory // replicas; None on a
     unified-memory GPU (no memory figure to divide: no limit is set, only the SM share)."""
 
+    @classmethod
+    def even(cls, physical: PhysicalDevice, replicas: int) -> MpsShare:
+        """One of `replicas` even MPS shares of `physical`, as NVIDIA's plugin divides it:
+        the one rule the plan makes its MPS replicas by, and the default of a reader handed
+        a device without its share (a DRA claim's, a hand-built plan's)."""
+        n = max(replicas, 1)
+        memory = physical.memory_mib // n if physical.memory_reported else None
+        return cls(active_thread_percentage=100 // n, pinned_memory_limit_mib=memory)
+
 
 @dataclass(frozen=True, slots=True)
 class AdvertisedDevice:

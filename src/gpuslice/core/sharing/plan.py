@@ -346,14 +346,7 @@ def build_plan(inventory: Inventory, config: Config, host: HostFacts | None = No
             name = unit.base
         share = None
         if pick.strategy is SharingStrategy.MPS:
-            share = MpsShare(
-                active_thread_percentage=100 // entry.replicas,
-                pinned_memory_limit_mib=(
-                    unit.physical.memory_mib // entry.replicas
-                    if unit.physical.memory_reported
-                    else None
-                ),
-            )
+            share = MpsShare.even(unit.physical, entry.replicas)
         replicas = [
             AdvertisedDevice(
                 id=replica_id(unit.physical.uuid, n),
