@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from gpuslice.core.attribution import Entitlement
 from gpuslice.core.guard.model import ContainerKey
 from gpuslice.core.sharing.model import SharingStrategy
-from gpuslice.core.units import MIB
+from gpuslice.core.units import MIB, whole_mib
 
 if TYPE_CHECKING:
     from gpuslice.core.cdi.hook import CdiCaps  # which builds on MemoryLimits, below
@@ -231,8 +231,8 @@ def limits_for(
     soft = the entitlement the guard already computes; hard by `policy`."""
     if entitlement.kind is not SharingStrategy.TIME_SLICING or gpu_total_bytes <= 0:
         return None
-    soft = max(0, min(entitlement.memory_bytes, gpu_total_bytes))
-    hard = soft if policy == "strict" else gpu_total_bytes
+    soft = whole_mib(max(0, min(entitlement.memory_bytes, gpu_total_bytes)))
+    hard = soft if policy == "strict" else whole_mib(gpu_total_bytes)
     return MemoryLimits(soft, hard)
 
 

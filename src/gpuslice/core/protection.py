@@ -47,11 +47,18 @@ from gpuslice.core.attribution import (
     entitlement_of,
     sum_entitlements,
 )
-from gpuslice.core.caps import CapPolicy, GpuCapability, MemoryLimits, cappable, uncapped
+from gpuslice.core.caps import (
+    LIMIT_MAX,
+    CapPolicy,
+    GpuCapability,
+    MemoryLimits,
+    cappable,
+    uncapped,
+)
 from gpuslice.core.guard.model import ContainerKey, GuardMode, Tenant
 from gpuslice.core.guard.policy import tenants_from
 from gpuslice.core.sharing.model import AdvertisedDevice, Plan, SharingStrategy
-from gpuslice.core.units import MIB
+from gpuslice.core.units import MIB, whole_mib
 
 Pair = tuple[ContainerKey, str]
 """(container, GPU UUID)."""
@@ -77,10 +84,12 @@ class Hold:
     limits apply."""
 
     def each(self) -> MemoryLimits:
-        """The limits of each consumer: the holder's divided among them, rounded down, so
-        together they stay within the holder's."""
+        """The limits of each consumer: the holder's divided among them, rounded down (to
+        whole MiB, the toolkit hook's grain: `core.units.whole_mib`), so together they stay
+        within the holder's and a hook-capped container reads back what the agent wants."""
         n = max(1, len(self.consumers))
-        return MemoryLimits(self.soft_bytes // n, self.hard_bytes // n)
+        hard = self.hard_bytes if self.hard_bytes == LIMIT_MAX else whole_mib(self.hard_bytes // n)
+        return MemoryLimits(whole_mib(self.soft_bytes // n), hard)
 
 
 @dataclass(frozen=True, slots=True)

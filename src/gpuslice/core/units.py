@@ -15,6 +15,14 @@ from fractions import Fraction
 
 MIB = 1024 * 1024
 
+
+def whole_mib(size: int) -> int:
+    """`size` bytes rounded down to whole MiB: the grain of the memory limits the toolkit's
+    hook sets (its variables are in MiB), so limits the agent wants in bytes are the very
+    ones a hook-capped container's cgroup reads back."""
+    return size - size % MIB if size > 0 else size
+
+
 BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 DECIMAL_SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 SMALL_SUFFIXES = {"m": Fraction(1, 10**3), "u": Fraction(1, 10**6), "n": Fraction(1, 10**9)}

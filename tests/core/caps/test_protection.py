@@ -110,7 +110,7 @@ def test_pods_sharing_one_share_claim_are_capped_to_its_memory_together() -> Non
     pods = {"a": "team", "b": "team", "c": "team", "solo": "other"}
     protection = node_protection(plan, consumers(plan, pods), "strict")
     limits = protection.limits(CAPABLE)
-    each = 4096 * MIB // 3
+    each = 4096 * MIB // 3 // MIB * MIB  # in whole MiB, the hook's grain
     assert {p: limits[(key(p), GPU)] for p in "abc"} == dict.fromkeys(
         "abc", MemoryLimits(each, each)
     )

@@ -34,7 +34,7 @@ from gpuslice.core.policy import DeviceEntitlement, NodePolicy
 from gpuslice.core.protection import guard_tenants
 from gpuslice.core.sharing.model import AllocateSettings, Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
-from gpuslice.core.units import MIB
+from gpuslice.core.units import MIB, whole_mib
 from gpuslice.metrics.collector import SnapshotCollector
 from gpuslice.metrics.snapshot import GpuSample, MetricsSnapshot
 from gpuslice.ports import ContainerDevices, GpuStatus
@@ -157,7 +157,7 @@ def test_two_replicas_are_capped_to_twice_the_tables_entitlement() -> None:
     limits = entry.limits("borrow", 2)
     assert limits is not None
     assert envs["NVIDIA_GPU_MEMORY_REQUEST"] == str(limits.soft_bytes // MIB)
-    assert limits.soft_bytes == 2 * entry.each.memory_bytes
+    assert limits.soft_bytes == whole_mib(2 * entry.each.memory_bytes)  # the hook's grain
     assert envs["NVIDIA_GPU_MEMORY_LIMIT"] == str(gpu.memory_mib)
 
 
