@@ -34,6 +34,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_NAME = "control"
 """The daemon's control socket in the pipe directory, where clients (and `send`) reach it."""
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+_PID_POLL_S = 0.02
+"""How often a pid file not yet written is looked at again after `-d` returned."""
 
 
 class MpsControl(Protocol):
@@ -151,7 +153,23 @@ class ControlProgram:
             detail = done.stderr or done.stdout or "no output"
             shown = " ".join((self._shown, *self._start_args))
             raise MpsError(f"`{shown}` exited with status {done.returncode}: {detail}")
+        await self._pid_written()
         self._adopt(not_before)
+
+    async def _pid_written(self) -> None:
+        """Wait, within the program's timeout, while the pid file is missing or empty: `-d`
+        may return before the daemon has written it, and a file caught mid-write is not
+        yet written, not a file that names no daemon. What it then holds, `_adopt` judges."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        while loop.time() < deadline:
+            try:
+                if read_pid_file(self.pipe_dir / PID_FILE).strip():
+                    return
+            except IdentityError:
+                if os.path.lexists(self.pipe_dir / PID_FILE):
+                    return  # there, and refused (a link, a FIFO): no wait makes it a pid
+            await asyncio.sleep(_PID_POLL_S)
 
     def _adopt(self, not_before: int) -> None:
         if self._daemon is not None:
