@@ -33,8 +33,10 @@ def pool_complete(node: DraNode) -> bool:
     slice at a time (the counter sets last, in a slice of their own), as the scheduler,
     which counts a pool's slices against `resourceSliceCount`, expects."""
     pools = [s["spec"]["pool"] for s in node.slices()]
-    return bool(pools) and all(p == pools[0] for p in pools) and (
-        len(pools) == pools[0]["resourceSliceCount"]
+    return (
+        bool(pools)
+        and all(p == pools[0] for p in pools)
+        and (len(pools) == pools[0]["resourceSliceCount"])
     )
 
 

@@ -1,9 +1,10 @@
 """The node's base CDI spec (`core.cdi.driver`), kept in step with the node for DRA claims.
 
 Written before the first Prepare answers and again when a snapshot with another inventory
-(the driver version with it) or dev root is published (`BaseSpec.follow`) or prepared with, atomically and under the same name, so the IDs a prepared
-claim returned keep resolving across restarts; it is never removed (a claim prepared
-earlier may still name it). Where the driver's files or the toolkit's hook program cannot
+(the driver version with it) or dev root is published (`BaseSpec.follow`) or prepared
+with, atomically and under the same name, so the IDs a prepared claim returned keep
+resolving across restarts; it is never removed (a claim prepared earlier may still name
+it). Where the driver's files or the toolkit's hook program cannot
 be found (no driver root mounted, a simulated node), no base spec is written and claims
 carry `NVIDIA_VISIBLE_DEVICES` with their GPUs as before: the toolkit's legacy hook then
 injects the libraries, and a container with two claims sees only the last one's GPUs. That

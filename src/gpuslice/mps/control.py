@@ -162,14 +162,19 @@ class ControlProgram:
         yet written, not a file that names no daemon. What it then holds, `_adopt` judges."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
-        while loop.time() < deadline:
-            try:
-                if read_pid_file(self.pipe_dir / PID_FILE).strip():
-                    return
-            except IdentityError:
-                if os.path.lexists(self.pipe_dir / PID_FILE):
-                    return  # there, and refused (a link, a FIFO): no wait makes it a pid
+        while not self._pid_file_written():
+            if loop.time() >= deadline:
+                return  # `_adopt` says what it holds
             await asyncio.sleep(_PID_POLL_S)
+
+    def _pid_file_written(self) -> bool:
+        """Whether the pid file holds something, or is there and refused (a link, a FIFO):
+        no wait would make that a pid."""
+        path = self.pipe_dir / PID_FILE
+        try:
+            return bool(read_pid_file(path).strip())
+        except IdentityError:
+            return os.path.lexists(path)
 
     def _adopt(self, not_before: int) -> None:
         if self._daemon is not None:

@@ -138,7 +138,9 @@ class LabelApiOutput:
 
 def wire_label_file(agent: Agent, path: Path | None) -> None:
     def target() -> LabelFile:
-        return LabelFile(path if path is not None else Path(agent.loaded.config.flags.gfd.output_file))
+        if path is not None:
+            return LabelFile(path)
+        return LabelFile(Path(agent.loaded.config.flags.gfd.output_file))
 
     _wire_labels(agent, LabelFileOutput(target))
 
