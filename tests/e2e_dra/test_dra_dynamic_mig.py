@@ -28,6 +28,18 @@ def counter_sets(node: DraNode) -> list[str]:
     return [c["name"] for s in node.slices() for c in s["spec"].get("sharedCounters") or ()]
 
 
+def pool_complete(node: DraNode) -> bool:
+    """Whether the API holds one whole generation of the pool: the publisher writes it a
+    slice at a time (the counter sets last, in a slice of their own), as the scheduler,
+    which counts a pool's slices against `resourceSliceCount`, expects."""
+    pools = [s["spec"]["pool"] for s in node.slices()]
+    return (
+        bool(pools)
+        and all(p == pools[0] for p in pools)
+        and (len(pools) == pools[0]["resourceSliceCount"])
+    )
+
+
 def records(node: DraNode) -> list[Json]:
     path = node.plugin_dir / JOURNAL_NAME
     return list(json.loads(path.read_text())["data"]["records"]) if path.exists() else []
@@ -35,7 +47,10 @@ def records(node: DraNode) -> list[Json]:
 
 async def test_a_dynamic_gpu_through_the_daemon(sock_dir: Path, api: FakeApiServer) -> None:
     async with running_dra_node(sock_dir, api, node="sim:1xh100-80gb/mig=", config=CONFIG) as node:
-        await node.wait(lambda: len(devices(node)) == 25, "the partitions (not the whole GPU)")
+        await node.wait(
+            lambda: pool_complete(node) and len(devices(node)) == 25,
+            "the partitions (not the whole GPU) and their counter set",
+        )
         assert "gpu-0" not in devices(node)
         assert counter_sets(node) == ["gpu-0-counter-set"]
 

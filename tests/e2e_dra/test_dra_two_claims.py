@@ -15,7 +15,7 @@ from gpuslice.core.jsontypes import Json
 from gpuslice.testing.apiserver import FakeApiServer
 from gpuslice.testing.cdirun import Container, inject
 from gpuslice.testing.driverroot import LIB_DIR, fake_driver_root, fake_hook
-from tests.e2e_dra.dra_node import DraNode, claim_obj, request, running_dra_node
+from tests.e2e_dra.dra_node import DRIVER, DraNode, claim_obj, request, running_dra_node
 
 VERSION = "550.54.15"  # the simulated node's driver
 HOST_ROOT = "/run/nvidia/driver"
@@ -63,6 +63,7 @@ async def test_a_container_with_two_claims_sees_both_gpus(
         # a restart keeps the base spec's name: the prepared claims' IDs still resolve
         await node.restart_daemon()
         await node.wait(lambda: node.log().count("dra-checkpoint-loaded") == 2, "reloaded")
+        await node.kubelet.wait_registered(DRIVER, 30.0)  # before the Unprepare below
         again = _container(node, refs, results)
         assert _gpus(again) == _gpus(seen)
         assert again.env["NVIDIA_VISIBLE_DEVICES"] == "void"

@@ -8,6 +8,7 @@ shutdown; the frozen daemon must be what dies, never the bystander.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.mps.control import PID_FILE, process_alive
+from gpuslice.mps.control import PID_FILE, ControlProgram, process_alive
 from gpuslice.mps.identity import DaemonHandle, IdentityError, boot_ticks, executable_key
+from gpuslice.testing.eventually import eventually
+from gpuslice.testing.logcapture import captured_events
 
 from .conftest import wait_until
 from .test_mps_manager import daemon_pid, manager_for, running, spec_for
@@ -139,3 +142,56 @@ def test_the_pidfd_outlives_the_pid() -> None:
         handle.kill()  # no error, and no process to reach
     finally:
         handle.close()
+
+
+# -- a pid file `-d` left not yet written ----------------------------------------------------
+
+LATE_PID = r"""
+import ctypes, os, sys, time
+pipe, logs = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
+pid_file = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
+if sys.argv[1:] == ["-d"]:
+    open(pid_file, "w").close()  # created, not yet written, when `-d` returns
+    os.posix_spawn(sys.executable, [sys.executable, sys.argv[0], "daemon"], os.environ,
+                   setsid=True)
+    sys.exit(0)
+if sys.argv[1:] == ["daemon"]:
+    with open(os.path.join(logs, "daemon.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    # the pid goes in only once the file was read (IN_CLOSE_NOWRITE): whoever read it
+    # first, right after `-d` returned, found it empty
+    libc = ctypes.CDLL(None, use_errno=True)
+    watch = libc.inotify_init()
+    libc.inotify_add_watch(watch, pid_file.encode(), 0x10)
+    os.read(watch, 4096)
+    with open(pid_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(60)
+sys.exit(1)  # a command: no daemon answers
+"""
+
+
+async def test_a_pid_file_not_yet_written_when_d_returns_is_waited_for(tmp_path: Path) -> None:
+    """`-d` may return before the daemon wrote its pid: an empty file is read again until
+    it holds the pid, and the daemon is pinned (not left unidentified, never to be killed)."""
+    script = tmp_path / "control.py"
+    script.write_text(LATE_PID)
+    pipe, logs = tmp_path / "pipe", tmp_path / "log"
+    pipe.mkdir()
+    logs.mkdir()
+    control = ControlProgram(
+        pipe, logs, command=(sys.executable, str(script)), timeout_s=5.0, quit_grace_s=1.0
+    )
+    side = logs / "daemon.pid"
+    try:
+        with captured_events() as events:
+            await control.start_daemon()
+        assert [e for e in events if e["event"] == "mps-daemon-unidentified"] == []
+        await eventually(side.exists, "the daemon started")
+        daemon = int(side.read_text())
+        await control.terminate()  # `quit` goes unanswered: only a pinned daemon is killed
+        assert not process_alive(daemon)
+    finally:
+        await eventually(side.exists, "the daemon started")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(side.read_text()), signal.SIGKILL)

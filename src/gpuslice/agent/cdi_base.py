@@ -1,9 +1,10 @@
 """The node's base CDI spec (`core.cdi.driver`), kept in step with the node for DRA claims.
 
-Written before the first Prepare answers and again when the inventory (the driver version
-with it) or the dev root changes, atomically and under the same name, so the IDs a prepared
-claim returned keep resolving across restarts; it is never removed (a claim prepared
-earlier may still name it). Where the driver's files or the toolkit's hook program cannot
+Written before the first Prepare answers and again when a snapshot with another inventory
+(the driver version with it) or dev root is published (`BaseSpec.follow`) or prepared
+with, atomically and under the same name, so the IDs a prepared claim returned keep
+resolving across restarts; it is never removed (a claim prepared earlier may still name
+it). Where the driver's files or the toolkit's hook program cannot
 be found (no driver root mounted, a simulated node), no base spec is written and claims
 carry `NVIDIA_VISIBLE_DEVICES` with their GPUs as before: the toolkit's legacy hook then
 injects the libraries, and a container with two claims sees only the last one's GPUs. That
@@ -17,13 +18,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.aio.waiting import unless_stopped
 from gpuslice.core.cdi.driver import BASE_ID, BASE_KIND, BASE_SPEC, base_spec
 from gpuslice.core.devices import Inventory
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.devroot import container_dev_root
 from gpuslice.host.driverfiles import find_driver_files
 from gpuslice.logs import get_logger
-from gpuslice.state import Snapshot
+from gpuslice.state import PlanState, Snapshot
 
 log = get_logger("gpuslice.dra.cdi")
 
@@ -66,6 +68,16 @@ class BaseSpec:
                 self._id = await asyncio.to_thread(self._write, snap)
                 self._written = key
             return self._id
+
+    async def follow(self, stop: asyncio.Event, state: PlanState) -> None:
+        """Keep the spec in step with every snapshot published until `stop`: a driver
+        upgraded while the agent runs (a new inventory) or a new dev root rewrites it now,
+        not at the next Prepare, so a container of a claim prepared earlier that starts
+        again meanwhile gets the new driver's files, not the old one's."""
+        version = 0  # none seen: the current snapshot first
+        while (snap := await unless_stopped(stop, state.wait_newer(version))) is not None:
+            version = snap.version
+            await self.cdi_id(snap)
 
     def _write(self, snap: Snapshot) -> str | None:
         roots = self._roots

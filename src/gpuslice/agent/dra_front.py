@@ -108,8 +108,12 @@ class DraFrontEnd:
         mps: MpsDaemonManager | None = None,
         server_settings: DraServerSettings | None = None,
         node_name: str = "",
+        base: BaseSpec | None = None,
     ) -> None:
+        """`base`: the node's base CDI spec the driver returns, kept in step with the
+        snapshots; None where the node has none."""
         self._state = state
+        self.base = base
         self.driver_name = driver_name
         self.plugin_dir = plugin_dir
         self.registry_dir = registry_dir
@@ -141,6 +145,8 @@ class DraFrontEnd:
             if self.mps is not None:
                 tg.create_task(self.mps.run(stop), name="dra-mps")
             tg.create_task(self.publisher.run(stop, state), name="dra-slices")
+            if self.base is not None:
+                tg.create_task(self.base.follow(stop, state), name="dra-cdi-base")
             tg.create_task(self.server.run(stop), name="dra-server")
 
     def readiness(self) -> tuple[bool, str]:
@@ -238,6 +244,7 @@ def dra_front_end(
             partitioner, CheckpointFile(plugin_dir / DYNAMIC_MIG_RECORD), boot_id(), warn=warn
         )
     )
+    base = None if driver_roots is None else BaseSpec(dra.cdi_root, driver_roots)
     driver = DraDriver(
         DriverSettings(
             driver=dra.driver_name,
@@ -258,7 +265,7 @@ def dra_front_end(
         dynamic_mig=dynamic_mig,
         dynamic=dynamic,
         compute_mode=smi if settings.set_compute_mode else None,
-        base=None if driver_roots is None else BaseSpec(dra.cdi_root, driver_roots),
+        base=base,
     )
     publisher = SlicePublisher(
         objects,
@@ -280,6 +287,7 @@ def dra_front_end(
         mps=mps,
         server_settings=server_settings,
         node_name=settings.node_name,  # the pool the slices name
+        base=base,
     )
 
 

@@ -133,6 +133,21 @@ class MpsDaemonSpec:
             and self.retuned(other.active_thread_percentage, other.pinned_mem_limits_mib) == other
         )
 
+    def pinned_cleared(self, other: MpsDaemonSpec) -> tuple[int, ...]:
+        """The device indices this daemon has a default pinned limit for that `other` has
+        none for. NVIDIA documents no command that removes a default pinned limit
+        (`set_default_device_pinned_mem_limit` takes a size; "no limit" is only the value
+        of a daemon never given one), so a running daemon keeps such a limit until it is
+        restarted: a retune cannot lift it."""
+        wanted = dict(other.pinned_mem_limits_mib)
+        return tuple(index for index, _ in self.pinned_mem_limits_mib if index not in wanted)
+
+    def keeping_pinned(self, other: MpsDaemonSpec) -> MpsDaemonSpec:
+        """`other` with the default pinned limits this daemon keeps (`pinned_cleared`): what
+        a running daemon retuned to `other` serves, and what its settings read back."""
+        limits = dict(self.pinned_mem_limits_mib) | dict(other.pinned_mem_limits_mib)
+        return other.retuned(other.active_thread_percentage, tuple(sorted(limits.items())))
+
     def retuned(
         self, percentage: int, pinned_mem_limits_mib: tuple[tuple[int, int], ...]
     ) -> MpsDaemonSpec:

@@ -128,6 +128,14 @@ def _held(pipe: Path) -> bool:
     return bool(hold_dir) and (Path(hold_dir) / pipe.parent.name).exists()
 
 
+def _write_pid(pipe: Path) -> None:
+    """The pid file, whole or not at all (renamed into place): `-d` returns once it exists,
+    and a reader must never take a file caught mid-write for one that holds no pid."""
+    partial = pipe / f".{PID_FILE}.{os.getpid()}"
+    partial.write_text(f"{os.getpid()}\n")
+    os.replace(partial, pipe / PID_FILE)
+
+
 def _serve(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
     """The daemon: answer one command per connection until `quit`."""
     sock_path = pipe / SOCKET_NAME
@@ -138,14 +146,14 @@ def _serve(pipe: Path, log: Path, *, multi_user: bool = False) -> int:
         (log / "control.log").open("a", buffering=1) as logf,
     ):
         if _held(pipe):
-            (pipe / PID_FILE).write_text(f"{os.getpid()}\n")  # started, not answering
+            _write_pid(pipe)  # started, not answering
             while _held(pipe) and pipe.is_dir():
                 time.sleep(0.05)
             if not pipe.is_dir():
                 return 0
         server.bind(str(sock_path))
         server.listen(16)
-        (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
+        _write_pid(pipe)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
         logf.write(
             f"[{time.strftime('%F %T')}] Control {os.getpid()} Started "

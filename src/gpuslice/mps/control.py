@@ -34,6 +34,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET_NAME = "control"
 """The daemon's control socket in the pipe directory, where clients (and `send`) reach it."""
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+_PID_POLL_S = 0.02
+"""How often a pid file not yet written is looked at again after `-d` returned."""
 
 
 class MpsControl(Protocol):
@@ -151,7 +153,28 @@ class ControlProgram:
             detail = done.stderr or done.stdout or "no output"
             shown = " ".join((self._shown, *self._start_args))
             raise MpsError(f"`{shown}` exited with status {done.returncode}: {detail}")
+        await self._pid_written()
         self._adopt(not_before)
+
+    async def _pid_written(self) -> None:
+        """Wait, within the program's timeout, while the pid file is missing or empty: `-d`
+        may return before the daemon has written it, and a file caught mid-write is not
+        yet written, not a file that names no daemon. What it then holds, `_adopt` judges."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        while not self._pid_file_written():
+            if loop.time() >= deadline:
+                return  # `_adopt` says what it holds
+            await asyncio.sleep(_PID_POLL_S)
+
+    def _pid_file_written(self) -> bool:
+        """Whether the pid file holds something, or is there and refused (a link, a FIFO):
+        no wait would make that a pid."""
+        path = self.pipe_dir / PID_FILE
+        try:
+            return bool(read_pid_file(path).strip())
+        except IdentityError:
+            return os.path.lexists(path)
 
     def _adopt(self, not_before: int) -> None:
         if self._daemon is not None:

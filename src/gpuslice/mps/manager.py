@@ -214,7 +214,10 @@ class MpsDaemonManager:
             retuned = [
                 d
                 for r, d in self._daemons.items()
-                if r in by_name and by_name[r] != d.spec and d.spec.same_daemon(by_name[r])
+                if r in by_name
+                and by_name[r] != d.spec
+                and d.spec.same_daemon(by_name[r])
+                and await self._can_retune(d, by_name)
             ]
             for daemon in retuned:
                 daemon.spec = by_name[daemon.spec.resource]
@@ -236,6 +239,36 @@ class MpsDaemonManager:
             await self._stopped(daemon.spec.resource)
         for daemon in retuned:
             await self._retune(daemon)
+
+    async def _can_retune(self, daemon: _Daemon, by_name: dict[str, MpsDaemonSpec]) -> bool:
+        """Whether `daemon` is retuned to what `by_name` wants rather than restarted. A
+        default pinned limit the new defaults drop cannot be lifted by a retune
+        (`MpsDaemonSpec.pinned_cleared`): with no MPS server running, no client is
+        connected and the daemon is restarted without it (False); with one (or when the
+        daemon cannot tell), a restart would cut its clients, so the limit is kept, written
+        into the wanted spec (its read-back expects it) and reported, until a later change
+        finds the daemon without a server."""
+        spec = daemon.spec
+        wanted = by_name[spec.resource]
+        cleared = spec.pinned_cleared(wanted)
+        if not cleared:
+            return True
+        try:
+            servers = (await daemon.control.send("get_server_list")).split()
+        except MpsError:
+            servers = ["unknown"]
+        if not servers:
+            self._log.info(
+                "mps-daemon-replaced", resource=spec.resource, reason="pinned limit lifted"
+            )
+            return False
+        by_name[spec.resource] = spec.keeping_pinned(wanted)
+        self._report(
+            f"MPS daemon for {spec.resource} keeps its default pinned memory limit on "
+            f"device(s) {', '.join(map(str, cleared))}: MPS has no command that removes one, "
+            f"and its server {' '.join(servers)} may have clients a restart would cut"
+        )
+        return True
 
     async def _retune(self, daemon: _Daemon) -> None:
         """Send a running retunable daemon its new defaults, and its running MPS servers the

@@ -4,6 +4,7 @@ reason, never removed."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.state import PlanState, Snapshot
 from gpuslice.testing.driverroot import LIB_DIR, fake_driver_root, fake_hook
+from gpuslice.testing.eventually import eventually
 from gpuslice.testing.logcapture import captured_events
 
 V = "550.54.15"
@@ -86,3 +88,32 @@ async def test_without_the_hook_program_no_base_spec(tmp_path: Path) -> None:
     (missing,) = [e for e in events if e["event"] == "dra-cdi-base-missing"]
     assert "nvidia-cdi-hook at" in missing["missing"]
     assert not (tmp_path / "cdi").exists()
+
+
+async def test_rewritten_when_a_new_inventory_is_published_without_a_prepare(
+    tmp_path: Path,
+) -> None:
+    """A driver upgraded while the agent runs: the spec follows the snapshot at once."""
+    base, root = _base(tmp_path)
+    fake_driver_root(root, V)
+    state = PlanState(_snapshot().plan, _snapshot().inventory)
+    path = tmp_path / "cdi" / "k8s.gpuslice.io-device_base.yaml"
+    assert await base.cdi_id(state.current) == BASE_ID  # as the record's load writes it
+
+    def libraries() -> list[str]:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
+
+    stop = asyncio.Event()
+    following = asyncio.create_task(base.follow(stop, state))
+    try:
+        (root / LIB_DIR / "libcuda.so.570.1").write_bytes(b"")
+        upgraded = replace(state.current.inventory, driver_version="570.1")
+        state.publish(inventory=upgraded)
+        await eventually(
+            lambda: f"/{LIB_DIR}/libcuda.so.570.1" in libraries(), "the new driver's spec"
+        )
+        assert f"/{LIB_DIR}/libcuda.so.{V}" not in libraries()
+    finally:
+        stop.set()
+        await following

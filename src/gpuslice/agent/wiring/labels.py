@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -78,30 +80,41 @@ def _wire_labels(agent: Agent, output: LabelOutput) -> None:
 
 class LabelFileOutput:
     """GFD's classic output: an NFD local feature file, replaced atomically, removed on
-    shutdown as GFD does (NFD then drops the labels)."""
+    shutdown as GFD does (NFD then drops the labels).
 
-    def __init__(self, agent: Agent, path: Path | None) -> None:
-        self._agent = agent
-        self._path = path
+    A write runs in a worker thread, which a cancelled `publish` (the reload loop cut short
+    by shutdown) does not stop: the removal therefore waits for a write in flight, and no
+    write starts once it was asked for, so no file is left advertising a node whose agent
+    is gone."""
 
-    def target(self) -> Path:
-        if self._path is not None:
-            return self._path
-        return Path(self._agent.loaded.config.flags.gfd.output_file)
+    def __init__(self, target: Callable[[], LabelFile]) -> None:
+        """`target`: the file, asked at each write (`flags.gfd.outputFile` follows the
+        config in force unless `--labels-file` names one)."""
+        self._target = target
+        self._lock = threading.Lock()
+        self._retracted = False
 
     def write(self, labels: dict[str, str]) -> None:
-        where = self.target()
-        try:
-            if LabelFile(where).write(labels):
-                log.info("labels-written", path=str(where), count=len(labels))
-        except OSError as exc:  # a read-only host path must not take the device plugin down
-            log.error("labels-write-failed", path=str(where), error=str(exc))
+        with self._lock:
+            if self._retracted:
+                return
+            file = self._target()
+            try:
+                if file.write(labels):
+                    log.info("labels-written", path=str(file.path), count=len(labels))
+            except OSError as exc:  # a read-only host path must not take the device plugin down
+                log.error("labels-write-failed", path=str(file.path), error=str(exc))
+
+    def remove(self) -> None:
+        with self._lock:
+            self._retracted = True
+            self._target().remove()
 
     async def publish(self, labels: dict[str, str]) -> None:
         await asyncio.to_thread(self.write, labels)
 
     async def retract(self) -> None:
-        await asyncio.to_thread(LabelFile(self.target()).remove)
+        await asyncio.to_thread(self.remove)
 
 
 class LabelApiOutput:
@@ -124,7 +137,12 @@ class LabelApiOutput:
 
 
 def wire_label_file(agent: Agent, path: Path | None) -> None:
-    _wire_labels(agent, LabelFileOutput(agent, path))
+    def target() -> LabelFile:
+        if path is not None:
+            return LabelFile(path)
+        return LabelFile(Path(agent.loaded.config.flags.gfd.output_file))
+
+    _wire_labels(agent, LabelFileOutput(target))
 
 
 def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
