@@ -52,24 +52,23 @@ class Unpreparer:
             return await to_the_end(self._unprepare_one(ref))
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
-        state = self._state
-        claim = state.claims.get(ref.uid)
+        claim = self._state.claims.get(ref.uid)
         if claim is None:
             # never prepared here, already unprepared, or prepared before a record was lost:
             # success either way, after removing anything left under this claim's UID
             await self._clean_unrecorded(ref.uid)
             return await self.release(ref)
-        state.leaving.add(ref.uid)
+        self._state.leaving.add(ref.uid)
         try:
             await self.undo(ref.uid, list(claim.applied))
-            del state.claims[ref.uid]
+            del self._state.claims[ref.uid]
             try:
-                await state.write()
+                await self._state.write()
             except OSError as exc:
-                state.claims[ref.uid] = claim
+                self._state.claims[ref.uid] = claim
                 return f"ResourceClaim {ref.namespace}/{ref.name}: writing the checkpoint: {exc}"
         finally:
-            state.leaving.discard(ref.uid)
+            self._state.leaving.discard(ref.uid)
         # the MIG devices last: what used them (daemons, the CDI spec) is gone; an error
         # keeps them recorded, and the kubelet's next Unprepare tries again
         if error := await self.release(ref):
@@ -78,8 +77,9 @@ class Unpreparer:
         return ""
 
     async def undo(self, claim_uid: str, applied: Sequence[AppliedSharing]) -> None:
-        """Undo what the record says of the claim (`ClaimSharing.undo`), then remove its
-        CDI spec; best effort, never raising for a step that fails."""
+        """Undo what the record says of the claim (`ClaimSharing.undo`, best effort), then
+        remove its CDI spec: the one order Unprepare, a failed Prepare and a record's
+        unfinished claim share."""
         await self._sharing.undo(claim_uid, applied)
         try:
             await asyncio.to_thread(self._cdi.remove, claim_uid)
