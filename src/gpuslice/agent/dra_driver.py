@@ -26,6 +26,11 @@ directory of this driver; otherwise it was lost (removed, kept under an earlier 
 name, the agent killed between moving a corrupt one aside and writing its rebuild) and is
 rebuilt as a corrupt one is. A rebuild that could not read the API is recorded as
 incomplete, so every later start rebuilds again and removes nothing until one can.
+
+`DraDriver` is the facade: it owns the settings and the pieces it builds (drawn in
+`agent.dra_state`), and answers the kubelet's adapter (`ports.ClaimPreparer`) and the agent
+(the prepared claims, as a plan, the guard's modes, the devices, the caps), so callers see
+one object while each piece is given only what it uses.
 """
 
 from __future__ import annotations
