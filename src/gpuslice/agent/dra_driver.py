@@ -26,6 +26,11 @@ directory of this driver; otherwise it was lost (removed, kept under an earlier 
 name, the agent killed between moving a corrupt one aside and writing its rebuild) and is
 rebuilt as a corrupt one is. A rebuild that could not read the API is recorded as
 incomplete, so every later start rebuilds again and removes nothing until one can.
+
+`DraDriver` is the facade: it owns the settings and the pieces it builds (drawn in
+`agent.dra_state`), and answers the kubelet's adapter (`ports.ClaimPreparer`) and the agent
+(the prepared claims, as a plan, the guard's modes, the devices, the caps), so callers see
+one object while each piece is given only what it uses.
 """
 
 from __future__ import annotations
@@ -35,16 +40,17 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.agent.cdi_base import BaseSpec
-from gpuslice.agent.dra_record import RecordKeeping
-from gpuslice.agent.dra_state import _InFlight
+from gpuslice.agent.dra_prepare import Preparer
+from gpuslice.agent.dra_record import RecordKeeper
+from gpuslice.agent.dra_sharing import ClaimSharing
+from gpuslice.agent.dra_state import DriverEvents, DriverState
+from gpuslice.agent.dra_unprepare import Unpreparer
 from gpuslice.agent.dynamic_mig import DynamicMig
-from gpuslice.aio.keyed_locks import KeyedLocks
 from gpuslice.core.caps import ContainerCaps
 from gpuslice.core.dra.claimplan import claim_resource, claims_plan, sharing_claims
 from gpuslice.core.dra.kubelet_api import ClaimRef, PrepareResult
 from gpuslice.core.dra.prepared import PreparedClaim
 from gpuslice.core.dra.publish import REPLICAS, DraDevice, SharesMode
-from gpuslice.core.mps import MpsDaemonSpec
 from gpuslice.core.sharing.model import Plan
 from gpuslice.host.cdi_store import CdiSpecStore
 from gpuslice.host.checkpoint_file import CheckpointFile
@@ -111,7 +117,10 @@ class DriverSettings:
             )
 
 
-class DraDriver(RecordKeeping):
+class DraDriver:
+    """The driver as the kubelet's adapter and the agent see it: a facade over its pieces
+    (`agent.dra_state`), which it builds, each with what it uses."""
+
     def __init__(
         self,
         settings: DriverSettings,
@@ -145,52 +154,70 @@ class DraDriver(RecordKeeping):
         node's base CDI spec, whose ID each device then returns beside its claim's
         (`agent.cdi_base`); None: a node without the driver's files."""
         self.settings = settings
-        self._objects = objects
-        self._checkpoint = checkpoint
-        self._old_checkpoint = old_checkpoint
-        self._complete = True
-        """False while the record may lack claims still prepared (rebuilt without the API):
-        written into the record, so the next start rebuilds again instead of cleaning up."""
-        self._cdi = cdi
-        self._snapshot = snapshot
-        self._boot_id = boot_id
-        self._mps = mps
-        self._timeslice = timeslice
-        self._compute_mode = compute_mode
-        self._warn = warn
-        self._claim_warn = claim_warn
-        self._claims: dict[str, PreparedClaim] = {}
-        self._daemons: dict[str, MpsDaemonSpec] = {}
-        self._in_flight: dict[str, _InFlight] = {}
-        self._leaving: set[str] = set()
-        """Claims being unprepared: their MPS daemons count as used by nobody, so of two
-        claims of one daemon unprepared together (one kubelet call) the later stops it."""
-        self._claim_locks = KeyedLocks()
-        """Per claim UID: a repeated Prepare, or an Unprepare, waits for one in flight."""
-        self._gpu_locks = KeyedLocks()
-        """Per GPU UUID: starting and stopping a GPU's MPS daemons, setting its interval."""
-        self.caps: ContainerCaps | None = None
+        self._state = DriverState(
+            settings,
+            snapshot=snapshot,
+            checkpoint=checkpoint,
+            boot_id=boot_id,
+            dynamic_mig=dynamic_mig,
+            dynamic=dynamic,
+        )
+        events = DriverEvents(warn, claim_warn)
+        sharing = ClaimSharing(self._state, mps=mps, timeslice=timeslice, compute_mode=compute_mode)
+        self._unpreparer = Unpreparer(self._state, sharing, cdi=cdi, dynamic_mig=dynamic_mig)
+        self._preparer = Preparer(
+            self._state,
+            sharing,
+            self._unpreparer,
+            objects=objects,
+            cdi=cdi,
+            events=events,
+            base=base,
+            dynamic_mig=dynamic_mig,
+            dynamic=dynamic,
+        )
+        self._records = RecordKeeper(
+            self._state,
+            sharing,
+            self._unpreparer,
+            self._preparer,
+            objects=objects,
+            cdi=cdi,
+            old_checkpoint=old_checkpoint,
+            events=events,
+            base=base,
+            dynamic_mig=dynamic_mig,
+        )
+        self.loaded = False
+        """Whether the record is loaded: the driver serves from then on."""
+
+    @property
+    def caps(self) -> ContainerCaps | None:
         """Memory caps for the claims' CDI specs (`agent.caps`), set by the builder where
         the node can take them; None: no caps in the specs."""
-        self._record_lock = asyncio.Lock()
-        """Checkpoint writes, one at a time."""
-        self._dynamic_mig = dynamic_mig
-        self._dynamic = dynamic
-        self._base = base
-        self.loaded = False
+        return self._preparer.caps
+
+    @caps.setter
+    def caps(self, caps: ContainerCaps | None) -> None:
+        self._preparer.caps = caps
+
+    async def load(self) -> None:
+        """Read the record, or rebuild it (`agent.dra_record`), before the driver serves."""
+        await self._records.load()
+        self.loaded = True
 
     # -- what others read ------------------------------------------------------------------
 
     @property
     def claims(self) -> Mapping[str, PreparedClaim]:
-        return dict(self._claims)
+        return dict(self._state.claims)
 
     def claims_plan(self) -> Plan | None:
         """The prepared claims as a plan for attribution, the guard and the exporter."""
-        snap = self._snapshot()
+        snap = self._state.snapshot()
         if snap is None:
             return None
-        return claims_plan(self._claims.values(), snap.inventory, self.settings.node)
+        return claims_plan(self._state.claims.values(), snap.inventory, self.settings.node)
 
     def guard_mode(self, resource: str) -> str | None:
         """A claim's GuardConfig mode by its plan resource (`claim:<ns>/<name>`)."""
@@ -199,7 +226,7 @@ class DraDriver(RecordKeeping):
 
     def claim_of(self, resource: str) -> PreparedClaim | None:
         """The prepared claim behind a plan resource (`claim:<ns>/<name>`)."""
-        for claim in self._claims.values():
+        for claim in self._state.claims.values():
             if claim_resource(claim.namespace, claim.name) == resource:
                 return claim
         return None
@@ -208,11 +235,11 @@ class DraDriver(RecordKeeping):
         """Plan resources of the claims on a GPU shared with other claims or offered as
         shares (`core.dra.claimplan.sharing_claims`): the guard does not let them weaken it
         unless the node's admin allows it."""
-        return frozenset(sharing_claims(self._claims.values()))
+        return frozenset(sharing_claims(self._state.claims.values()))
 
     def devices(self, snap: Snapshot) -> list[DraDevice]:
         """The node's devices as published (the health stream reports each)."""
-        return list(self._offer(snap).devices)
+        return list(self._state.offer(snap).devices)
 
     # -- ports.ClaimPreparer ---------------------------------------------------------------
 
@@ -220,9 +247,9 @@ class DraDriver(RecordKeeping):
         # Each claim on its own task: a claim that waits on the API or on an MPS start holds
         # only itself (and the GPUs it works on), never the others of the batch or of other
         # pods. If the call is cancelled, gather waits for every claim's undo to finish.
-        results = await asyncio.gather(*(self._prepare_claim(ref) for ref in claims))
+        results = await asyncio.gather(*(self._preparer.prepare_claim(ref) for ref in claims))
         return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        results = await asyncio.gather(*(self._unprepare_claim(ref) for ref in claims))
+        results = await asyncio.gather(*(self._unpreparer.unprepare_claim(ref) for ref in claims))
         return {ref.uid: result for ref, result in zip(claims, results, strict=True)}

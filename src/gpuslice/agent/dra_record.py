@@ -1,29 +1,65 @@
 """The DRA driver's record at start: read it, drop what a reboot or a half-done Prepare
 left, and rebuild a record that is corrupt, missing or incomplete from the node's CDI specs
-and the API (`agent.dra_driver`)."""
+and the API.
+
+`RecordKeeper` owns reading the record (and an earlier build's, under its old name),
+keeping an unreadable one aside and the rebuild; it settles the driver's state
+(`agent.dra_state`) once, before the driver serves, then hands the claims' daemons to
+`agent.dra_sharing.ClaimSharing`, undoes unfinished claims through
+`agent.dra_unprepare.Unpreparer` and asks `agent.dra_prepare.Preparer` what a claim's
+Prepare recorded. Writing the record is the state's, the one writer."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import replace
 
-from gpuslice.agent.dra_state import _described
-from gpuslice.agent.dra_unprepare import Unpreparing
+from gpuslice.agent.cdi_base import BaseSpec
+from gpuslice.agent.dra_prepare import Preparer
+from gpuslice.agent.dra_sharing import ClaimSharing
+from gpuslice.agent.dra_state import DriverEvents, DriverState, _described
+from gpuslice.agent.dra_unprepare import Unpreparer
+from gpuslice.agent.dynamic_mig import DynamicMig
 from gpuslice.core.dra.claims import ClaimError
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.names import BadName, check_claim_ref
-from gpuslice.core.dra.preparation import preparation, with_compute_modes
 from gpuslice.core.dra.prepared import Checkpoint, Decoded, PreparedClaim, decode
 from gpuslice.core.dra.resource_claim import ResourceClaim
-from gpuslice.host.checkpoint_file import CheckpointUnreadable
+from gpuslice.host.cdi_store import CdiSpecStore
+from gpuslice.host.checkpoint_file import CheckpointFile, CheckpointUnreadable
 from gpuslice.logs import get_logger
+from gpuslice.ports import DraObjects
 
 log = get_logger("gpuslice.dra.driver")
 
 
-class RecordKeeping(Unpreparing):
+class RecordKeeper:
     """Loads the record of prepared claims, rebuilding it where it cannot be used."""
+
+    def __init__(
+        self,
+        state: DriverState,
+        sharing: ClaimSharing,
+        unpreparer: Unpreparer,
+        preparer: Preparer,
+        *,
+        objects: DraObjects,
+        cdi: CdiSpecStore,
+        old_checkpoint: CheckpointFile | None,
+        events: DriverEvents,
+        base: BaseSpec | None,
+        dynamic_mig: DynamicMig | None,
+    ) -> None:
+        self._state = state
+        self._sharing = sharing
+        self._unpreparer = unpreparer
+        self._preparer = preparer
+        self._objects = objects
+        self._cdi = cdi
+        self._old_checkpoint = old_checkpoint
+        self._events = events
+        self._base = base
+        self._dynamic_mig = dynamic_mig
 
     async def load(self) -> None:
         """Read the record; drop what a reboot or a half-done Prepare left behind. A record
@@ -31,15 +67,15 @@ class RecordKeeping(Unpreparing):
         the node and the API still say; the driver serves in every case."""
         raw: bytes | None = None
         if self._base is not None:  # before any Prepare, and what a rebuilt record returns
-            await self._base.cdi_id(self._snapshot())
+            await self._base.cdi_id(self._state.snapshot())
         if self._dynamic_mig is not None:
             # first: a rebuild of the DRA record must know which MIG devices are ours
             await self._dynamic_mig.read()
         try:
-            raw = await asyncio.to_thread(self._checkpoint.read)
-            decoded = decode(raw, self._boot_id)
+            raw = await asyncio.to_thread(self._state.checkpoint.read)
+            decoded = decode(raw, self._state.boot_id)
         except CheckpointUnreadable as exc:
-            decoded = Decoded("corrupt", Checkpoint(self._boot_id), str(exc))
+            decoded = Decoded("corrupt", Checkpoint(self._state.boot_id), str(exc))
         complete = True
         """Whether every prepared claim is known: what is not may then be cleaned up."""
         rebuilt = True
@@ -54,49 +90,36 @@ class RecordKeeping(Unpreparing):
                 log.warning("dra-checkpoint-stale", reason=decoded.reason)
             claims = dict(decoded.checkpoint.claims)
             rebuilt = False
-        self._complete = complete
-        if self._compute_mode is not None:
-            # records from before the compute mode was a step: their daemons' GPUs were set
-            claims = {
-                u: replace(c, applied=with_compute_modes(c.applied)) for u, c in claims.items()
-            }
+        self._state.complete = complete
+        claims = self._sharing.upgraded(claims)
         unfinished = [c for c in claims.values() if c.state != "PrepareCompleted"]
         for claim in unfinished:
             log.warning("dra-prepare-unfinished", claim=f"{claim.namespace}/{claim.name}")
             del claims[claim.uid]
-        self._claims = claims
+        self._state.claims = claims
         # CDI specs of claims not (or no longer) prepared: a reboot, a crash mid-Prepare.
         for uid in await asyncio.to_thread(self._cdi.claims) if complete else ():
             if uid not in claims:
                 await asyncio.to_thread(self._cdi.remove, uid)
                 log.info("dra-cdi-orphan-removed", claim_uid=uid)
-        for claim in claims.values():
-            for applied in claim.applied:
-                spec = self._spec_of(claim, applied)
-                if spec is not None:
-                    self._daemons[spec.resource] = spec
+        self._sharing.take_over(claims.values())
         if decoded.status != "ok" or raw is None or rebuilt:
-            await self._write_quietly()
+            await self._state.write_quietly()
         for claim in unfinished:
             # a Prepare cut short by a crash: undo what its planned steps may have done (its
             # MPS daemon quit, the GPU's compute mode and time-slice interval reset)
-            await self._undo(claim.uid, claim.applied)
-        if self._mps is not None:
-            if complete:
-                await self._quit_strays()
-            if self._daemons:
-                await self._mps.reconfigure(self._daemons.values())
+            await self._unpreparer.undo(claim.uid, claim.applied)
+        await self._sharing.resume()
         if self._dynamic_mig is not None:
             # after the record: the instances of claims not prepared go, those of prepared
             # claims stay; with the record incomplete nothing is destroyed
-            snap = self._snapshot()
+            snap = self._state.snapshot()
             await self._dynamic_mig.reconcile(
                 set(claims) if complete else None,
                 [(c.uid, u.device, u.physical_uuid) for c in claims.values() for u in c.uses],
                 # the dynamic GPUs: a static MIG device is never rebuilt as one made here
-                list(self._offer(snap).dynamic) if snap is not None else [],
+                list(self._state.offer(snap).dynamic) if snap is not None else [],
             )
-        self.loaded = True
         log.info(
             "dra-checkpoint-loaded", claims=len(claims), status=decoded.status, complete=complete
         )
@@ -107,10 +130,10 @@ class RecordKeeping(Unpreparing):
         is nothing to lose; otherwise the record is rebuilt (with what an earlier build
         kept under the old name, when that is ours). The claims, whether they are all
         known, and whether anything was rebuilt."""
-        path = self._checkpoint.path
+        path = self._state.checkpoint.path
         old = await self._old_record()
         specs = await asyncio.to_thread(self._cdi.claims)
-        dirs = await asyncio.to_thread(self._daemon_dirs)
+        dirs = await asyncio.to_thread(self._sharing.daemon_dirs)
         if old is None and not specs and not dirs:
             return {}, True, False
         known = {uid: c for uid, c in (old or {}).items() if uid in specs}
@@ -130,7 +153,7 @@ class RecordKeeping(Unpreparing):
             f"Rebuilt {len(claims)} prepared claim(s) {why}"
         )
         log.error("dra-checkpoint-missing", message=message)
-        await self._post("CheckpointMissing", message)
+        await self._events.post("CheckpointMissing", message)
         return claims, complete, True
 
     async def _old_record(self) -> dict[str, PreparedClaim] | None:
@@ -147,7 +170,7 @@ class RecordKeeping(Unpreparing):
             return None
         if raw is None:
             return None
-        decoded = decode(raw, self._boot_id)
+        decoded = decode(raw, self._state.boot_id)
         if decoded.status != "ok":
             log.info("dra-old-checkpoint-ignored", path=where, reason=decoded.reason)
             return None
@@ -162,7 +185,7 @@ class RecordKeeping(Unpreparing):
         log.warning(
             "dra-checkpoint-incomplete",
             message=(
-                f"DRA checkpoint {self._checkpoint.path} was rebuilt while the API could not "
+                f"DRA checkpoint {self._state.checkpoint.path} was rebuilt while the API could not "
                 f"be read; now {len(claims)} prepared claim(s) {why}"
             ),
             complete=complete,
@@ -176,9 +199,9 @@ class RecordKeeping(Unpreparing):
         their Prepare would have recorded, so their MPS daemons are taken over and their
         Unprepare undoes them. With the API unreachable nothing is rebuilt and nothing on
         the node is cleaned up (a running pod's spec or daemon is never lost)."""
-        path = self._checkpoint.path
+        path = self._state.checkpoint.path
         try:
-            kept = await asyncio.to_thread(self._checkpoint.quarantine)
+            kept = await asyncio.to_thread(self._state.checkpoint.quarantine)
             where = f"kept as {kept}" if kept is not None else "gone before it could be kept"
         except OSError as exc:
             where = f"could not be moved aside ({exc}); records cannot be written until it is"
@@ -188,7 +211,7 @@ class RecordKeeping(Unpreparing):
             f"Rebuilt {len(claims)} prepared claim(s) {why}"
         )
         log.error("dra-checkpoint-corrupt", message=message)
-        await self._post("CheckpointCorrupt", message)
+        await self._events.post("CheckpointCorrupt", message)
         return claims, complete
 
     async def _rebuild(
@@ -207,7 +230,7 @@ class RecordKeeping(Unpreparing):
             return rebuilt, True, f"from the record kept and {len(written)} CDI spec(s)"
         try:
             listed = await asyncio.wait_for(
-                self._objects.list_claims(missing), self.settings.rebuild_timeout_s
+                self._objects.list_claims(missing), self._state.settings.rebuild_timeout_s
             )
         except Exception as exc:
             log.error("dra-rebuild-no-api", error=_described(exc))
@@ -232,19 +255,7 @@ class RecordKeeping(Unpreparing):
             return None
         try:
             ref = check_claim_ref(ClaimRef(str(read.namespace), read.uid, str(read.name)))
-            work = self._work(read, ref)
-            prepared = preparation(work, self.settings.mps_root)
+            return self._preparer.rederive(read, ref)
         except (BadName, ClaimError) as exc:
             log.warning("dra-rebuild-skipped", claim_uid=read.uid, error=str(exc))
             return None
-        guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
-        return PreparedClaim(
-            ref.uid,
-            ref.namespace,
-            ref.name,
-            "PrepareCompleted",
-            devices=self._prepared_devices(work, None if self._base is None else self._base.last),
-            applied=tuple(step.record for step in prepared.steps),
-            uses=prepared.uses,
-            guard_mode=guard,
-        )

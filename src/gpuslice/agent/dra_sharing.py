@@ -1,14 +1,20 @@
 """The DRA driver's sharing on the node: the claims' MPS control daemons (a share daemon
 sized by every share on its GPU), a whole GPU's compute mode around its daemon and the
 time-slice interval a claim asks for, each step applied under its GPUs' locks and recorded
-before it may take effect, and their undo from the record (`agent.dra_driver`)."""
+before it may take effect, and their undo from the record.
+
+`ClaimSharing` owns the MPS daemon manager, the compute-mode and interval setters and the
+claims' daemon specs: no other piece of the driver (`agent.dra_state`) starts, retunes or
+quits a daemon or sets a GPU, so what a daemon serves is decided in one place. It reads
+the driver's state for the claims that hold the GPUs and for their locks."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gpuslice.agent.dra_state import DriverState, _described
@@ -22,21 +28,38 @@ from gpuslice.core.dra.preparation import (
     SetInterval,
     StartDaemon,
     share_daemon_spec,
+    with_compute_modes,
 )
 from gpuslice.core.dra.prepared import AppliedSharing, PreparedClaim
 from gpuslice.core.mps import MpsDaemonSpec, control_socket_too_long
 from gpuslice.host.checkpoint_file import boot_time
 from gpuslice.logs import get_logger
-from gpuslice.mps import MpsError
+from gpuslice.mps import MpsDaemonManager, MpsError
 from gpuslice.mps.control import PID_FILE, process_alive
 from gpuslice.mps.identity import IdentityError, read_pid_file
 from gpuslice.mps.shm import unmount
+from gpuslice.ports import ComputeModeSetter, TimesliceSetter
 
 log = get_logger("gpuslice.dra.driver")
 
 
-class ClaimSharing(DriverState):
+class ClaimSharing:
     """Applies and undoes the claims' sharing steps on the node."""
+
+    def __init__(
+        self,
+        state: DriverState,
+        *,
+        mps: MpsDaemonManager | None,
+        timeslice: TimesliceSetter | None,
+        compute_mode: ComputeModeSetter | None,
+    ) -> None:
+        self._state = state
+        self._mps = mps
+        self._timeslice = timeslice
+        self._compute_mode = compute_mode
+        self._daemons: dict[str, MpsDaemonSpec] = {}
+        """The claims' MPS daemons, by key: what the manager is told to run."""
 
     def _served(self, spec: MpsDaemonSpec, *, without: str = "") -> MpsDaemonSpec:
         """A share daemon sized by every share on its GPU, of the claims prepared or being
@@ -46,30 +69,30 @@ class ClaimSharing(DriverState):
             return spec
         uses = [
             u
-            for ref, held in self._holders()
-            if ref.uid != without and ref.uid not in self._leaving
+            for ref, held in self._state.holders()
+            if ref.uid != without and ref.uid not in self._state.leaving
             for u in held
         ]
-        snap = self._snapshot()
+        snap = self._state.snapshot()
         gpu = None if snap is None else snap.inventory.gpu_by_uuid(spec.gpu_uuids[0])
         memory = None if gpu is None else gpu.memory_mib or None
         return share_daemon_spec(
-            self.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses, memory
+            self._state.settings.mps_root, spec.gpu_uuids[0], spec.gpu_indices[0], uses, memory
         )
 
     def _spec_of(self, claim: PreparedClaim, applied: AppliedSharing) -> MpsDaemonSpec | None:
         if not applied.mps_key:
             return None
-        indices = self._gpu_indices()
+        indices = self._state.gpu_indices()
         gpus = [(u, indices[u]) for u in applied.gpu_uuids if u in indices]
         if not gpus:
             return None
         if applied.strategy == SHARES_RECORD:
             uuid, index = gpus[0]
-            return self._served(share_daemon_spec(self.settings.mps_root, uuid, index, ()))
+            return self._served(share_daemon_spec(self._state.settings.mps_root, uuid, index, ()))
         return daemon_spec(
             applied.mps_key,
-            self.settings.mps_root,
+            self._state.settings.mps_root,
             gpus,
             thread_percentage=applied.thread_percentage,
             limits_mib=dict(applied.limits_mib),
@@ -77,20 +100,20 @@ class ClaimSharing(DriverState):
             multi_user=applied.multi_user,
         )
 
-    async def _apply(self, prepared: Preparation, applied: list[AppliedSharing]) -> None:
+    async def apply(self, prepared: Preparation, applied: list[AppliedSharing]) -> None:
         """Carry out the claim's steps in order, each under the locks of the GPUs it
         touches, keeping each one's record once it may have taken effect."""
         for step in prepared.steps:
             if isinstance(step, StartDaemon):
-                async with self._gpu_locks.holding(step.spec.gpu_uuids):
+                async with self._state.gpu_locks.holding(step.spec.gpu_uuids):
                     # recorded first: a daemon that never answers is still one to stop
                     applied.append(step.record)
                     await self._start_daemon(self._served(step.spec))
             elif isinstance(step, SetComputeMode):
-                async with self._gpu_locks.holding([step.gpu_uuid]):
+                async with self._state.gpu_locks.holding([step.gpu_uuid]):
                     await self._set_exclusive(step, applied)
             else:
-                async with self._gpu_locks.holding([step.gpu_uuid]):
+                async with self._state.gpu_locks.holding([step.gpu_uuid]):
                     await self._set_interval(step, applied)
 
     async def _set_interval(self, step: SetInterval, applied: list[AppliedSharing]) -> None:
@@ -99,7 +122,7 @@ class ClaimSharing(DriverState):
                 f"{step.source}: this node cannot set time-slice intervals "
                 "(no nvidia-smi configured); remove timeSlicingConfig.interval"
             )
-        timeout = self.settings.timeslice_timeout_s
+        timeout = self._state.settings.timeslice_timeout_s
         applied.append(step.record)  # a set cut short may have taken effect: reset it then
         try:
             await asyncio.wait_for(
@@ -127,7 +150,7 @@ class ClaimSharing(DriverState):
         try:
             await asyncio.wait_for(
                 self._compute_mode.set_mode(step.gpu_uuid, "EXCLUSIVE_PROCESS"),
-                self.settings.compute_mode_timeout_s,
+                self._state.settings.compute_mode_timeout_s,
             )
         except (MpsError, TimeoutError) as exc:
             if isinstance(exc, MpsError):
@@ -144,7 +167,7 @@ class ClaimSharing(DriverState):
         try:
             await asyncio.wait_for(
                 self._compute_mode.set_mode(gpu_uuid, "DEFAULT"),
-                self.settings.compute_mode_timeout_s,
+                self._state.settings.compute_mode_timeout_s,
             )
         except (MpsError, TimeoutError) as exc:
             log.warning("dra-compute-mode-reset-failed", gpu=gpu_uuid, error=_described(exc))
@@ -163,7 +186,7 @@ class ClaimSharing(DriverState):
 
     async def _wait_ready(self, key: str) -> None:
         assert self._mps is not None
-        timeout = self.settings.mps_ready_timeout_s
+        timeout = self._state.settings.mps_ready_timeout_s
         deadline = time.monotonic() + timeout
         version = self._mps.version
         while not self._mps.ready(key):
@@ -179,7 +202,7 @@ class ClaimSharing(DriverState):
             except TimeoutError:
                 continue
 
-    async def _undo(self, claim_uid: str, applied: Sequence[AppliedSharing]) -> None:
+    async def undo(self, claim_uid: str, applied: Sequence[AppliedSharing]) -> None:
         """Undo what the record says, best effort: a step that fails is logged, never
         blocks the rest (the claim is gone for the kubelet either way). Runs under the
         locks of every GPU it touches, so a claim starting a daemon on one of them either
@@ -190,7 +213,7 @@ class ClaimSharing(DriverState):
         While the record is incomplete, a GPU's share daemon and compute mode may serve a
         claim the record lacks: only the claim's own daemons and their GPUs are undone."""
         gpus = [u for a in applied for u in a.gpu_uuids]
-        async with self._gpu_locks.holding(gpus):
+        async with self._state.gpu_locks.holding(gpus):
             still_used = self._daemons_used_by_others(claim_uid)
             stopped: list[str] = []
             strays: list[str] = []
@@ -214,11 +237,11 @@ class ClaimSharing(DriverState):
                 if stopped or retuned:
                     await self._mps.reconfigure(tuple(self._daemons.values()))
                 for key in strays:
-                    await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
+                    await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
             # after the daemons: the mode goes back once no MPS server holds the GPU
             if self._compute_mode is not None:
                 keep = self._exclusive_for_others(claim_uid)
-                if not self._complete:
+                if not self._state.complete:
                     own = {
                         u
                         for a in applied
@@ -233,22 +256,18 @@ class ClaimSharing(DriverState):
                         await self._reset_compute_mode(uuid)
             for key in (*stopped, *strays):
                 await asyncio.to_thread(self._remove_daemon_dir, key)
-        try:
-            await asyncio.to_thread(self._cdi.remove, claim_uid)
-        except (OSError, ValueError) as exc:
-            log.warning("dra-cdi-remove-failed", claim_uid=claim_uid, error=str(exc))
 
     def _daemons_used_by_others(self, claim_uid: str) -> set[str]:
         used = {
             a.mps_key
-            for uid, c in self._claims.items()
-            if uid != claim_uid and uid not in self._leaving
+            for uid, c in self._state.claims.items()
+            if uid != claim_uid and uid not in self._state.leaving
             for a in c.applied
             if a.mps_key
         }
         used.update(
             a.mps_key
-            for uid, flight in self._in_flight.items()
+            for uid, flight in self._state.in_flight.items()
             if uid != claim_uid
             for a in flight.sharing
             if a.mps_key
@@ -258,19 +277,22 @@ class ClaimSharing(DriverState):
     def _undoable(self, claim_uid: str, mps_key: str) -> bool:
         """Whether the daemon `mps_key` serves no claim but `claim_uid`'s, as far as the
         record can tell: its own (`<uid>-<digest>`), or any while the record is complete."""
-        return bool(mps_key) and (self._complete or mps_key.startswith(f"{claim_uid}-"))
+        return bool(mps_key) and (self._state.complete or mps_key.startswith(f"{claim_uid}-"))
 
     def _exclusive_for_others(self, claim_uid: str) -> set[str]:
         """GPUs another claim (prepared, or being prepared) set to EXCLUSIVE_PROCESS: MPS
         shares of one GPU share its daemon, and the mode stays until the last one goes."""
         applied = [
             a
-            for uid, c in self._claims.items()
-            if uid != claim_uid and uid not in self._leaving
+            for uid, c in self._state.claims.items()
+            if uid != claim_uid and uid not in self._state.leaving
             for a in c.applied
         ]
         applied.extend(
-            a for uid, flight in self._in_flight.items() if uid != claim_uid for a in flight.sharing
+            a
+            for uid, flight in self._state.in_flight.items()
+            if uid != claim_uid
+            for a in flight.sharing
         )
         return {u for a in applied if a.compute_mode for u in a.gpu_uuids}
 
@@ -278,7 +300,7 @@ class ClaimSharing(DriverState):
         assert self._timeslice is not None
         try:
             await asyncio.wait_for(
-                self._timeslice.set_timeslice(gpu_uuid, 0), self.settings.timeslice_timeout_s
+                self._timeslice.set_timeslice(gpu_uuid, 0), self._state.settings.timeslice_timeout_s
             )
         except (MpsError, TimeoutError) as exc:
             log.warning("dra-timeslice-reset-failed", gpu=gpu_uuid, error=_described(exc))
@@ -287,7 +309,7 @@ class ClaimSharing(DriverState):
         """`<mps root>/<key>`: the stopped daemon's pipe, log and shm directories. Left in
         place (and said so) while its pid file says a daemon may still be running there."""
         try:
-            base = Path(self.settings.mps_root) / check_path_component(key, "MPS daemon key")
+            base = Path(self._state.settings.mps_root) / check_path_component(key, "MPS daemon key")
         except BadName as exc:
             log.warning("dra-mps-dir-kept", error=str(exc))
             return
@@ -301,17 +323,67 @@ class ClaimSharing(DriverState):
             log.warning("dra-mps-shm-unmount-failed", dir=str(base / "shm"), error=why)
         shutil.rmtree(base, ignore_errors=True)
 
+    def upgraded(self, claims: Mapping[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+        """The recorded claims as this node's steps would record them now: where it sets
+        compute modes, records from before the compute mode was a step say so of their
+        daemons' GPUs, which were set."""
+        if self._compute_mode is None:
+            return dict(claims)
+        return {u: replace(c, applied=with_compute_modes(c.applied)) for u, c in claims.items()}
+
+    def take_over(self, claims: Iterable[PreparedClaim]) -> None:
+        """The recorded claims' daemons, left running across the agent's restart: this
+        driver's again (run by `resume`, once the record is settled)."""
+        for claim in claims:
+            for applied in claim.applied:
+                spec = self._spec_of(claim, applied)
+                if spec is not None:
+                    self._daemons[spec.resource] = spec
+
+    async def resume(self) -> None:
+        """Quit the daemons no recorded claim holds (only while the record is complete),
+        and supervise those taken over."""
+        if self._mps is None:
+            return
+        if self._state.complete:
+            await self._quit_strays()
+        if self._daemons:
+            await self._mps.reconfigure(self._daemons.values())
+
+    async def quit_unrecorded(self, claim_uid: str) -> None:
+        """The claim MPS daemons (`<uid>-<digest>`) of a claim the record does not hold,
+        quit and their directories removed (`agent.dra_unprepare`)."""
+        if self._mps is None:
+            return
+        root = Path(self._state.settings.mps_root)
+        try:
+            keys = await asyncio.to_thread(
+                lambda: sorted(
+                    p.name
+                    for p in root.iterdir()
+                    if p.name.startswith(f"{claim_uid}-") and (p / "pipe").is_dir()
+                )
+            )
+        except FileNotFoundError:
+            return
+        for key in keys:
+            if key in self._daemons:
+                continue
+            await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
+            await asyncio.to_thread(self._remove_daemon_dir, key)
+            log.info("dra-mps-unrecorded-quit", claim_uid=claim_uid, daemon=key)
+
     async def _quit_strays(self) -> None:
         """Daemons are left running across agent restarts; one whose claim the record no
         longer holds (a corrupt record, a Prepare cut short) would serve nobody forever."""
         assert self._mps is not None
-        for key in await asyncio.to_thread(self._daemon_dirs):
+        for key in await asyncio.to_thread(self.daemon_dirs):
             if key not in self._daemons:
-                await self._mps.quit_stray(daemon_spec(key, self.settings.mps_root, []))
+                await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
 
-    def _daemon_dirs(self) -> list[str]:
+    def daemon_dirs(self) -> list[str]:
         """The claim MPS daemon directories (`<mps root>/<key>/pipe`) on the node."""
-        root = Path(self.settings.mps_root)
+        root = Path(self._state.settings.mps_root)
         try:
             return sorted(p.name for p in root.iterdir() if (p / "pipe").is_dir())
         except FileNotFoundError:
