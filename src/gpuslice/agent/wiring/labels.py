@@ -9,6 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -136,13 +137,22 @@ class LabelApiOutput:
         make them flap."""
 
 
-def wire_label_file(agent: Agent, path: Path | None) -> None:
-    def target() -> LabelFile:
-        if path is not None:
-            return LabelFile(path)
-        return LabelFile(Path(agent.loaded.config.flags.gfd.output_file))
+@dataclass(frozen=True, slots=True)
+class _LabelFileOf:
+    """The label file in force: `path` where given, else the config's `gfd.outputFile`, read
+    at each write (a reload may move it)."""
 
-    _wire_labels(agent, LabelFileOutput(target))
+    agent: Agent
+    path: Path | None
+
+    def __call__(self) -> LabelFile:
+        if self.path is not None:
+            return LabelFile(self.path)
+        return LabelFile(Path(self.agent.loaded.config.flags.gfd.output_file))
+
+
+def wire_label_file(agent: Agent, path: Path | None) -> None:
+    _wire_labels(agent, LabelFileOutput(_LabelFileOf(agent, path)))
 
 
 def wire_label_api(agent: Agent, labeler: NodeLabeler) -> None:
