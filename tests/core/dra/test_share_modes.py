@@ -29,6 +29,7 @@ from gpuslice.core.sharing.model import Plan, SharingStrategy
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.core.units import MIB, quantity_mib
 from gpuslice.whatif.claims import slice_devices
+from tests.core.dra.share_claims import unrecorded_share
 
 DRIVER = "gpu.nvidia.com"
 POOL = "n1"
@@ -310,26 +311,7 @@ def test_a_claim_that_asks_no_memory_gets_the_default_the_slice_published(
     policy = device_json(device, [], offer)["capacity"].get("memory", {}).get("requestPolicy")
     default = "0" if policy is None else policy["default"]
     published_mib = 0 if default == "0" else quantity_mib(default)
-    result = {
-        "request": "gpu",
-        "driver": DRIVER,
-        "pool": POOL,
-        "device": device.name,
-        "shareID": "s-1",
-        "consumedCapacity": {},
-    }
-    claim = {
-        "metadata": {"uid": "uid-1"},
-        "status": {"allocation": {"devices": {"results": [result]}}},
-    }
-    work = claim_work(
-        claim,
-        ClaimRef("ns", "uid-1", "c"),
-        driver=DRIVER,
-        pool=POOL,
-        devices={device.name: device},
-        offers={device.name: offer},
-    )
+    work = unrecorded_share(device.name, {device.name: device}, {device.name: offer})
     share = work.devices[0].share
     assert share is not None
     assert share.memory_mib == published_mib == offer.default_memory_mib

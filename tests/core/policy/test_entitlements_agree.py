@@ -23,8 +23,6 @@ from gpuslice.core.config import parse_config
 from gpuslice.core.describe import describe
 from gpuslice.core.devices import Inventory
 from gpuslice.core.dra.claimplan import claims_plan
-from gpuslice.core.dra.claims import claim_work
-from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.dra.preparation import preparation
 from gpuslice.core.dra.prepared import PreparedClaim
 from gpuslice.core.dra.publish import REPLICAS, SharesMode
@@ -38,6 +36,7 @@ from gpuslice.core.units import MIB, whole_mib
 from gpuslice.metrics.collector import SnapshotCollector
 from gpuslice.metrics.snapshot import GpuSample, MetricsSnapshot
 from gpuslice.ports import ContainerDevices, GpuStatus
+from tests.core.dra.share_claims import unrecorded_share
 
 SHARED = """\
 version: v1
@@ -177,26 +176,7 @@ def test_a_dra_share_that_asked_nothing_is_held_to_the_published_default(
     plan = build_plan(inventory, parse_config(config))
     offer = NodePolicy(plan, inventory).offer(mode)
     (device,) = offer.devices
-    result = {
-        "request": "gpu",
-        "driver": DRIVER,
-        "pool": POOL,
-        "device": device.name,
-        "shareID": "s-1",
-        "consumedCapacity": {},
-    }
-    claim = {
-        "metadata": {"uid": "uid-1"},
-        "status": {"allocation": {"devices": {"results": [result]}}},
-    }
-    work = claim_work(
-        claim,
-        ClaimRef("ns", "uid-1", "c"),
-        driver=DRIVER,
-        pool=POOL,
-        devices=offer.by_name(),
-        offers=offer.offers_by_name(),
-    )
+    work = unrecorded_share(device.name, offer.by_name(), offer.offers_by_name())
     uses = preparation(work, "/mps").uses
     prepared = PreparedClaim("uid-1", "ns", "c", "PrepareCompleted", uses=uses)
     claims = claims_plan([prepared], inventory, POOL)
