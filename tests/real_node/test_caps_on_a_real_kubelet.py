@@ -86,29 +86,14 @@ def start_dra(real_node: RealNode, work: Path, driver: str) -> DraAgent:
     hook.parent.mkdir()
     hook.write_text(STAND_IN.format(python=sys.executable, record=str(records)))
     hook.chmod(0o755)
-    smi = work / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-    smi.chmod(0o755)
-    config = work / "config.yaml"
-    config.write_text("version: v1\n", encoding="utf-8")
-    args = [
-        "--dra",
-        "--node", str(node_file(work / "node.yaml", driver)),
-        "--config-file", str(config),
-        "--node-name", real_node.name,
-        "--kubeconfig", str(real_node.plane.kubeconfig),
-        "--dra-plugin-dir", str(real_node.plugin_dir(DRIVER)),
-        "--dra-registry-dir", str(real_node.plugins_registry),
-        "--cdi-root", str(real_node.cdi_dir),
-        "--nvidia-driver-root", str(driver_root),
-        "--container-driver-root", str(driver_root),
-        "--nvidia-smi", str(smi),
-        "--dra-resync-interval", "0.5",
-        "--memory-caps", "auto",
-        "--memory-caps-hook-path", str(hook),
-        "--no-compute-mode", "--no-labels",
-    ]  # fmt: skip
-    agent = AgentProcess.start(real_node, args, work / "agent.log")
+    agent = AgentProcess.start_dra(
+        real_node,
+        work,
+        sim=str(node_file(work / "node.yaml", driver)),
+        driver=DRIVER,
+        driver_root=driver_root,
+        extra=("--memory-caps", "auto", "--memory-caps-hook-path", str(hook)),
+    )
     running = DraAgent(agent.node, agent.proc, agent.log_path, records)
     running.wait(
         lambda: running.log_path.read_text().count("event=dra-registered") >= 1,

@@ -64,29 +64,9 @@ def driver(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     work = tmp_path_factory.mktemp("dra")
     driver_root = work / "driver-root"
     _stand_in_devices(driver_root)
-    smi = work / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-    smi.chmod(0o755)
-    config = work / "config.yaml"
-    config.write_text("version: v1\n", encoding="utf-8")
     real_node.ensure_namespace(NAMESPACE)
     real_node.create(GPU_CLASS)
-    args = [
-        "--dra",
-        "--node", SIM,
-        "--config-file", str(config),
-        "--node-name", real_node.name,
-        "--kubeconfig", str(real_node.plane.kubeconfig),
-        "--dra-plugin-dir", str(real_node.plugin_dir(DRIVER)),
-        "--dra-registry-dir", str(real_node.plugins_registry),
-        "--cdi-root", str(real_node.cdi_dir),
-        "--nvidia-driver-root", str(driver_root),
-        "--container-driver-root", str(driver_root),
-        "--nvidia-smi", str(smi),
-        "--dra-resync-interval", "0.5",
-        "--no-compute-mode", "--no-labels",
-    ]  # fmt: skip
-    agent = AgentProcess.start(real_node, args, work / "driver.log")
+    agent = AgentProcess.start_dra(real_node, work, sim=SIM, driver=DRIVER, driver_root=driver_root)
     running = Driver(agent.node, agent.proc, agent.log_path, sim_uuids(SIM))
     try:
         running.wait(lambda: len(running.slices()) == 1, "the node's slice published")

@@ -537,6 +537,44 @@ class AgentProcess:
             )
         return cls(node, proc, log_path)
 
+    @classmethod
+    def start_dra(
+        cls,
+        node: RealNode,
+        work: Path,
+        *,
+        sim: str,
+        driver: str,
+        driver_root: Path,
+        config: str = "version: v1\n",
+        extra: Sequence[str] = (),
+    ) -> AgentProcess:
+        """The agent in DRA mode on the simulated node `sim`, as the real-node DRA tests run
+        it: the node's kubelet directories and CDI root, `driver_root` for the device nodes,
+        a stand-in `nvidia-smi` (no compute modes, no labels), `config` in `work`."""
+        smi = work / "nvidia-smi"
+        smi.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+        smi.chmod(0o755)
+        config_file = work / "config.yaml"
+        config_file.write_text(config, encoding="utf-8")
+        args = [
+            "--dra",
+            "--node", sim,
+            "--config-file", str(config_file),
+            "--node-name", node.name,
+            "--kubeconfig", str(node.plane.kubeconfig),
+            "--dra-plugin-dir", str(node.plugin_dir(driver)),
+            "--dra-registry-dir", str(node.plugins_registry),
+            "--cdi-root", str(node.cdi_dir),
+            "--nvidia-driver-root", str(driver_root),
+            "--container-driver-root", str(driver_root),
+            "--nvidia-smi", str(smi),
+            "--dra-resync-interval", "0.5",
+            "--no-compute-mode", "--no-labels",
+            *extra,
+        ]  # fmt: skip
+        return cls.start(node, args, work / "driver.log")
+
     def log(self) -> str:
         """The log's end, without the HTTP client's request lines."""
         lines = self.log_path.read_text(errors="replace").splitlines()
