@@ -53,12 +53,15 @@ class Rig:
     old_name: str = "pre-rename-checkpoint.json"
     """Where an earlier build kept the record (`checkpoint.json` in the agent)."""
 
-    def driver(self) -> DraDriver:
+    def driver(self, *, mps_root: Path | None = None, **settings: Any) -> DraDriver:
+        """The driver on this rig; `settings` override `DriverSettings`' defaults."""
+
         async def warn(reason: str, message: str) -> None:
             self.warnings.append((reason, message))
 
+        root = self.workdir / "mps" if mps_root is None else mps_root
         return DraDriver(
-            DriverSettings(DRIVER, NODE, mps_root=str(self.workdir / "mps")),
+            DriverSettings(DRIVER, NODE, mps_root=str(root), **settings),
             objects=self.store,
             checkpoint=CheckpointFile(self.workdir / "checkpoint.json"),
             cdi=CdiSpecStore(self.workdir / "cdi", CDI_KIND),

@@ -14,18 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.agent.dra_driver import DraDriver, DriverSettings
 from gpuslice.agent.guard_view import claim_modes
 from gpuslice.backends import open_backend
 from gpuslice.core.config import parse_config
-from gpuslice.core.dra.cdispec import CDI_KIND
 from gpuslice.core.dra.claimplan import claim_resource
 from gpuslice.core.dra.kubelet_api import ClaimRef
 from gpuslice.core.jsontypes import Json
 from gpuslice.core.sharing.plan import build_plan
 from gpuslice.emulator.dra_store import DraStore
-from gpuslice.host.cdi_store import CdiSpecStore
-from gpuslice.host.checkpoint_file import CheckpointFile
 from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.state import PlanState
 from gpuslice.testing.eventually import eventually
@@ -489,14 +485,7 @@ async def test_an_api_that_hangs_fails_its_claim_in_time_and_holds_no_other(
     store.add_device_class(GPU_CLASS)
     rig = Rig(store, state, sock_dir)
     await rig.publish()
-    driver = DraDriver(
-        DriverSettings(DRIVER, NODE, mps_root=str(sock_dir / "mps"), api_timeout_s=2.0),
-        objects=store,
-        checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
-        cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
-        snapshot=lambda: state.current,
-        boot_id="b",
-    )
+    driver = rig.driver(api_timeout_s=2.0)
     await driver.load()
     stuck, fine = rig.claim("stuck"), rig.claim("fine")
     slow = asyncio.create_task(driver.prepare([stuck]))
@@ -626,15 +615,8 @@ async def test_an_mps_daemon_that_never_answers_fails_the_claim_and_is_not_kept(
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:
-        driver = DraDriver(
-            DriverSettings(DRIVER, NODE, mps_root=str(sock_dir / "mps"), mps_ready_timeout_s=0.5),
-            objects=rig.store,
-            checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
-            cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
-            snapshot=lambda: rig.state.current,
-            boot_id="b",
-            mps=manager,
-        )
+        rig.mps = manager
+        driver = rig.driver(mps_ready_timeout_s=0.5)
         await driver.load()
         mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
                "sharing": {"strategy": "MPS"}}  # fmt: skip
@@ -668,15 +650,8 @@ async def test_an_mps_root_too_long_for_the_control_socket_fails_the_claim_sayin
     task = asyncio.create_task(manager.run(stop))
     long_root = sock_dir / ("p" * 60) / "mps"
     try:
-        driver = DraDriver(
-            DriverSettings(DRIVER, NODE, mps_root=str(long_root), mps_ready_timeout_s=0.5),
-            objects=rig.store,
-            checkpoint=CheckpointFile(sock_dir / "checkpoint.json"),
-            cdi=CdiSpecStore(sock_dir / "cdi", CDI_KIND),
-            snapshot=lambda: rig.state.current,
-            boot_id="b",
-            mps=manager,
-        )
+        rig.mps = manager
+        driver = rig.driver(mps_root=long_root, mps_ready_timeout_s=0.5)
         await driver.load()
         mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
                "sharing": {"strategy": "MPS"}}  # fmt: skip
