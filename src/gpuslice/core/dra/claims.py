@@ -118,6 +118,11 @@ class ClaimWork:
     of failing the pod (a claim's TimeSlicing config on a share): the driver posts each as
     a Warning Event, so the pod runs as it would on NVIDIA's driver and is told so."""
 
+    @property
+    def guard_mode(self) -> str | None:
+        """The claim's GuardConfig mode: the first of its devices' that sets one."""
+        return next((d.sharing.guard_mode for d in self.devices if d.sharing.guard_mode), None)
+
 
 def claim_work(
     claim: ResourceClaim | Mapping[str, Any],
