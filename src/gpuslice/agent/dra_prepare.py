@@ -240,14 +240,14 @@ class Preparer:
                     made[name] = await self._dynamic_mig.materialize(ref.uid, part)
         except ClaimError:
             raise  # the caller releases what was made
-        except BaseException as exc:  # a record that cannot be written, a cancellation
-            await self._unpreparer.release(ref)
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:  # a record that cannot be written: the caller releases too
             raise ClaimError(
                 f"ResourceClaim {ref.namespace}/{ref.name}: creating its MIG devices: "
                 f"{_described(exc)}"
             ) from None
+        except BaseException:  # a cancellation, which passes the caller by: released here
+            await self._unpreparer.release(ref)
+            raise
         return made
 
     def _work(
