@@ -168,14 +168,13 @@ class Preparer:
                 ref.uid, cdi, host_dev_root=dev_root, caps=hook, driver_from_base=base is not None
             )
             await to_the_end(asyncio.to_thread(self._cdi.write, ref.uid, spec))
-            guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
             self._state.claims[ref.uid] = replace(
                 started,
                 state="PrepareCompleted",
                 devices=devices,
                 applied=tuple(applied),
                 uses=prepared.uses,
-                guard_mode=guard,
+                guard_mode=work.guard_mode,
             )
             await self._state.write()
         except BaseException as exc:  # CancelledError too: the kubelet's deadline, a shutdown
@@ -241,14 +240,14 @@ class Preparer:
                     made[name] = await self._dynamic_mig.materialize(ref.uid, part)
         except ClaimError:
             raise  # the caller releases what was made
-        except BaseException as exc:  # a record that cannot be written, a cancellation
-            await self._unpreparer.release(ref)
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:  # a record that cannot be written: the caller releases too
             raise ClaimError(
                 f"ResourceClaim {ref.namespace}/{ref.name}: creating its MIG devices: "
                 f"{_described(exc)}"
             ) from None
+        except BaseException:  # a cancellation, which passes the caller by: released here
+            await self._unpreparer.release(ref)
+            raise
         return made
 
     def _work(
@@ -323,7 +322,6 @@ class Preparer:
         (`agent.dra_record`). ClaimError where this node would not prepare it."""
         work = self._work(claim, ref)
         prepared = preparation(work, self._state.settings.mps_root)
-        guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
         return PreparedClaim(
             ref.uid,
             ref.namespace,
@@ -332,7 +330,7 @@ class Preparer:
             devices=self._prepared_devices(work, None if self._base is None else self._base.last),
             applied=tuple(step.record for step in prepared.steps),
             uses=prepared.uses,
-            guard_mode=guard,
+            guard_mode=work.guard_mode,
         )
 
 

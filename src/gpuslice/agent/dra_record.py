@@ -65,7 +65,6 @@ class RecordKeeper:
         """Read the record; drop what a reboot or a half-done Prepare left behind. A record
         that cannot be read, whatever is at its path, is kept aside and rebuilt from what
         the node and the API still say; the driver serves in every case."""
-        raw: bytes | None = None
         if self._base is not None:  # before any Prepare, and what a rebuilt record returns
             await self._base.cdi_id(self._state.snapshot())
         if self._dynamic_mig is not None:
@@ -78,18 +77,16 @@ class RecordKeeper:
             decoded = Decoded("corrupt", Checkpoint(self._state.boot_id), str(exc))
         complete = True
         """Whether every prepared claim is known: what is not may then be cleaned up."""
-        rebuilt = True
         if decoded.status == "corrupt":
             claims, complete = await self._recover(decoded.reason)
         elif decoded.status == "empty":
-            claims, complete, rebuilt = await self._without_record()
+            claims, complete = await self._without_record()
         elif decoded.status == "ok" and not decoded.checkpoint.complete:
             claims, complete = await self._complete_record(decoded.checkpoint.claims)
         else:
             if decoded.status == "stale":
                 log.warning("dra-checkpoint-stale", reason=decoded.reason)
             claims = dict(decoded.checkpoint.claims)
-            rebuilt = False
         self._state.complete = complete
         claims = self._sharing.upgraded(claims)
         unfinished = [c for c in claims.values() if c.state != "PrepareCompleted"]
@@ -103,7 +100,7 @@ class RecordKeeper:
                 await asyncio.to_thread(self._cdi.remove, uid)
                 log.info("dra-cdi-orphan-removed", claim_uid=uid)
         self._sharing.take_over(claims.values())
-        if decoded.status != "ok" or raw is None or rebuilt:
+        if decoded.status != "ok" or not decoded.checkpoint.complete:  # else it is as read
             await self._state.write_quietly()
         for claim in unfinished:
             # a Prepare cut short by a crash: undo what its planned steps may have done (its
@@ -124,18 +121,18 @@ class RecordKeeper:
             "dra-checkpoint-loaded", claims=len(claims), status=decoded.status, complete=complete
         )
 
-    async def _without_record(self) -> tuple[dict[str, PreparedClaim], bool, bool]:
+    async def _without_record(self) -> tuple[dict[str, PreparedClaim], bool]:
         """No file at the record's path: a first start, or a record lost. Only the node
         tells them apart: with no CDI spec and no MPS daemon directory of this driver there
         is nothing to lose; otherwise the record is rebuilt (with what an earlier build
-        kept under the old name, when that is ours). The claims, whether they are all
-        known, and whether anything was rebuilt."""
+        kept under the old name, when that is ours). The claims, and whether they are all
+        known."""
         path = self._state.checkpoint.path
         old = await self._old_record()
         specs = await asyncio.to_thread(self._cdi.claims)
         dirs = await asyncio.to_thread(self._sharing.daemon_dirs)
         if old is None and not specs and not dirs:
-            return {}, True, False
+            return {}, True
         known = {uid: c for uid, c in (old or {}).items() if uid in specs}
         claims, complete, why = await self._rebuild(known)
         if old is not None:
@@ -146,7 +143,7 @@ class RecordKeeper:
                 claims=len(claims),
                 complete=complete,
             )
-            return claims, complete, True
+            return claims, complete
         message = (
             f"DRA checkpoint {path} is missing while {len(specs)} CDI spec(s) and "
             f"{len(dirs)} MPS daemon director(ies) of this driver are on the node. "
@@ -154,7 +151,7 @@ class RecordKeeper:
         )
         log.error("dra-checkpoint-missing", message=message)
         await self._events.post("CheckpointMissing", message)
-        return claims, complete, True
+        return claims, complete
 
     async def _old_record(self) -> dict[str, PreparedClaim] | None:
         """The record an earlier build kept under the old name, when it is one of ours

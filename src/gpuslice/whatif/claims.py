@@ -531,8 +531,7 @@ def _outcomes(
                 sm_fraction=None if ent.sm_fraction is None else round(ent.sm_fraction, 6),
             )
         )
-    guard = next((d.sharing.guard_mode for d in work.devices if d.sharing.guard_mode), None)
-    return tuple(out), guard
+    return tuple(out), work.guard_mode
 
 
 def _share_ids(ns: str, name: str) -> Callable[[], str]:

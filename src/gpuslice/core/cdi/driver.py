@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
+from gpuslice.core.cdi.hook import hook_argv
 from gpuslice.core.cdi.spec import device_node, minimum_version
 from gpuslice.core.jsontypes import Json
 
@@ -130,11 +131,12 @@ def _host(root: str, relative: str) -> str:
 
 
 def _hook(hook_path: str, name: str, args: Sequence[str]) -> Json:
-    """An `nvidia-cdi-hook` entry as the toolkit writes it (`cdiHookCreator.Create`):
-    `argv[0]` the program's name, `hook` after it for `nvidia-ctk`."""
-    base = hook_path.rstrip("/").rsplit("/", 1)[-1]
-    fixed = [base, "hook"] if base == "nvidia-ctk" else [base]
-    return {"hookName": HOOK_LIFECYCLE, "path": hook_path, "args": [*fixed, name, *args]}
+    """An `nvidia-cdi-hook` entry as the toolkit writes it (`core.cdi.hook.hook_argv`)."""
+    return {
+        "hookName": HOOK_LIFECYCLE,
+        "path": hook_path,
+        "args": [*hook_argv(hook_path, name), *args],
+    }
 
 
 def library_hooks(files: DriverFiles, hook_path: str) -> list[Json]:

@@ -61,15 +61,21 @@ def hook_env(limits: MemoryLimits) -> dict[str, str]:
     return {"NVIDIA_GPU_MEMORY_REQUEST": str(request), "NVIDIA_GPU_MEMORY_LIMIT": str(limit)}
 
 
+def hook_argv(hook_path: str, name: str) -> list[str]:
+    """A toolkit hook's `argv` up to its subcommand `name`, as the toolkit's own specs write
+    it (`cdiHookCreator.Create`): `argv[0]` is the binary's name, and `nvidia-ctk` takes
+    `hook` before the subcommand."""
+    base = hook_path.rstrip("/").rsplit("/", 1)[-1]
+    return [base, "hook", name] if base == "nvidia-ctk" else [base, name]
+
+
 def hook_entry(
     hook_path: str, gpu_uuids: Iterable[str], driver_root: str = ""
 ) -> dict[str, object]:
     """One CDI hook entry running `apply-cuda-memory-limits` for `gpu_uuids`. Its arguments
-    follow the toolkit's own specs: `argv[0]` is the binary's name, `nvidia-ctk` takes
-    `hook` before the subcommand, and the flags are `--driver-root` then one `--gpu-id` per
-    GPU."""
-    base = hook_path.rstrip("/").rsplit("/", 1)[-1]
-    args = [base, "hook", HOOK_NAME] if base == "nvidia-ctk" else [base, HOOK_NAME]
+    follow the toolkit's own specs (`hook_argv`), the flags `--driver-root` then one
+    `--gpu-id` per GPU."""
+    args = hook_argv(hook_path, HOOK_NAME)
     args += ["--driver-root", driver_root]
     for uuid in gpu_uuids:
         args += ["--gpu-id", uuid]

@@ -40,11 +40,10 @@ def claim_spec(
     driver_from_base: bool = False,
 ) -> Json:
     """The spec file's content for one claim (the adapter writes it as YAML): its devices
-    under names embedding the claim UID (`core.cdi.spec.device_spec` for the rest;
-    `driver_from_base` where the node's base spec, `core.cdi.driver`, is written)."""
-    if not devices:
-        raise ValueError("a CDI spec needs at least one device")
-    named = [(cdi_name(claim_uid, d.device), d) for d in devices]
+    under names embedding the claim UID (`core.cdi.spec.device_spec` for the rest, the
+    checks included: at least one device, each name one CDI allows; `driver_from_base`
+    where the node's base spec, `core.cdi.driver`, is written)."""
+    named = [(f"{claim_uid}-{d.device}", d) for d in devices]
     return device_spec(
         kind, named, host_dev_root=host_dev_root, caps=caps, driver_from_base=driver_from_base
     )

@@ -39,6 +39,7 @@ from gpuslice.core.dra.sharing import (
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import READY_MARKER, STARTED_MARKER, MpsDaemonSpec
 from gpuslice.core.sharing.model import ResourceName, SharingStrategy
+from gpuslice.core.text import shown_all
 from gpuslice.core.units import MIB, quantity_mib
 
 __all__ = [
@@ -118,6 +119,11 @@ class ClaimWork:
     of failing the pod (a claim's TimeSlicing config on a share): the driver posts each as
     a Warning Event, so the pod runs as it would on NVIDIA's driver and is told so."""
 
+    @property
+    def guard_mode(self) -> str | None:
+        """The claim's GuardConfig mode: the first of its devices' that sets one."""
+        return next((d.sharing.guard_mode for d in self.devices if d.sharing.guard_mode), None)
+
 
 def claim_work(
     claim: ResourceClaim | Mapping[str, Any],
@@ -159,7 +165,8 @@ def claim_work(
         if name not in devices:
             raise ClaimError(
                 f"{where}: {field}.device {name!r} is not a device of this node "
-                f"(now: {_some(sorted(devices))})"
+                # a few of them: a dynamic MIG node has hundreds (1 KB for one H100)
+                f"(now: {shown_all(sorted(devices)) or 'none'})"
             )
         if not result.share_id:
             if name in seen:
@@ -414,16 +421,3 @@ def share_envs(share: ShareUse, total_mib: int) -> dict[str, str]:
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": text,
     }
-
-
-_LISTED = 8
-
-
-def _some(names: list[str]) -> str:
-    """A few of the node's device names: a dynamic MIG node has hundreds, and an error
-    listing them all buries what it says (1 KB for one H100)."""
-    if not names:
-        return "none"
-    shown = ", ".join(names[:_LISTED])
-    more = len(names) - _LISTED
-    return f"{shown} and {more} more" if more > 0 else shown
