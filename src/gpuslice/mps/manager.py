@@ -679,7 +679,7 @@ class MpsDaemonManager:
         if others:
             why = (
                 None
-                if await asyncio.to_thread(self._shm_mounted, spec.shm_dir)
+                if await asyncio.to_thread(self._shm.mount_point, spec.shm_dir)
                 else (f"the MPS daemon of {', '.join(sorted(others))} runs on it as it is")
             )
         else:
@@ -691,10 +691,6 @@ class MpsDaemonManager:
             f"MPS shm directory {spec.shm_dir} is left a plain directory on the node's disk, "
             f"not a size-limited tmpfs: {why} (said once; so are the others while it lasts)"
         )
-
-    def _shm_mounted(self, directory: str) -> bool:
-        assert self._shm is not None
-        return self._shm.mount_point(directory)
 
     async def _unmount_shm(self, spec: MpsDaemonSpec) -> None:
         users = self._shm_users.get(spec.shm_dir, set())
