@@ -281,8 +281,7 @@ class MpsDaemonManager:
             return
         try:
             await _configure(daemon.control, spec)
-            servers = (await daemon.control.send("get_server_list")).split()
-            for pid in (p for p in servers if p.isdigit()):
+            for pid in await _server_pids(daemon.control):
                 for index, mib in spec.pinned_mem_limits_mib:
                     await daemon.control.send(f"set_device_pinned_mem_limit {pid} {index} {mib}M")
                 await daemon.control.send(
@@ -322,8 +321,7 @@ class MpsDaemonManager:
             if gpu_uuid not in daemon.spec.gpu_uuids or not wanted:
                 continue
             try:
-                listed = (await daemon.control.send("get_server_list")).split()
-                for server in (p for p in listed if p.isdigit()):
+                for server in await _server_pids(daemon.control):
                     for pid in wanted:
                         await daemon.control.send(f"terminate_client {server} {pid}")
                         asked += 1
@@ -741,6 +739,11 @@ class MpsDaemonManager:
         del self._problems[:-50]
         if resource is not None:
             self._down_because[resource] = problem
+
+
+async def _server_pids(control: MpsControl) -> list[str]:
+    """The PIDs of the daemon's running MPS servers (`get_server_list`)."""
+    return [p for p in (await control.send("get_server_list")).split() if p.isdigit()]
 
 
 def _runs(spec: MpsDaemonSpec) -> bool:
