@@ -163,11 +163,9 @@ class MpsDaemonManager:
         down with the problem that keeps it down (a start that failed, a lost socket)."""
         out: list[DaemonState] = []
         for spec in self._specs:
-            ready = self._readiness.ready(spec.resource)
-            problem = None if ready else self._down_because.get(spec.resource)
-            if ready:
+            if self._readiness.ready(spec.resource):
                 out.append(DaemonState(spec.resource, "ready", None))
-            elif problem is None:
+            elif (problem := self._down_because.get(spec.resource)) is None:
                 out.append(DaemonState(spec.resource, "starting", None))
             else:
                 out.append(DaemonState(spec.resource, "down", problem))
