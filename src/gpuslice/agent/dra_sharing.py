@@ -237,7 +237,7 @@ class ClaimSharing:
                 if stopped or retuned:
                     await self._mps.reconfigure(tuple(self._daemons.values()))
                 for key in strays:
-                    await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
+                    await self._mps.quit_stray(self._stray_spec(key))
             # after the daemons: the mode goes back once no MPS server holds the GPU
             if self._compute_mode is not None:
                 keep = self._exclusive_for_others(claim_uid)
@@ -257,31 +257,9 @@ class ClaimSharing:
             for key in (*stopped, *strays):
                 await asyncio.to_thread(self._remove_daemon_dir, key)
 
-    def _daemons_used_by_others(self, claim_uid: str) -> set[str]:
-        used = {
-            a.mps_key
-            for uid, c in self._state.claims.items()
-            if uid != claim_uid and uid not in self._state.leaving
-            for a in c.applied
-            if a.mps_key
-        }
-        used.update(
-            a.mps_key
-            for uid, flight in self._state.in_flight.items()
-            if uid != claim_uid
-            for a in flight.sharing
-            if a.mps_key
-        )
-        return used
-
-    def _undoable(self, claim_uid: str, mps_key: str) -> bool:
-        """Whether the daemon `mps_key` serves no claim but `claim_uid`'s, as far as the
-        record can tell: its own (`<uid>-<digest>`), or any while the record is complete."""
-        return bool(mps_key) and (self._state.complete or mps_key.startswith(f"{claim_uid}-"))
-
-    def _exclusive_for_others(self, claim_uid: str) -> set[str]:
-        """GPUs another claim (prepared, or being prepared) set to EXCLUSIVE_PROCESS: MPS
-        shares of one GPU share its daemon, and the mode stays until the last one goes."""
+    def _applied_by_others(self, claim_uid: str) -> list[AppliedSharing]:
+        """What the other claims applied: prepared ones (but those leaving) and those being
+        prepared."""
         applied = [
             a
             for uid, c in self._state.claims.items()
@@ -294,7 +272,22 @@ class ClaimSharing:
             if uid != claim_uid
             for a in flight.sharing
         )
-        return {u for a in applied if a.compute_mode for u in a.gpu_uuids}
+        return applied
+
+    def _daemons_used_by_others(self, claim_uid: str) -> set[str]:
+        return {a.mps_key for a in self._applied_by_others(claim_uid) if a.mps_key}
+
+    def _undoable(self, claim_uid: str, mps_key: str) -> bool:
+        """Whether the daemon `mps_key` serves no claim but `claim_uid`'s, as far as the
+        record can tell: its own (`<uid>-<digest>`), or any while the record is complete."""
+        return bool(mps_key) and (self._state.complete or mps_key.startswith(f"{claim_uid}-"))
+
+    def _exclusive_for_others(self, claim_uid: str) -> set[str]:
+        """GPUs another claim (prepared, or being prepared) set to EXCLUSIVE_PROCESS: MPS
+        shares of one GPU share its daemon, and the mode stays until the last one goes."""
+        return {
+            u for a in self._applied_by_others(claim_uid) if a.compute_mode for u in a.gpu_uuids
+        }
 
     async def _reset_interval(self, gpu_uuid: str) -> None:
         assert self._timeslice is not None
@@ -355,21 +348,11 @@ class ClaimSharing:
         quit and their directories removed (`agent.dra_unprepare`)."""
         if self._mps is None:
             return
-        root = Path(self._state.settings.mps_root)
-        try:
-            keys = await asyncio.to_thread(
-                lambda: sorted(
-                    p.name
-                    for p in root.iterdir()
-                    if p.name.startswith(f"{claim_uid}-") and (p / "pipe").is_dir()
-                )
-            )
-        except FileNotFoundError:
-            return
+        keys = await asyncio.to_thread(self.daemon_dirs)
         for key in keys:
-            if key in self._daemons:
+            if not key.startswith(f"{claim_uid}-") or key in self._daemons:
                 continue
-            await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
+            await self._mps.quit_stray(self._stray_spec(key))
             await asyncio.to_thread(self._remove_daemon_dir, key)
             log.info("dra-mps-unrecorded-quit", claim_uid=claim_uid, daemon=key)
 
@@ -379,7 +362,11 @@ class ClaimSharing:
         assert self._mps is not None
         for key in await asyncio.to_thread(self.daemon_dirs):
             if key not in self._daemons:
-                await self._mps.quit_stray(daemon_spec(key, self._state.settings.mps_root, []))
+                await self._mps.quit_stray(self._stray_spec(key))
+
+    def _stray_spec(self, key: str) -> MpsDaemonSpec:
+        """The paths of claim daemon `key`, enough to ask one no spec supervises to quit."""
+        return daemon_spec(key, self._state.settings.mps_root, [])
 
     def daemon_dirs(self) -> list[str]:
         """The claim MPS daemon directories (`<mps root>/<key>/pipe`) on the node."""

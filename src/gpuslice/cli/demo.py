@@ -168,19 +168,15 @@ def render_leak(story: LeakStory, console: Console, number: int) -> None:
         "decisions are its real policy.[/dim]"
     )
     runs = (story.nvidia, story.guard, story.caps)
-    times = sorted({e.at for r in runs for e in r.events if _event_text(story, e)})
+    told = [[(e.at, text) for e in r.events if (text := _event_text(story, e))] for r in runs]
+    times = sorted({at for lines in told for at, _ in lines})
     table = Table(show_header=True, header_style="bold", show_lines=False)
     table.add_column("t (s)", justify="right")
     table.add_column("NVIDIA's device plugin\n(nothing between the pods)")
     table.add_column("gpuslice: memory guard\n(drivers before r615)")
     table.add_column("gpuslice: memory caps\n(driver r615+)")
     for t in times:
-        cells = [
-            "\n".join(
-                _event_text(story, e) for e in r.events if e.at == t and _event_text(story, e)
-            )
-            for r in runs
-        ]
+        cells = ["\n".join(text for at, text in lines if at == t) for lines in told]
         table.add_row(f"{t:.1f}", *cells)
     table.add_row("[bold]end[/bold]", *(_outcome(story, r) for r in runs), end_section=True)
     console.print(table)

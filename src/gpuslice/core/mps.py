@@ -223,20 +223,39 @@ def daemon_spec(resource: ResourcePlan, root: str) -> MpsDaemonSpec | None:
             memory[phys.gpu_index] = min(mib, memory.get(phys.gpu_index, mib))
     if not uuids:
         return None
+    return _spec_at(
+        root,
+        resource.name,
+        tuple(uuids),
+        tuple(indices),
+        # One daemon-wide value; if shares ever differ, the smallest keeps every GPU within it.
+        min(percentages),
+        tuple(sorted(memory.items())),
+    )
+
+
+def _spec_at(
+    root: str,
+    resource: ResourceName,
+    gpu_uuids: tuple[GpuUuid, ...],
+    gpu_indices: tuple[int, ...],
+    active_thread_percentage: int,
+    pinned_mem_limits_mib: tuple[tuple[int, int], ...],
+) -> MpsDaemonSpec:
+    """A resource's daemon at its paths under `root` (the device plugin's layout)."""
     base = mps_root(root)
     return MpsDaemonSpec(
-        resource=resource.name,
+        resource=resource,
         root=base,
-        pipe_dir=pipe_dir(base, resource.name),
-        log_dir=log_dir(base, resource.name),
+        pipe_dir=pipe_dir(base, resource),
+        log_dir=log_dir(base, resource),
         shm_dir=shm_dir(base),
-        started_marker=f"{resource_dir(base, resource.name)}/{STARTED_MARKER}",
+        started_marker=f"{resource_dir(base, resource)}/{STARTED_MARKER}",
         ready_marker=ready_marker(base),
-        gpu_uuids=tuple(uuids),
-        gpu_indices=tuple(indices),
-        # One daemon-wide value; if shares ever differ, the smallest keeps every GPU within it.
-        active_thread_percentage=min(percentages),
-        pinned_mem_limits_mib=tuple(sorted(memory.items())),
+        gpu_uuids=gpu_uuids,
+        gpu_indices=gpu_indices,
+        active_thread_percentage=active_thread_percentage,
+        pinned_mem_limits_mib=pinned_mem_limits_mib,
     )
 
 
@@ -254,17 +273,4 @@ def left_behind_spec(root: str, resource: str) -> MpsDaemonSpec:
     """A daemon an earlier agent left at `<root>/<resource>/` that no spec of the plan in
     force names (a config without MPS, a renamed resource): only its paths, to ask it to
     quit and read the settings its started marker records (`gpu_uuids` among them)."""
-    base = mps_root(root)
-    return MpsDaemonSpec(
-        resource=ResourceName(resource),
-        root=base,
-        pipe_dir=pipe_dir(base, resource),
-        log_dir=log_dir(base, resource),
-        shm_dir=shm_dir(base),
-        started_marker=f"{resource_dir(base, resource)}/{STARTED_MARKER}",
-        ready_marker=ready_marker(base),
-        gpu_uuids=(),
-        gpu_indices=(),
-        active_thread_percentage=100,
-        pinned_mem_limits_mib=(),
-    )
+    return _spec_at(root, ResourceName(resource), (), (), 100, ())

@@ -139,8 +139,8 @@ def simulate(
         return soft, soft if caps == "strict" else total_mib
 
     group_of = {p.name: f"/sys/fs/cgroup/kubepods.slice/{p.name}" for p in pods}
-    capping: dict[str, float] = {}
-    """Pod -> when the agent applies its limits (after the window)."""
+    capping: dict[str, tuple[float, SimPod]] = {}
+    """Pod -> when the agent applies its limits (after the window), and the pod."""
     capped: dict[str, tuple[int, int]] = {}
     """Pod -> its limits (MiB), once applied."""
     reserve_mib = params.reserve.of(total_mib * MIB) // MIB
@@ -174,7 +174,7 @@ def simulate(
                     capped[pod.name] = limits_of(pod)
                     model.set_limits(group, *capped[pod.name])
                 else:
-                    capping[pod.name] = t + caps_after_s
+                    capping[pod.name] = (t + caps_after_s, pod)
             elif client_limits_mib is not None and pod.name in client_limits_mib:
                 group = f"/mps/{pod.name}"
                 model.set_limits(group, 0, client_limits_mib[pod.name])
@@ -185,10 +185,10 @@ def simulate(
             else:
                 record_deaths([death])
         record_deaths(model.advance(t))
-        for name, at in list(capping.items()):
+        for name, (at, late) in list(capping.items()):
             if t + 1e-9 >= at:
                 del capping[name]
-                capped[name] = limits_of(next(p for p in pods if p.name == name))
+                capped[name] = limits_of(late)
                 model.set_limits(group_of[name], *capped[name])
         for name, at in list(exiting.items()):
             if t + 1e-9 >= at:

@@ -81,15 +81,8 @@ def run_leak_story(
     guard = told.guard
     acted = [e for e in guard.events if e.what == "reclaim"]
     seen = acted[0].at if acted else UNTIL_S
-    top = tuple(
-        PodMemory(
-            p.name,
-            p.allocation.wanted_mib(seen - p.start_s),
-            share,
-            p.allocation.wanted_mib(seen - p.start_s) > share,
-        )
-        for p in pods
-    )
+    held = [(p.name, p.allocation.wanted_mib(seen - p.start_s)) for p in pods]
+    top = tuple(PodMemory(name, used, share, used > share) for name, used in held)
     return LeakStory(
         gpu=gpu,
         uuid=uuid,

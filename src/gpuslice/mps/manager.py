@@ -163,11 +163,9 @@ class MpsDaemonManager:
         down with the problem that keeps it down (a start that failed, a lost socket)."""
         out: list[DaemonState] = []
         for spec in self._specs:
-            ready = self._readiness.ready(spec.resource)
-            problem = None if ready else self._down_because.get(spec.resource)
-            if ready:
+            if self._readiness.ready(spec.resource):
                 out.append(DaemonState(spec.resource, "ready", None))
-            elif problem is None:
+            elif (problem := self._down_because.get(spec.resource)) is None:
                 out.append(DaemonState(spec.resource, "starting", None))
             else:
                 out.append(DaemonState(spec.resource, "down", problem))
@@ -281,8 +279,7 @@ class MpsDaemonManager:
             return
         try:
             await _configure(daemon.control, spec)
-            servers = (await daemon.control.send("get_server_list")).split()
-            for pid in (p for p in servers if p.isdigit()):
+            for pid in await _server_pids(daemon.control):
                 for index, mib in spec.pinned_mem_limits_mib:
                     await daemon.control.send(f"set_device_pinned_mem_limit {pid} {index} {mib}M")
                 await daemon.control.send(
@@ -322,8 +319,7 @@ class MpsDaemonManager:
             if gpu_uuid not in daemon.spec.gpu_uuids or not wanted:
                 continue
             try:
-                listed = (await daemon.control.send("get_server_list")).split()
-                for server in (p for p in listed if p.isdigit()):
+                for server in await _server_pids(daemon.control):
                     for pid in wanted:
                         await daemon.control.send(f"terminate_client {server} {pid}")
                         asked += 1
@@ -679,7 +675,7 @@ class MpsDaemonManager:
         if others:
             why = (
                 None
-                if await asyncio.to_thread(self._shm_mounted, spec.shm_dir)
+                if await asyncio.to_thread(self._shm.mount_point, spec.shm_dir)
                 else (f"the MPS daemon of {', '.join(sorted(others))} runs on it as it is")
             )
         else:
@@ -691,10 +687,6 @@ class MpsDaemonManager:
             f"MPS shm directory {spec.shm_dir} is left a plain directory on the node's disk, "
             f"not a size-limited tmpfs: {why} (said once; so are the others while it lasts)"
         )
-
-    def _shm_mounted(self, directory: str) -> bool:
-        assert self._shm is not None
-        return self._shm.mount_point(directory)
 
     async def _unmount_shm(self, spec: MpsDaemonSpec) -> None:
         users = self._shm_users.get(spec.shm_dir, set())
@@ -745,6 +737,11 @@ class MpsDaemonManager:
         del self._problems[:-50]
         if resource is not None:
             self._down_because[resource] = problem
+
+
+async def _server_pids(control: MpsControl) -> list[str]:
+    """The PIDs of the daemon's running MPS servers (`get_server_list`)."""
+    return [p for p in (await control.send("get_server_list")).split() if p.isdigit()]
 
 
 def _runs(spec: MpsDaemonSpec) -> bool:

@@ -64,6 +64,11 @@ def _mounts(mountinfo: Path) -> list[tuple[str, str, bool]]:
     return out
 
 
+def _tmpfs_on(path: str, mounts: list[tuple[str, str, bool]]) -> bool:
+    """Whether a tmpfs is mounted on `path` (a real path) among `mounts`."""
+    return any(p == path and kind == "tmpfs" for p, kind, _ in mounts)
+
+
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -89,7 +94,7 @@ class ShmMounts:
         """Whether a tmpfs is mounted on `directory`."""
         path = os.path.realpath(directory)
         try:
-            return any(p == path and k == "tmpfs" for p, k, _ in _mounts(self._mountinfo))
+            return _tmpfs_on(path, _mounts(self._mountinfo))
         except OSError:
             return False
 
@@ -101,7 +106,7 @@ class ShmMounts:
             mounts = _mounts(self._mountinfo)
         except OSError as exc:
             return f"reading {self._mountinfo}: {exc}"
-        if any(p == path and kind == "tmpfs" for p, kind, _ in mounts):
+        if _tmpfs_on(path, mounts):
             return None
         why = self._unreachable(path, mounts)
         if why is not None:
@@ -152,7 +157,7 @@ def unmount(directory: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> s
     file does not keep the mount); None when none is left, else why."""
     path = os.path.realpath(directory)
     try:
-        mounted = any(p == path and k == "tmpfs" for p, k, _ in _mounts(mountinfo))
+        mounted = _tmpfs_on(path, _mounts(mountinfo))
     except OSError as exc:
         return f"reading {mountinfo}: {exc}"
     if not mounted:

@@ -181,12 +181,10 @@ class SimulatedBackend:
         gpus = iter(self._inventory.gpus)
         for group in node.groups:
             for gpu in itertools.islice(gpus, group.count):
-                if group.health_events == "unmonitored":
-                    reason = "registering its events: Unknown Error (simulated)"
-                    self._events.put(HealthEvent("unmonitored", gpu.uuid, reason=reason))
-                elif group.health_events == "unsupported":
-                    reason = "registering its events: Not Supported (simulated)"
-                    self._events.put(HealthEvent("unsupported", gpu.uuid, reason=reason))
+                kind = group.health_events
+                if kind != "watched":
+                    reason = f"registering its events: {_NVML_REFUSAL[kind]} (simulated)"
+                    self._events.put(HealthEvent(kind, gpu.uuid, reason=reason))
 
     # -- injection (tests, demo) ---------------------------------------------------------
 
@@ -660,6 +658,10 @@ class SimulatedBackend:
 
 LIMITS_BRANCH = 615
 """The first driver branch with `nvmlDeviceSetMemoryLimits_v1` (CUDA 13.4)."""
+
+
+_NVML_REFUSAL = {"unmonitored": "Unknown Error", "unsupported": "Not Supported"}
+"""The NVML error a group's `healthEvents` stands for when its GPUs' events are registered."""
 
 
 def _driver_branch(version: str) -> int:

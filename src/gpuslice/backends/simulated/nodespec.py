@@ -43,7 +43,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 
@@ -55,7 +55,7 @@ DEFAULT_CUDA = 12040
 MAX_GPUS = 32
 
 HealthWatch = Literal["watched", "unmonitored", "unsupported"]
-_HEALTH_WATCH: tuple[HealthWatch, ...] = ("watched", "unmonitored", "unsupported")
+_HEALTH_WATCH: tuple[HealthWatch, ...] = get_args(HealthWatch)
 
 _GROUP = re.compile(r"^(?:(?P<count>\d+)x)?(?P<model>[a-z0-9-]+)(?:/mig=(?P<mig>.*))?$")
 
