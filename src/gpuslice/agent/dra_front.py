@@ -47,7 +47,7 @@ from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.mps.shm import ShmMounts
 from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner, TimesliceSetter
+from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner
 from gpuslice.state import PlanState, Snapshot
 
 if TYPE_CHECKING:
@@ -206,11 +206,9 @@ def dra_front_end(
     dra: DraSettings,
     objects: DraObjects,
     *,
-    timeslice: TimesliceSetter | None = None,
     warn: Callable[[str, str], Awaitable[None]] | None = None,
     claim_warn: ClaimWarn | None = None,
     server_settings: DraServerSettings | None = None,
-    mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
     driver_roots: DriverRoots | None,
 ) -> DraFrontEnd:
@@ -231,7 +229,7 @@ def dra_front_end(
         ControlProgram.factory(settings.mps_control),
         # no compute_mode: the driver sets it as a recorded step of each claim, so a crash
         # mid-Prepare is undone from the record (core.dra.preparation.SetComputeMode)
-        timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
+        timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
         shm=ShmMounts() if settings.mps_shm_tmpfs else None,
     )
@@ -258,7 +256,7 @@ def dra_front_end(
         snapshot=state.snapshot,
         boot_id=boot_id(),
         mps=mps,
-        timeslice=timeslice if timeslice is not None else smi,
+        timeslice=smi,
         warn=warn,
         claim_warn=claim_warn,
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),
