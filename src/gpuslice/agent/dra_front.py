@@ -68,23 +68,22 @@ class PlanHealth:
         state: PlanState,
         *,
         pool: str,
-        devices: Callable[[Snapshot], Sequence[DraDevice]] | None = None,
+        devices: Callable[[Snapshot], Sequence[DraDevice]],
     ) -> None:
         """`devices`: the node's devices as published (the driver's, with dynamic MIG
-        partitions); `dra_devices` when None."""
+        partitions)."""
         self._state = state
         self._pool = pool
         self._devices = devices
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        devices = None if self._devices is None else self._devices(snap)
         reports = device_health(
             snap.inventory,
             snap.unhealthy,
             snap.last_xid,
             pool=self._pool,
-            devices=devices,
+            devices=self._devices(snap),
             unmonitored=snap.unmonitored,
         )
         return snap.version, reports
