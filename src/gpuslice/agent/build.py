@@ -109,7 +109,6 @@ async def _wire(
     if events is not None:
         wire_events(agent, events)
     mps = front.wire_mps(agent)
-    metrics_on = settings.metrics_port is not None
     node_pods = None
     if client is not None:
         from gpuslice.k8s import NodePods
@@ -122,22 +121,19 @@ async def _wire(
         backend,
         front,
         agent.hooks,
-        pods=node_pods,
         client=client,
-        run_pods=not (metrics_on and settings.gpu_metrics),
         refresher=refresher,
         caps=caps.service,
         mps=mps,
     )
-    pods_running = (metrics_on and settings.gpu_metrics) or guard is not None
-    if caps.service is not None and node_pods is not None and not pods_running:
-        agent.hooks.services.append(node_pods.run)  # the caps loop reads the pod watch
+    exporting = settings.metrics_port is not None and settings.gpu_metrics
+    if node_pods is not None and (exporting or guard is not None or caps.service is not None):
+        agent.hooks.services.append(node_pods.run)  # one watch, for all who read it
     if settings.metrics_port is not None:
         wire_metrics(
             agent,
             port=settings.metrics_port,
             host=settings.metrics_address,
-            pods=node_pods,
             guard=guard,
             caps=caps,
             mps=mps,

@@ -47,7 +47,7 @@ from gpuslice.mps import ControlProgram, MpsDaemonManager, MpsTimings
 from gpuslice.mps.shm import ShmMounts
 from gpuslice.nvsmi import NvidiaSmi
 from gpuslice.podresources import PodResourcesClient
-from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner, TimesliceSetter
+from gpuslice.ports import DraObjects, GpuBackend, MigPartitioner
 from gpuslice.state import PlanState, Snapshot
 
 if TYPE_CHECKING:
@@ -68,23 +68,22 @@ class PlanHealth:
         state: PlanState,
         *,
         pool: str,
-        devices: Callable[[Snapshot], Sequence[DraDevice]] | None = None,
+        devices: Callable[[Snapshot], Sequence[DraDevice]],
     ) -> None:
         """`devices`: the node's devices as published (the driver's, with dynamic MIG
-        partitions); `dra_devices` when None."""
+        partitions)."""
         self._state = state
         self._pool = pool
         self._devices = devices
 
     def current(self) -> tuple[int, Sequence[DeviceHealthReport]]:
         snap = self._state.current
-        devices = None if self._devices is None else self._devices(snap)
         reports = device_health(
             snap.inventory,
             snap.unhealthy,
             snap.last_xid,
             pool=self._pool,
-            devices=devices,
+            devices=self._devices(snap),
             unmonitored=snap.unmonitored,
         )
         return snap.version, reports
@@ -206,11 +205,9 @@ def dra_front_end(
     dra: DraSettings,
     objects: DraObjects,
     *,
-    timeslice: TimesliceSetter | None = None,
     warn: Callable[[str, str], Awaitable[None]] | None = None,
     claim_warn: ClaimWarn | None = None,
     server_settings: DraServerSettings | None = None,
-    mps_timings: MpsTimings | None = None,
     backend: GpuBackend | None = None,
     driver_roots: DriverRoots | None,
 ) -> DraFrontEnd:
@@ -231,7 +228,7 @@ def dra_front_end(
         ControlProgram.factory(settings.mps_control),
         # no compute_mode: the driver sets it as a recorded step of each claim, so a crash
         # mid-Prepare is undone from the record (core.dra.preparation.SetComputeMode)
-        timings=mps_timings or MpsTimings(health_interval_s=settings.mps_health_interval_s),
+        timings=MpsTimings(health_interval_s=settings.mps_health_interval_s),
         keep_running=True,  # claims' pods outlive an agent restart; so do their daemons
         shm=ShmMounts() if settings.mps_shm_tmpfs else None,
     )
@@ -258,7 +255,7 @@ def dra_front_end(
         snapshot=state.snapshot,
         boot_id=boot_id(),
         mps=mps,
-        timeslice=timeslice if timeslice is not None else smi,
+        timeslice=smi,
         warn=warn,
         claim_warn=claim_warn,
         old_checkpoint=CheckpointFile(plugin_dir / OLD_CHECKPOINT_NAME),

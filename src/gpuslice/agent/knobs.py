@@ -49,10 +49,16 @@ class Knob:
     """The Helm value the chart passes as `env` (`metrics.port`): an error about the
     setting names it, since a chart user never typed the flag or the variable."""
 
+    @property
+    def flag(self) -> str | None:
+        """The flag as a user names it (`--gpu-metrics` of `--gpu-metrics/--no-gpu-metrics`);
+        None for a setting read from `env` only."""
+        return self.flags[0].split("/")[0] if self.flags else None
+
     def names(self) -> str:
         """Every name a user may have set this by, for an error message:
         `--metrics-port (METRICS_PORT; chart value metrics.port)`."""
-        flag = self.flags[0].split("/")[0] if self.flags else None
+        flag = self.flag
         chart = None if self.chart is None else f"chart value {self.chart}"
         inner = "; ".join(n for n in (self.env, chart) if n)
         if flag is None:

@@ -343,7 +343,7 @@ def chart_knobs() -> dict[str, Json]:
         for f, option in FIELDS[group]:
             if f.knob.env is None:
                 continue
-            entry: Json = {"flag": f.knob.flags[0].split("/")[0] if f.knob.flags else ""}
+            entry: Json = {"flag": f.knob.flag or ""}
             if f.knob.chart:
                 entry["chart"] = f.knob.chart
             if option is not None:

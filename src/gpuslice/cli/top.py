@@ -13,14 +13,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 import click
 import yaml
 from rich.live import Live
 
 from gpuslice.cli.common import console
-from gpuslice.cli.errors import EXIT_BAD_INPUT
+from gpuslice.cli.errors import BadInput
 from gpuslice.core.jsontypes import Json
 from gpuslice.metrics.top import render_status
 
@@ -38,11 +37,8 @@ def default_url(port: str | None) -> str:
 TIMEOUT_S = 5.0
 
 
-class DaemonUnreachable(click.ClickException):
-    exit_code = EXIT_BAD_INPUT
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+class DaemonUnreachable(BadInput):
+    """No `/status` from the daemon at the URL: the one `error:` line of every bad input."""
 
 
 def fetch_status(url: str) -> Json:

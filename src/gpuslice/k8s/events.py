@@ -174,17 +174,13 @@ class NodeEvents:
             node = ObjectReference(
                 kind="Node", apiVersion="v1", name=self._node, uid=await self._uid()
             )
-            about, related = (
-                (node, None) if self._agent is None else (self._agent.reference(), node)
-            )
+            about, related, said = addressed(self._agent, node, f"Node {self._node}", message)
             await self._series.post(
                 "node",
                 about=about,
                 namespace=self._namespace,
                 reason=reason,
-                message=message
-                if self._agent is None
-                else about_message(f"Node {self._node}", message),
+                message=said,
                 type=type,
                 related=related,
             )
@@ -194,6 +190,12 @@ class NodeEvents:
         return True
 
 
-def about_message(what: str, message: str) -> str:
-    """The message of an Event on the agent's Pod, naming what it is really about."""
-    return _cut(f"{what}: {message}")
+def addressed(
+    agent: AgentPod | None, target: ObjectReference, what: str, message: str
+) -> tuple[ObjectReference, ObjectReference | None, str]:
+    """(about, related, message) of an Event about `target`: in a pod, about the agent's
+    Pod with `target` related and named (`what`) at the start of the message; outside
+    one, about `target` itself."""
+    if agent is None:
+        return target, None, message
+    return agent.reference(), target, _cut(f"{what}: {message}")

@@ -19,7 +19,7 @@ from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from gpuslice.k8s.events import AgentPod, EventSeries, about_message, utc_now
+from gpuslice.k8s.events import AgentPod, EventSeries, addressed, utc_now
 from gpuslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -46,11 +46,7 @@ class PodEvents:
         target = ObjectReference(
             kind="Pod", apiVersion="v1", name=pod, namespace=namespace, uid=uid
         )
-        about, related = (
-            (target, None) if self._agent is None else (self._agent.reference(), target)
-        )
-        if self._agent is not None:
-            message = about_message(f"Pod {namespace}/{pod}", message)
+        about, related, message = addressed(self._agent, target, f"Pod {namespace}/{pod}", message)
         try:
             await self._series.post(
                 (namespace, pod),

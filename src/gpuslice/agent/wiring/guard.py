@@ -12,7 +12,6 @@ from gpuslice.agent.guard_view import guard_view_reader, idle_probe
 from gpuslice.agent.runner import AgentHooks
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.wiring.events import agent_pod
-from gpuslice.agent.wiring.metrics import snapshot_refresher
 from gpuslice.guard import MemoryGuard, ProcessSignaller, own_pod_uid
 from gpuslice.metrics import SnapshotRefresher
 from gpuslice.mps import MpsDaemonManager
@@ -21,8 +20,6 @@ from gpuslice.ports import GpuBackend
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
-    from gpuslice.k8s import NodePods
-
 
 def wire_guard(
     settings: AgentSettings,
@@ -30,32 +27,27 @@ def wire_guard(
     front: FrontEnd,
     hooks: AgentHooks,
     *,
-    pods: NodePods | None = None,
+    refresher: SnapshotRefresher,
     client: AsyncClient | None = None,
-    run_pods: bool = False,
-    refresher: SnapshotRefresher | None = None,
     caps: CapsService | None = None,
     mps: MpsDaemonManager | None = None,
 ) -> MemoryGuard | None:
     """The memory guard (docs/memory-guard.md): refreshes the attribution snapshot it shares
     with the exporter at its own interval (NVML and /proc only while the plan shares a GPU
     by time-slicing or MPS; the exporter then reads that snapshot), evaluates the
-    pure policy and acts. `pods` names the pods on a shared GPU (without it several pods on
-    one GPU cannot be told apart and nobody is reclaimed); `client` posts Events and
-    evictions; `run_pods` starts the pod watch when the metrics exporter does not; `mps`
-    terminates an MPS tenant's clients through their server before they are signalled."""
+    pure policy and acts. The refresher's pod watch names the pods on a shared GPU (without
+    it several pods on one GPU cannot be told apart and nobody is reclaimed); `client` posts
+    Events and evictions; `mps` terminates an MPS tenant's clients through their server
+    before they are signalled."""
     guard_settings = settings.memory_guard
     if guard_settings.params.mode == "off":
         return None
-    shared = (
-        refresher if refresher is not None else snapshot_refresher(settings, backend, front, pods)
-    )
 
     mode_of = front.guard_modes(guard_settings.params.mode, guard_settings.claim_override)
     read = guard_view_reader(
         backend,
         front.attributed_plan,
-        shared,
+        refresher,
         settings.proc_root,
         mode_of=mode_of,
         confirmed=None if caps is None else caps.applier.readings,
@@ -73,8 +65,6 @@ def wire_guard(
         terminate_mps_clients=None if mps is None else mps.terminate_clients,
     )
     hooks.services.append(guard.run)
-    if run_pods and pods is not None:
-        hooks.services.append(pods.run)
     return guard
 
 

@@ -142,25 +142,18 @@ def wire_metrics(
     *,
     port: int,
     host: str = "0.0.0.0",
-    pods: NodePods | None = None,
+    refresher: SnapshotRefresher,
     guard: MemoryGuard | None = None,
     gpu_metrics: bool = True,
-    refresher: SnapshotRefresher | None = None,
     limits: ServerLimits | None = None,
     caps: WiredCaps | None = None,
     mps: MpsDaemonManager | None = None,
 ) -> MetricsServer:
     """Serve Prometheus metrics, the probes and `/status`; scrapes read the latest snapshot
     and never wait on NVML. `gpu_metrics=False` serves the probes and the plugin's counters
-    without gathering GPU telemetry.
-
-    `pods` (this node's pods from the API server) maps a process's pod UID to its pod: the
-    only way to tell apart several pods time-slicing one GPU. Without it, attribution falls
-    back to the sole holder of a GPU (see `core.attribution`).
+    without gathering GPU telemetry. `refresher`: the attribution poll (`snapshot_refresher`)
+    the exporter shares with the guard and the caps loop.
     """
-    settings = agent.settings
-    if refresher is None:
-        refresher = snapshot_refresher(settings, agent.backend, agent.front_end, pods)
     registry, counters = exporter_registry(refresher.read_latest if gpu_metrics else _nothing)
     pages = MetricsPages(agent, refresher, counters, gpu_metrics=gpu_metrics, caps=caps, mps=mps)
     if gpu_metrics and caps is not None:
@@ -175,8 +168,6 @@ def wire_metrics(
     )
     if gpu_metrics:
         agent.hooks.services.append(refresher.run)
-    if pods is not None and gpu_metrics:
-        agent.hooks.services.append(pods.run)
     agent.front_end.on_allocate = counters.record_allocate
     if guard is not None:
         guard.on_decision = counters.record_decision
