@@ -236,18 +236,6 @@ def limits_for(
     return MemoryLimits(soft, hard)
 
 
-@dataclass(frozen=True, slots=True)
-class CapTarget:
-    """Limits the agent wants on one cgroup of one GPU."""
-
-    cgroup_path: str
-    """Full sysfs path (`/sys/fs/cgroup/kubepods.slice/...`), NVML's `nameSpace`."""
-    gpu_uuid: str
-    limits: MemoryLimits
-    container: str = ""
-    """`namespace/pod/container`, for logs and metrics."""
-
-
 CheckOutcome = Literal["ok", "set", "repaired", "raised"]
 
 
