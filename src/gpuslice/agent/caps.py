@@ -52,7 +52,7 @@ from gpuslice.core.cdi.hook import CdiCaps
 from gpuslice.core.cgroups import parse_cgroup
 from gpuslice.core.devices import Inventory
 from gpuslice.core.guard.model import ContainerKey
-from gpuslice.core.protection import NodeProtection, node_protection
+from gpuslice.core.protection import node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
 from gpuslice.podresources import PodResourcesError
@@ -456,8 +456,6 @@ class CapsService:
         self.interval_s = interval_s
         self.rounds = 0
         self._assignments_down = False
-        self.protection: NodeProtection | None = None
-        """Who held what at the last round (`core.protection`), for what is reported."""
 
     def any_capable(self) -> bool:
         return any(c.capable for c in self.applier.capabilities.values())
@@ -484,9 +482,7 @@ class CapsService:
         if self._assignments_down:
             self._assignments_down = False
             log.info("caps-pod-resources-back")
-        protection = node_protection(plan, held, self.policy)
-        self.protection = protection
-        wanted = protection.limits(self.applier.capabilities)
+        wanted = node_protection(plan, held, self.policy).limits(self.applier.capabilities)
         keys = {k for k, _ in wanted}
         listed = self._pods() if self._pods is not None else None
         triples = [t for t in (listed or ()) if t[0] in keys]
