@@ -183,7 +183,6 @@ class CapsApplier:
         self._now = clock
         self._retry = retry
         self._confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
-        self._paths: dict[tuple[ContainerKey, str], str] = {}
         self._told: set[tuple[ContainerKey, str]] = set()
         self._pending: dict[tuple[ContainerKey, str], str] = {}
         self._confirmed_once: set[str] = set()
@@ -340,7 +339,6 @@ class CapsApplier:
                 # container whose limits were already there (the CDI hook) had no window.
                 self._measure(path)
             confirmed[pair] = read
-            self._paths[pair] = path
             self._confirmed_once.add(gpu)
             if gpu not in failed_now and (gpu in self._unsure or gpu in self._failures):
                 self._unsure = self._unsure - {gpu}
@@ -351,7 +349,6 @@ class CapsApplier:
                 del self._failures[gpu]  # nobody left to cap there: nothing to retry
         self._confirmed = confirmed
         self._pending = pending
-        self._paths = {p: self._paths[p] for p in confirmed}
         return CapsRound(refused=tuple(refused), **counts)
 
     def _fail(self, gpu: str, error: str, now: float) -> None:
