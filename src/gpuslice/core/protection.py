@@ -38,7 +38,7 @@ the other consumers of its holder.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuslice.core.attribution import (
@@ -97,10 +97,7 @@ class NodeProtection:
     """Every hold on the node's GPUs, and which hold each container is a consumer of."""
 
     holds: tuple[Hold, ...]
-    unreserved: Mapping[str, int]
-    """GPU UUID -> the memory no share on it reserved (what a share that reserved nothing
-    may hold at most)."""
-    by_consumer: Mapping[Pair, Hold] = field(default_factory=dict)
+    by_consumer: Mapping[Pair, Hold]
     """(container, GPU) -> the hold it is a consumer of (the guard asks once per tenant and
     poll)."""
 
@@ -177,7 +174,7 @@ def node_protection(
         devs = [devices[i] for i in sorted(ids)]
         holds.append(_hold(holder, gpu, devs, tuple(consumers), unreserved.get(gpu, 0), policy))
     by_consumer = {(key, h.gpu_uuid): h for h in holds for key in h.consumers}
-    return NodeProtection(tuple(holds), unreserved, by_consumer)
+    return NodeProtection(tuple(holds), by_consumer)
 
 
 def unreserved_memory(plan: Plan) -> dict[str, int]:
