@@ -48,7 +48,6 @@ from gpuslice.core.attribution import (
     sum_entitlements,
 )
 from gpuslice.core.caps import (
-    LIMIT_MAX,
     CapPolicy,
     GpuCapability,
     MemoryLimits,
@@ -76,7 +75,8 @@ class Hold:
     soft_bytes: int
     """Guaranteed: what it reserved; the guard's share."""
     hard_bytes: int
-    """The most it may hold on the GPU (the caps policy's hard limit)."""
+    """The most it may hold on the GPU (the caps policy's hard limit; at most the GPU's
+    memory, never `core.caps.LIMIT_MAX`)."""
     consumers: tuple[ContainerKey, ...]
     gpu_total_bytes: int
     whole_gpus: bool = True
@@ -88,8 +88,7 @@ class Hold:
         whole MiB, the toolkit hook's grain: `core.units.whole_mib`), so together they stay
         within the holder's and a hook-capped container reads back what the agent wants."""
         n = max(1, len(self.consumers))
-        hard = self.hard_bytes if self.hard_bytes == LIMIT_MAX else whole_mib(self.hard_bytes // n)
-        return MemoryLimits(whole_mib(self.soft_bytes // n), hard)
+        return MemoryLimits(whole_mib(self.soft_bytes // n), whole_mib(self.hard_bytes // n))
 
 
 @dataclass(frozen=True, slots=True)
