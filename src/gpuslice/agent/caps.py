@@ -52,7 +52,7 @@ from gpuslice.core.cdi.hook import CdiCaps
 from gpuslice.core.cgroups import parse_cgroup
 from gpuslice.core.devices import Inventory
 from gpuslice.core.guard.model import ContainerKey
-from gpuslice.core.protection import NodeProtection, node_protection
+from gpuslice.core.protection import node_protection
 from gpuslice.core.sharing.model import Plan
 from gpuslice.logs import get_logger
 from gpuslice.podresources import PodResourcesError
@@ -183,7 +183,6 @@ class CapsApplier:
         self._now = clock
         self._retry = retry
         self._confirmed: dict[tuple[ContainerKey, str], MemoryLimits] = {}
-        self._paths: dict[tuple[ContainerKey, str], str] = {}
         self._told: set[tuple[ContainerKey, str]] = set()
         self._pending: dict[tuple[ContainerKey, str], str] = {}
         self._confirmed_once: set[str] = set()
@@ -340,7 +339,6 @@ class CapsApplier:
                 # container whose limits were already there (the CDI hook) had no window.
                 self._measure(path)
             confirmed[pair] = read
-            self._paths[pair] = path
             self._confirmed_once.add(gpu)
             if gpu not in failed_now and (gpu in self._unsure or gpu in self._failures):
                 self._unsure = self._unsure - {gpu}
@@ -351,7 +349,6 @@ class CapsApplier:
                 del self._failures[gpu]  # nobody left to cap there: nothing to retry
         self._confirmed = confirmed
         self._pending = pending
-        self._paths = {p: self._paths[p] for p in confirmed}
         return CapsRound(refused=tuple(refused), **counts)
 
     def _fail(self, gpu: str, error: str, now: float) -> None:
@@ -456,8 +453,6 @@ class CapsService:
         self.interval_s = interval_s
         self.rounds = 0
         self._assignments_down = False
-        self.protection: NodeProtection | None = None
-        """Who held what at the last round (`core.protection`), for what is reported."""
 
     def any_capable(self) -> bool:
         return any(c.capable for c in self.applier.capabilities.values())
@@ -484,9 +479,7 @@ class CapsService:
         if self._assignments_down:
             self._assignments_down = False
             log.info("caps-pod-resources-back")
-        protection = node_protection(plan, held, self.policy)
-        self.protection = protection
-        wanted = protection.limits(self.applier.capabilities)
+        wanted = node_protection(plan, held, self.policy).limits(self.applier.capabilities)
         keys = {k for k, _ in wanted}
         listed = self._pods() if self._pods is not None else None
         triples = [t for t in (listed or ()) if t[0] in keys]

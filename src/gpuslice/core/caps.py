@@ -149,22 +149,22 @@ class GpuCapability:
 class ContainerCaps:
     """What a front end hands containers of memory caps, whichever front end it is: each
     GPU's capability, the policy, and how to call the toolkit's hook (None: the agent
-    applies the limits after the container starts). A callable is asked at each use
-    (Prepare, Allocate), so what changes while the agent runs is seen: a hook program
-    installed or removed (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML
-    since start (`agent.caps.CapsApplier.hook_capabilities`)."""
+    applies the limits after the container starts). Both are asked at each use (Prepare,
+    Allocate), so what changes while the agent runs is seen: a hook program installed or
+    removed (`agent.caps.HookProgram.cdi`), a GPU refused or failing NVML since start
+    (`agent.caps.CapsApplier.hook_capabilities`)."""
 
-    capabilities: Mapping[str, GpuCapability] | Callable[[], Mapping[str, GpuCapability]]
+    capabilities: Callable[[], Mapping[str, GpuCapability]]
     policy: CapPolicy
-    hook: CdiCaps | Callable[[], CdiCaps | None] | None
+    hook: Callable[[], CdiCaps | None]
 
     def gpus(self) -> Mapping[str, GpuCapability]:
         """Each GPU's capability now."""
-        return self.capabilities() if callable(self.capabilities) else self.capabilities
+        return self.capabilities()
 
     def hook_now(self) -> CdiCaps | None:
         """The hook as a spec may name it now."""
-        return self.hook() if callable(self.hook) else self.hook
+        return self.hook()
 
 
 def gpu_capability(
@@ -234,18 +234,6 @@ def limits_for(
     soft = whole_mib(max(0, min(entitlement.memory_bytes, gpu_total_bytes)))
     hard = soft if policy == "strict" else whole_mib(gpu_total_bytes)
     return MemoryLimits(soft, hard)
-
-
-@dataclass(frozen=True, slots=True)
-class CapTarget:
-    """Limits the agent wants on one cgroup of one GPU."""
-
-    cgroup_path: str
-    """Full sysfs path (`/sys/fs/cgroup/kubepods.slice/...`), NVML's `nameSpace`."""
-    gpu_uuid: str
-    limits: MemoryLimits
-    container: str = ""
-    """`namespace/pod/container`, for logs and metrics."""
 
 
 CheckOutcome = Literal["ok", "set", "repaired", "raised"]

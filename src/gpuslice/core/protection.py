@@ -38,7 +38,7 @@ the other consumers of its holder.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuslice.core.attribution import (
@@ -48,7 +48,6 @@ from gpuslice.core.attribution import (
     sum_entitlements,
 )
 from gpuslice.core.caps import (
-    LIMIT_MAX,
     CapPolicy,
     GpuCapability,
     MemoryLimits,
@@ -76,7 +75,8 @@ class Hold:
     soft_bytes: int
     """Guaranteed: what it reserved; the guard's share."""
     hard_bytes: int
-    """The most it may hold on the GPU (the caps policy's hard limit)."""
+    """The most it may hold on the GPU (the caps policy's hard limit; at most the GPU's
+    memory, never `core.caps.LIMIT_MAX`)."""
     consumers: tuple[ContainerKey, ...]
     gpu_total_bytes: int
     whole_gpus: bool = True
@@ -88,8 +88,7 @@ class Hold:
         whole MiB, the toolkit hook's grain: `core.units.whole_mib`), so together they stay
         within the holder's and a hook-capped container reads back what the agent wants."""
         n = max(1, len(self.consumers))
-        hard = self.hard_bytes if self.hard_bytes == LIMIT_MAX else whole_mib(self.hard_bytes // n)
-        return MemoryLimits(whole_mib(self.soft_bytes // n), hard)
+        return MemoryLimits(whole_mib(self.soft_bytes // n), whole_mib(self.hard_bytes // n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +96,7 @@ class NodeProtection:
     """Every hold on the node's GPUs, and which hold each container is a consumer of."""
 
     holds: tuple[Hold, ...]
-    unreserved: Mapping[str, int]
-    """GPU UUID -> the memory no share on it reserved (what a share that reserved nothing
-    may hold at most)."""
-    by_consumer: Mapping[Pair, Hold] = field(default_factory=dict)
+    by_consumer: Mapping[Pair, Hold]
     """(container, GPU) -> the hold it is a consumer of (the guard asks once per tenant and
     poll)."""
 
@@ -177,7 +173,7 @@ def node_protection(
         devs = [devices[i] for i in sorted(ids)]
         holds.append(_hold(holder, gpu, devs, tuple(consumers), unreserved.get(gpu, 0), policy))
     by_consumer = {(key, h.gpu_uuid): h for h in holds for key in h.consumers}
-    return NodeProtection(tuple(holds), unreserved, by_consumer)
+    return NodeProtection(tuple(holds), by_consumer)
 
 
 def unreserved_memory(plan: Plan) -> dict[str, int]:

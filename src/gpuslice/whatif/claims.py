@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuslice.core.attribution import entitlement_of
-from gpuslice.core.cdi.spec import MPS_PIPE_IN_CONTAINER, CdiDevice
+from gpuslice.core.cdi.spec import CdiDevice
 from gpuslice.core.config.parsing import load_documents
 from gpuslice.core.devices import Inventory, MigDevice
 from gpuslice.core.dra.cdispec import claim_spec
@@ -623,14 +623,6 @@ def _with(inventory: Inventory, made: Mapping[str, Sequence[MigDevice]]) -> Inve
         replace(g, mig_devices=(*g.mig_devices, *made.get(g.uuid, ()))) for g in inventory.gpus
     )
     return replace(inventory, gpus=gpus)
-
-
-def mps_pipe_dir(outcome: DeviceOutcome) -> str | None:
-    """The host directory of the device's MPS control pipe, when it has one."""
-    for m in outcome.mounts:
-        if m.container_path == MPS_PIPE_IN_CONTAINER:
-            return m.host_path
-    return None
 
 
 def what_if_to_dict(report: WhatIf) -> dict[str, object]:

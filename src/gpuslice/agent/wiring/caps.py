@@ -112,7 +112,7 @@ def wire_caps(
     )
     # What containers are handed from now on follows the loop: a GPU it refuses or backs
     # off from gets neither the hook's variables (Allocate) nor its limits (a claim's spec).
-    handed = capabilities if applier is None else applier.hook_capabilities
+    handed = capabilities.copy if applier is None else applier.hook_capabilities
     agent.front_end.take_caps(ContainerCaps(handed, caps_settings.policy, hook.cdi))
     if applier is None:
         return WiredCaps(capabilities, guard_mode, None)

@@ -179,7 +179,7 @@ def partitions(
     is the order the scheduler tries them in."""
     taken: set[int] = set()
     for mig in foreign:
-        taken.update(range(max(mig.placement_start, 0), mig.placement_start + mig.placement_size))
+        taken.update(_held(mig))
     out: list[Partition] = []
     for profile in geometry.profiles:
         for start in sorted(profile.starts):

@@ -200,7 +200,7 @@ def evaluate(
         if projected < reserve or (g.uuid in state.pressure_since and free < release):
             pressure_since[g.uuid] = state.pressure_since.get(g.uuid, now)
 
-    reclaimable = [t for t in watched if t.kind.shares_memory and t.key not in stopping]
+    reclaimable = [t for t in watched if t.key not in stopping]
     chosen: set[ContainerKey] = set()
     observed: set[ContainerKey] = set()
     relieved: dict[tuple[str, str], int] = {}
@@ -240,7 +240,9 @@ def evaluate(
             # observing under a node that enforces frees nothing, so others still go.
             count_freed(t.key)
 
-    for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
+    # The largest overrun first (a holder's overrun does not change within the poll).
+    by_overrun = sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid))
+    for t in by_overrun:
         pair = (t.key, t.gpu_uuid)
         if t.key in chosen or pair not in over_since or not over_cap(t):
             continue
@@ -248,7 +250,7 @@ def evaluate(
             reclaim(t, "over-cap")
 
     if params.strict:
-        for t in sorted(reclaimable, key=lambda t: (-overrun(t), -t.used_bytes, t.key, t.gpu_uuid)):
+        for t in by_overrun:
             pair = (t.key, t.gpu_uuid)
             if t.key in chosen or pair not in over_since or not still_over(t):
                 continue
@@ -261,11 +263,9 @@ def evaluate(
         critical = g.free_bytes + freeing.get(g.uuid, 0) < reserve * params.critical
         if since is None or (now - since < params.grace_s and not critical):
             continue
-        candidates = sorted(
-            (t for t in reclaimable if t.gpu_uuid == g.uuid and overrun(t) > 0),
-            key=lambda t: (-overrun(t), -t.used_bytes, t.key),
-        )
-        for t in candidates:
+        for t in by_overrun:
+            if t.gpu_uuid != g.uuid or overrun(t) <= 0:
+                continue
             if ahead[g.uuid] + freeing.get(g.uuid, 0) >= reserve:
                 break
             if t.key in chosen or not still_over(t):
@@ -294,13 +294,13 @@ def _holding(t: Tenant) -> tuple[str, str]:
 def _borrowing_growth(
     watched: Iterable[Tenant], state: GuardState, now: float, overrun: Callable[[Tenant], int]
 ) -> dict[str, float]:
-    """GPU UUID -> bytes per second by which the sharing containers over their share
+    """GPU UUID -> bytes per second by which the watched containers over their share
     (their holder's, `overrun`) on it grew since the previous poll (shrinking ones count as
     0, new ones as not grown)."""
     out: dict[str, float] = {}
     for t in watched:
         before = state.last_used.get((t.key, t.gpu_uuid))
-        if not t.kind.shares_memory or overrun(t) <= 0 or before is None:
+        if overrun(t) <= 0 or before is None:
             continue
         at, used_then = before
         if now > at and t.used_bytes > used_then:
